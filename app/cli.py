@@ -1,0 +1,48 @@
+"""The `medfaq` command line: thin typer wrappers around the packages; no algorithms live here."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from index.runtime import MedfaqError, configure_logging
+
+app = typer.Typer(
+    name="medfaq",
+    help="Medical FAQ retrieval: summarize consumer health questions, search and rerank FAQs, evaluate.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+data_app = typer.Typer(help="Fetch datasets, find duplicates, make benchmarks.", no_args_is_help=True)
+index_app = typer.Typer(help="Build and maintain FAQ indexes.", no_args_is_help=True)
+train_app = typer.Typer(help="Train the summarizer and the encoders.", no_args_is_help=True)
+eval_app = typer.Typer(help="Evaluate the summarizer, the duplicate detector and retrieval.", no_args_is_help=True)
+app.add_typer(data_app, name="data")
+app.add_typer(index_app, name="index")
+app.add_typer(train_app, name="train")
+app.add_typer(eval_app, name="eval")
+
+
+@app.callback()
+def _global_options(
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Log progress details to stderr."),
+) -> None:
+    configure_logging(verbose)
+
+
+def main() -> None:
+    """Entry point: user errors become one line on stderr and a non-zero exit code, never a traceback."""
+    try:
+        app()
+    except MedfaqError as error:
+        typer.echo(f"error: {error}", err=True)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        typer.echo("interrupted", err=True)
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

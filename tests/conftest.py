@@ -1,0 +1,71 @@
+"""Shared fixtures: tiny randomly initialised models built in memory, and paths to the real data."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+@pytest.fixture(autouse=True)
+def _isolated_home(tmp_path, monkeypatch):
+    """Every test gets its own MEDFAQ_HOME so nothing leaks between tests or into the user's home."""
+    monkeypatch.setenv("MEDFAQ_HOME", str(tmp_path / "medfaq_home"))
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    """`../shared/data`; tests that need it are skipped where it is absent."""
+    if not SHARED_DATA.is_dir():
+        pytest.skip(f"shared data not found at {SHARED_DATA}")
+    return SHARED_DATA
+
+
+@pytest.fixture(scope="session")
+def minilm_dir() -> Path:
+    """The real all-MiniLM-L6-v2 weights (integration tests only)."""
+    from index.runtime import minilm_path
+
+    return minilm_path()
+
+
+@pytest.fixture(scope="session")
+def tiny_bert_dir(tmp_path_factory, minilm_dir) -> Path:
+    """A 2-layer, 32-wide BERT with random weights and MiniLM's tokenizer, saved as a model directory."""
+    import torch
+    from transformers import AutoTokenizer, BertConfig, BertModel
+
+    torch.manual_seed(0)
+    tokenizer = AutoTokenizer.from_pretrained(str(minilm_dir))
+    config = BertConfig(
+        vocab_size=tokenizer.vocab_size,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=128,
+    )
+    out = tmp_path_factory.mktemp("tiny_bert")
+    BertModel(config).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_encoder_dir(tmp_path_factory, tiny_bert_dir) -> Path:
+    """A sentence-transformers model (tiny BERT + mean pooling + normalisation) saved as a directory."""
+    from sentence_transformers import SentenceTransformer, models
+
+    transformer = models.Transformer(str(tiny_bert_dir), max_seq_length=64)
+    pooling = models.Pooling(transformer.get_embedding_dimension(), pooling_mode="mean")
+    model = SentenceTransformer(modules=[transformer, pooling, models.Normalize()], device="cpu")
+    out = tmp_path_factory.mktemp("tiny_encoder")
+    model.save(str(out))
+    return out
