@@ -1,0 +1,38 @@
+"""The vector-store interface that FAISS (in-process) and Milvus (server or Milvus Lite) backends implement.
+
+Vectors are float32, L2-normalised, scored by inner product. Keys are non-negative int64 row keys that
+`FaqIndex` maps to FAQ ids; a store never sees FAQ text.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+
+@runtime_checkable
+class VectorStore(Protocol):
+    """What `FaqIndex` needs from a vector backend."""
+
+    dim: int
+
+    def add(self, keys: np.ndarray, vectors: np.ndarray) -> None:
+        """Insert `vectors` (n, dim) under int64 `keys` (n,)."""
+
+    def delete(self, keys: np.ndarray) -> int:
+        """Remove the given keys; return how many were removed."""
+
+    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Top-k by inner product for each query: (scores (q, k) float32, keys (q, k) int64, -1 where fewer)."""
+
+    def __len__(self) -> int:
+        """Number of stored vectors."""
+
+    def save(self, directory: Path) -> None:
+        """Write the store's files into `directory` (the caller makes the save atomic)."""
+
+    @classmethod
+    def load(cls, directory: Path, config: dict) -> VectorStore:
+        """Open a store saved by :meth:`save`; `config` is the backend section of the index manifest."""
