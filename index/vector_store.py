@@ -24,8 +24,11 @@ class VectorStore(Protocol):
     def delete(self, keys: np.ndarray) -> int:
         """Remove the given keys; return how many were removed."""
 
-    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """Top-k by inner product for each query: (scores (q, k) float32, keys (q, k) int64, -1 where fewer)."""
+    def search(self, queries: np.ndarray, k: int, allowed: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Top-k by inner product for each query: (scores (q, k) float32, keys (q, k) int64, -1 where fewer).
+
+        `allowed`, when given, restricts the search to those keys (how metadata filters are applied).
+        """
 
     def __len__(self) -> int:
         """Number of stored vectors."""
