@@ -50,7 +50,7 @@ reports its options for the manifest with ``backend_config() -> dict``.
 
 
 def register_backend(name: str, target: str) -> None:
-    """Make a vector backend available by name, e.g. ``register_backend("milvus", "index.milvus_store:MilvusStore")``."""
+    """Make a vector backend available by name: ``register_backend("milvus", "index.milvus_store:MilvusStore")``."""
     VECTOR_BACKENDS[name] = target
 
 
