@@ -6,10 +6,13 @@ need no re-indexing (term statistics are refreshed at the next rebuild, which `F
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import bm25s
 import numpy as np
+
+logging.getLogger("bm25s").setLevel(logging.WARNING)  # bm25s sets its own logger to DEBUG on import
 
 KEYS_FILE = "keys.npy"
 STOPWORDS = "en"

@@ -138,7 +138,7 @@ def load_collection(
     if format == "csv":
         rows = _csv_rows(path, report, skip_bad)
     else:
-        rows = _jsonl_rows(path, report, skip_bad)
+        rows = iter_jsonl(path, report, skip_bad)
     convert = _CONVERTERS[format]
     records: list[FaqRecord] = []
     for line_no, row in rows:
@@ -197,7 +197,15 @@ def _read_lines(path: Path) -> Iterator[tuple[int, str]]:
                 ) from None
 
 
-def _jsonl_rows(path: Path, report: LoadReport, skip_bad: bool) -> Iterator[tuple[int, dict[str, Any]]]:
+def iter_jsonl(
+    path: Path, report: LoadReport | None = None, skip_bad: bool = False
+) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Yield (line number, JSON object) of a JSONL file; bad lines raise one-line errors, or are counted in
+    `report` with `skip_bad`. Blank lines are ignored."""
+    path = Path(path)
+    if not path.is_file():
+        raise MedfaqError(f"file not found: {path}")
+    report = report or LoadReport(str(path), "jsonl")
     for line_no, line in _read_lines(path):
         if not line.strip():
             continue
@@ -325,4 +333,4 @@ def write_records(records: list[FaqRecord], path: Path) -> None:
 
 def read_records(path: Path) -> list[FaqRecord]:
     """Read records written by :func:`write_records`."""
-    return [FaqRecord.from_dict(row) for _, row in _jsonl_rows(path, LoadReport(str(path), "jsonl"), False)]
+    return [FaqRecord.from_dict(row) for _, row in iter_jsonl(path)]

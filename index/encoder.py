@@ -20,7 +20,10 @@ class Encoder:
 
     def __init__(self, name: str | None = None, device: str | None = None, batch_size: int = 64) -> None:
         from sentence_transformers import SentenceTransformer
+        from transformers.utils import logging as hf_logging
 
+        if not logger.isEnabledFor(logging.INFO):
+            hf_logging.disable_progress_bar()  # the per-load "Loading weights" bar
         self.name = str(name or DEFAULT_ENCODER)
         self.device = choose_device(device)
         self.batch_size = batch_size
