@@ -9,8 +9,8 @@ import typer
 
 from index.collections import FORMATS, load_collection, parse_field_map
 from index.encoder import Encoder
-from index.faq_index import FIELDS, FaqIndex
 from index.faiss_store import KINDS
+from index.faq_index import FIELDS, FaqIndex
 from index.runtime import DEFAULT_ENCODER
 
 FORMAT_HELP = f"Collection format: {'|'.join(FORMATS)}."
