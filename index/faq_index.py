@@ -45,7 +45,7 @@ KEYS = "keys.npy"
 VECTORS_DIR = "vectors"
 BM25_DIR = "bm25"
 FIELDS = ("question", "question+answer")
-ENCODE_CHUNK = 4096
+ENCODE_CHUNK = 512  # texts per encode call (progress granularity)
 
 ScoredIds = list[list[tuple[str, float]]]
 """Per query, (FAQ id, score) pairs best first."""

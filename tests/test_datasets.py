@@ -20,7 +20,8 @@ MEDQUAD_XML = """<?xml version="1.0" encoding="UTF-8"?>
   <Synonyms><Synonym>Podagra</Synonym></Synonyms>
 </FocusAnnotations>
 <QAPairs>
-  <QAPair pid="1"><Question qid="0000001-1" qtype="information">What is (are) Gout ?</Question><Answer></Answer></QAPair>
+  <QAPair pid="1"><Question qid="0000001-1" qtype="information">What is (are) Gout ?</Question>
+    <Answer></Answer></QAPair>
   <QAPair pid="2"><Question qid="0000001-2" qtype="treatment">What are the treatments for Gout ?</Question>
     <Answer> Medicines such as colchicine. </Answer></QAPair>
 </QAPairs>
