@@ -11,10 +11,15 @@ from index.collections import FORMATS, load_collection, parse_field_map
 from index.encoder import Encoder
 from index.faiss_store import KINDS
 from index.faq_index import FIELDS, FaqIndex
-from index.runtime import DEFAULT_ENCODER
+from index.runtime import DEFAULT_ENCODER, MedfaqError
 
 FORMAT_HELP = f"Collection format: {'|'.join(FORMATS)}."
 FIELD_HELP = "Map a schema field to a source column of a generic JSONL/CSV file, e.g. --field question=title."
+
+
+def check_choice(option: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise MedfaqError(f"unknown {option} {value!r}; choose one of {', '.join(choices)}")
 
 
 def build(
@@ -31,11 +36,14 @@ def build(
     batch_size: int = typer.Option(64, "--batch-size", help="Encoding batch size."),
 ) -> None:
     """Build a dense (FAISS) + BM25 index over an FAQ collection."""
+    check_choice("--kind", kind, KINDS)
+    check_choice("--fields", fields, FIELDS)
+    sentence_encoder = Encoder(encoder, device=device, batch_size=batch_size)
     records, report = load_collection(collection, format, parse_field_map(field), skip_bad)
     typer.echo(report.summary(), err=True)
     index = FaqIndex.build(
         records,
-        Encoder(encoder, device=device, batch_size=batch_size),
+        sentence_encoder,
         fields=fields,
         kind=kind,
         backend_options={"use_gpu": gpu},
