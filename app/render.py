@@ -7,11 +7,12 @@ import textwrap
 from retriever.pipeline import SearchResponse
 
 QUESTION_WIDTH = 70
+QUERY_SHOWN = 200
 
 
 def hits_table(response: SearchResponse) -> str:
     """A ranked table: rank, score, FAQ id, question (wrapped), source."""
-    lines = [f"query: {response.query}"]
+    lines = [f"query: {textwrap.shorten(response.query, QUERY_SHOWN, placeholder=' ...')}"]
     if response.summary:
         lines.append(f"summary: {response.summary}")
     if not response.hits:
