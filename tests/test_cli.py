@@ -116,3 +116,22 @@ def test_data_list_and_fetch_from(tmp_path):
     assert result.exit_code == 0, result.output
     assert "fetched" in medfaq("data", "list").stdout
     assert_one_line_error(medfaq("data", "fetch", "quebec", "--from", tmp_path / "shared"), "not found")
+
+
+def test_demo_fetches_builds_once_and_answers(monkeypatch, tmp_path, tiny_encoder_dir):
+    from app import cmd_demo
+
+    shared = tmp_path / "shared"
+    (shared / "medquad").mkdir(parents=True)
+    rows = [
+        {"id": "1", "question": "Can I drink alcohol while taking amoxicillin?", "qtype": "interaction", "focus": "a"},
+        {"id": "2", "question": "Is Parkinson's disease inherited?", "qtype": "inheritance", "focus": "p"},
+    ]
+    (shared / "medquad" / "medquad.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    monkeypatch.setattr(cmd_demo, "SHARED_DATA", shared)
+    monkeypatch.setattr(cmd_demo, "DEFAULT_ENCODER", str(tiny_encoder_dir))
+    first = medfaq("demo", "--top-k", "1")
+    assert first.exit_code == 0, first.output
+    assert "building the MedQuAD index" in first.stderr
+    assert first.stdout.count("query: ") == len(cmd_demo.EXAMPLE_QUESTIONS)
+    assert "building" not in medfaq("demo", "--top-k", "1").stderr  # the index is reused
