@@ -10,7 +10,7 @@ import typer
 from index.collections import FORMATS, load_collection, parse_field_map
 from index.encoder import Encoder
 from index.faiss_store import KINDS
-from index.faq_index import FIELDS, FaqIndex
+from index.faq_index import FIELDS, FaqIndex, check_index_target
 from index.runtime import DEFAULT_ENCODER, MedfaqError
 
 FORMAT_HELP = f"Collection format: {'|'.join(FORMATS)}."
@@ -38,6 +38,7 @@ def build(
     """Build a dense (FAISS) + BM25 index over an FAQ collection."""
     check_choice("--kind", kind, KINDS)
     check_choice("--fields", fields, FIELDS)
+    check_index_target(out)
     sentence_encoder = Encoder(encoder, device=device, batch_size=batch_size)
     records, report = load_collection(collection, format, parse_field_map(field), skip_bad)
     typer.echo(report.summary(), err=True)

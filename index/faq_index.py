@@ -255,9 +255,7 @@ class FaqIndex:
 
     def save(self, directory: str | Path) -> Path:
         """Write the index to `directory` atomically (temporary directory beside it, then rename)."""
-        target = Path(directory).expanduser().resolve()
-        if target.exists() and not (target / MANIFEST).is_file() and any(target.iterdir()):
-            raise MedfaqError(f"{target} exists and is not a medfaq index; choose an empty or new directory")
+        target = check_index_target(directory)
         target.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.saving-"))
         try:
@@ -319,6 +317,14 @@ class FaqIndex:
         data = self.manifest.to_dict()
         data.pop("checksums")
         return {**data, "sources": dict(sorted(sources.items(), key=lambda item: -item[1]))}
+
+
+def check_index_target(directory: str | Path) -> Path:
+    """The resolved `directory` if an index may be written there (new, empty, or an index); else a one-line error."""
+    target = Path(directory).expanduser().resolve()
+    if target.exists() and (not target.is_dir() or (not (target / MANIFEST).is_file() and any(target.iterdir()))):
+        raise MedfaqError(f"{target} exists and is not a medfaq index; choose an empty or new directory")
+    return target
 
 
 def read_manifest(path: Path) -> IndexManifest:
