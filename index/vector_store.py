@@ -36,6 +36,9 @@ class VectorStore(Protocol):
     def save(self, directory: Path) -> None:
         """Write the store's files into `directory` (the caller makes the save atomic)."""
 
+    def backend_config(self) -> dict:
+        """JSON-serialisable options for the manifest's backend section; :meth:`load` receives them back."""
+
     @classmethod
     def load(cls, directory: Path, config: dict) -> VectorStore:
         """Open a store saved by :meth:`save`; `config` is the backend section of the index manifest."""
