@@ -211,13 +211,19 @@ def make_ids_unique(rows: list[dict]) -> None:
             row["id"] = f"{row['id']}#{count}"
 
 
+def _folder_number(member: str) -> int | None:
+    """12 for ``MedQuAD-<commit>/12_MPlusHerbsSupplements_QA/x.xml``; None outside the numbered folders."""
+    prefix = PurePosixPath(member).parent.name.split("_", 1)[0]
+    return int(prefix) if prefix.isdigit() else None
+
+
 def build_medquad(paths: list[Path], target: Path) -> None:
     """Convert the MedQuAD repository archive (zip of 12 folders of XML files) into ``medquad.jsonl``."""
     rows: list[dict] = []
     with zipfile.ZipFile(paths[0]) as archive:
         members = sorted(
-            (name for name in archive.namelist() if name.endswith(".xml")),
-            key=lambda name: (int(PurePosixPath(name).parent.name.split("_", 1)[0]), PurePosixPath(name).name),
+            (name for name in archive.namelist() if name.endswith(".xml") and _folder_number(name) is not None),
+            key=lambda name: (_folder_number(name), PurePosixPath(name).name),
         )
         for name in tqdm(members, desc="MedQuAD XML", unit="file"):
             folder = PurePosixPath(name).parent.name

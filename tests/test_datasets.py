@@ -47,6 +47,7 @@ def test_medquad_archive_build_sorts_folders_and_dedups_ids(tmp_path):
         zf.writestr("MedQuAD-x/2_GARD_QA/0000001.xml", MEDQUAD_XML.replace('source="ADAM"', 'source="GARD"'))
         zf.writestr("MedQuAD-x/2_GARD_QA/0000001_copy.xml", MEDQUAD_XML)
         zf.writestr("MedQuAD-x/readme.txt", "not xml")
+        zf.writestr("MedQuAD-x/docs/notes.xml", "<not-a-document/>")
     out = tmp_path / "out"
     out.mkdir()
     build_medquad([archive], out)
