@@ -35,7 +35,7 @@ class Encoder:
     def max_seq_length(self) -> int:
         return int(self.model.max_seq_length)
 
-    def encode(self, texts: list[str], progress: bool = False, desc: str = "encoding") -> np.ndarray:
+    def encode(self, texts: list[str], progress: bool = False) -> np.ndarray:
         """(len(texts), dim) float32, unit-norm rows; a tqdm bar when `progress`."""
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
