@@ -258,6 +258,7 @@ class FaqIndex:
         target = check_index_target(directory)
         target.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.saving-"))
+        staging.chmod(0o777 & ~_umask())  # mkdtemp makes it private; the index gets normal permissions
         try:
             keys = np.fromiter(self._records, dtype=np.int64, count=len(self._records))
             write_records(list(self._records.values()), staging / RECORDS)
@@ -401,6 +402,12 @@ def _restore_interrupted_swap(target: Path) -> None:
     if not target.exists() and backup.is_dir():
         logger.warning("restoring %s from an interrupted save", target)
         os.replace(backup, target)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def _now() -> str:
