@@ -5,10 +5,24 @@ from __future__ import annotations
 import sys
 
 import typer
+from typer.core import TyperGroup
 
 from index.runtime import MedfaqError, configure_logging
 
+
+class OneLineErrors(TyperGroup):
+    """Turns a MedfaqError raised by any command into `error: ...` on stderr and exit code 2 (also under CliRunner)."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except MedfaqError as error:
+            typer.echo(f"error: {error}", err=True)
+            raise typer.Exit(2) from None
+
+
 app = typer.Typer(
+    cls=OneLineErrors,
     name="medfaq",
     help="Medical FAQ retrieval: summarize consumer health questions, search and rerank FAQs, evaluate.",
     no_args_is_help=True,
@@ -23,6 +37,19 @@ app.add_typer(data_app, name="data")
 app.add_typer(index_app, name="index")
 app.add_typer(train_app, name="train")
 app.add_typer(eval_app, name="eval")
+
+
+from app import cmd_data, cmd_demo, cmd_index, cmd_search  # noqa: E402  (after the sub-apps they join)
+
+data_app.command("fetch")(cmd_data.fetch)
+data_app.command("list")(cmd_data.list_datasets)
+index_app.command("build")(cmd_index.build)
+index_app.command("add")(cmd_index.add)
+index_app.command("delete")(cmd_index.delete)
+index_app.command("info")(cmd_index.info)
+app.command("search")(cmd_search.search)
+app.command("bench")(cmd_search.bench)
+app.command("demo")(cmd_demo.demo)
 
 
 @app.callback()

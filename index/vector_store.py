@@ -36,6 +36,34 @@ class VectorStore(Protocol):
     def save(self, directory: Path) -> None:
         """Write the store's files into `directory` (the caller makes the save atomic)."""
 
+    def backend_config(self) -> dict:
+        """JSON-serialisable options for the manifest's backend section; :meth:`load` receives them back."""
+
     @classmethod
     def load(cls, directory: Path, config: dict) -> VectorStore:
         """Open a store saved by :meth:`save`; `config` is the backend section of the index manifest."""
+
+
+VECTOR_BACKENDS: dict[str, str] = {"faiss": "index.faiss_store:FaissStore"}
+"""Backend name (as written in the manifest's backend section) -> "module:Class" of its VectorStore.
+
+A backend class is created as ``cls(dim=..., **options)``, reopened with ``cls.load(directory, config)``, and
+reports its options for the manifest with ``backend_config() -> dict``.
+"""
+
+
+def register_backend(name: str, target: str) -> None:
+    """Make a vector backend available by name: ``register_backend("milvus", "index.milvus_store:MilvusStore")``."""
+    VECTOR_BACKENDS[name] = target
+
+
+def backend_class(name: str) -> type:
+    """Import the class registered under `name`; unknown names give a one-line error."""
+    import importlib
+
+    from index.runtime import MedfaqError
+
+    if name not in VECTOR_BACKENDS:
+        raise MedfaqError(f"unknown vector backend {name!r}; known: {', '.join(sorted(VECTOR_BACKENDS))}")
+    module_name, _, class_name = VECTOR_BACKENDS[name].partition(":")
+    return getattr(importlib.import_module(module_name), class_name)

@@ -69,3 +69,42 @@ def tiny_encoder_dir(tmp_path_factory, tiny_bert_dir) -> Path:
     out = tmp_path_factory.mktemp("tiny_encoder")
     model.save(str(out))
     return out
+
+
+FAQ_ROWS = [
+    {
+        "id": "f1",
+        "question": "Can I drink alcohol while taking amoxicillin?",
+        "answer": "Moderate drinking is usually fine.",
+    },
+    {"id": "f2", "question": "What are the symptoms of type 2 diabetes?", "answer": "Thirst, frequent urination."},
+    {"id": "f3", "question": "How is shingles treated?", "answer": "Antiviral medicines."},
+    {"id": "f4", "question": "Is Parkinson's disease inherited?", "answer": "Most cases are not."},
+    {"id": "f5", "question": "What causes migraine headaches?", "answer": ""},
+    {"id": "f6", "question": "How do vaccines protect against measles?", "answer": "They train the immune system."},
+]
+
+
+@pytest.fixture(scope="session")
+def tiny_encoder(tiny_encoder_dir):
+    """An `index.encoder.Encoder` over the tiny random sentence-transformers model."""
+    from index.encoder import Encoder
+
+    return Encoder(str(tiny_encoder_dir), device="cpu")
+
+
+@pytest.fixture
+def faq_jsonl(tmp_path) -> Path:
+    """A generic-format FAQ collection of six FAQs."""
+    import json
+
+    path = tmp_path / "faqs.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in FAQ_ROWS), encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def faq_records():
+    from index.records import FaqRecord
+
+    return [FaqRecord.from_dict(row) for row in FAQ_ROWS]

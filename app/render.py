@@ -1,0 +1,31 @@
+"""Plain-text rendering of search results for the terminal."""
+
+from __future__ import annotations
+
+import textwrap
+
+from retriever.pipeline import SearchResponse
+
+QUESTION_WIDTH = 70
+QUERY_SHOWN = 200
+
+
+def hits_table(response: SearchResponse) -> str:
+    """A ranked table: rank, score, FAQ id, question (wrapped), source."""
+    lines = [f"query: {textwrap.shorten(response.query, QUERY_SHOWN, placeholder=' ...')}"]
+    if response.summary:
+        lines.append(f"summary: {response.summary}")
+    if not response.hits:
+        lines.append("(no matching FAQ)")
+        return "\n".join(lines)
+    id_width = max(4, *(len(hit.id) for hit in response.hits))
+    lines.append(f"{'rank':>4}  {'score':>8}  {'id':<{id_width}}  {'question':<{QUESTION_WIDTH}}  source")
+    for hit in response.hits:
+        wrapped = textwrap.wrap(hit.question, QUESTION_WIDTH) or [""]
+        lines.append(
+            f"{hit.rank:>4}  {hit.score:>8.4f}  {hit.id:<{id_width}}  {wrapped[0]:<{QUESTION_WIDTH}}  {hit.source}"
+        )
+        lines += [f"{'':>4}  {'':>8}  {'':<{id_width}}  {more}" for more in wrapped[1:]]
+    if response.abstained:
+        lines.append("no FAQ matches well enough: the question is logged for an expert")
+    return "\n".join(lines)

@@ -1,0 +1,396 @@
+"""The registry of public datasets medfaq can fetch, and `fetch_dataset` (download or copy into `data_dir()`).
+
+Each :class:`DatasetSpec` names its original public sources (pinned commits), the files it puts under
+``data_dir()/<subdir>`` (the same layout as a local copy such as ``../shared/data``), its license note, and a
+`build` function that turns the downloaded sources into those files. Add a dataset with :func:`register`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import tempfile
+import urllib.request
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from xml.etree import ElementTree
+
+from tqdm.auto import tqdm
+
+from index.runtime import MedfaqError, data_dir
+
+logger = logging.getLogger("medfaq.datasets")
+
+Builder = Callable[[list[Path], Path], None]
+"""build(downloaded source files, in `DatasetSpec.urls` order, target directory) writes `DatasetSpec.files`."""
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """A public dataset: where it comes from, what files it provides, and its terms of use."""
+
+    name: str
+    description: str
+    license: str
+    subdir: str
+    files: tuple[str, ...]
+    urls: tuple[str, ...]
+    build: Builder
+    collection: str | None = None  # the FAQ collection file among `files`, for `medfaq index build NAME`
+
+
+DATASETS: dict[str, DatasetSpec] = {}
+
+
+def register(spec: DatasetSpec) -> DatasetSpec:
+    """Add a dataset to the registry (other packages call this at import time)."""
+    DATASETS[spec.name] = spec
+    return spec
+
+
+def get_dataset(name: str) -> DatasetSpec:
+    if name not in DATASETS:
+        raise MedfaqError(f"unknown dataset {name!r}; known: {', '.join(sorted(DATASETS))}")
+    return DATASETS[name]
+
+
+def dataset_dir(name: str) -> Path:
+    return data_dir() / get_dataset(name).subdir
+
+
+def is_fetched(name: str) -> bool:
+    return all((dataset_dir(name) / file).is_file() for file in get_dataset(name).files)
+
+
+def dataset_collection_path(name: str) -> Path:
+    """The FAQ collection file of a fetched dataset."""
+    spec = get_dataset(name)
+    if spec.collection is None:
+        raise MedfaqError(f"dataset {name!r} is not an FAQ collection")
+    path = dataset_dir(name) / spec.collection
+    if not path.is_file():
+        raise MedfaqError(f"dataset {name!r} is not fetched yet: run `medfaq data fetch {name}`")
+    return path
+
+
+def fetch_dataset(name: str, source_dir: Path | None = None, force: bool = False) -> Path:
+    """Put dataset `name` under ``data_dir()``: copy it from `source_dir` (same layout) or download and build it.
+
+    The files are written into a temporary directory beside the target and moved into place only when complete,
+    so an interrupted fetch leaves no half-written dataset.
+    """
+    spec = get_dataset(name)
+    target = dataset_dir(name)
+    if is_fetched(name) and not force:
+        logger.info("%s already present in %s", name, target)
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{target.name}.fetch-") as tmp:
+        staging = Path(tmp) / "data"
+        staging.mkdir()
+        if source_dir is not None:
+            _copy_from(spec, Path(source_dir).expanduser(), staging)
+        else:
+            downloads = Path(tmp) / "downloads"
+            downloads.mkdir()
+            paths = [_download(url, downloads / f"{i}_{PurePosixPath(url).name}") for i, url in enumerate(spec.urls)]
+            spec.build(paths, staging)
+        missing = [file for file in spec.files if not (staging / file).is_file()]
+        if missing:
+            raise MedfaqError(f"fetching {name} did not produce {', '.join(missing)}")
+        for file in spec.files:
+            destination = target / file
+            destination.parent.mkdir(parents=True, exist_ok=True)
+            (staging / file).replace(destination)
+    return target
+
+
+def _copy_from(spec: DatasetSpec, source_dir: Path, staging: Path) -> None:
+    if not source_dir.is_dir():
+        raise MedfaqError(f"--from {source_dir}: no such directory")
+    for file in spec.files:
+        source = source_dir / spec.subdir / file
+        if not source.is_file():
+            raise MedfaqError(f"--from {source_dir}: {spec.subdir}/{file} not found (expected the shared/data layout)")
+        destination = staging / file
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source, destination)
+
+
+def _download(url: str, destination: Path) -> Path:
+    """Download `url` to `destination` with a progress bar; network failures become one-line errors."""
+    logger.info("downloading %s", url)
+    try:
+        with urllib.request.urlopen(url, timeout=60) as response, destination.open("wb") as out:
+            total = int(response.headers.get("Content-Length") or 0) or None
+            with tqdm(total=total, unit="B", unit_scale=True, desc=destination.name, leave=False) as bar:
+                while chunk := response.read(1 << 20):
+                    out.write(chunk)
+                    bar.update(len(chunk))
+    except OSError as error:
+        raise MedfaqError(f"cannot download {url}: {error}; use --from DIR to copy a local copy instead") from None
+    return destination
+
+
+def copy_as(*names: str) -> Builder:
+    """A builder that stores the downloaded files under `names`, unchanged."""
+
+    def build(paths: list[Path], target: Path) -> None:
+        for path, name in zip(paths, names, strict=True):
+            (target / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, target / name)
+
+    return build
+
+
+def _write_jsonl(rows: list[dict], path: Path) -> None:
+    with path.open("w", encoding="utf-8") as handle:
+        for row in rows:
+            handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+
+
+# --- MedQuAD: XML files in 12 folders -> medquad.jsonl -------------------------------------------------------------
+
+MEDQUAD_COMMIT = "577bd37b96c02d1833b2c9eed2de9f96964e96cb"
+MEDQUAD_ANSWERS_REMOVED = {"10_MPlus_ADAM_QA", "11_MPlusDrugs_QA", "12_MPlusHerbsSupplements_QA"}
+
+
+def medquad_rows_from_xml(xml_text: str | bytes, folder: str) -> list[dict]:
+    """Convert one MedQuAD XML document (from `folder`, e.g. ``"1_CancerGov_QA"``) into medquad.jsonl rows."""
+    root = ElementTree.fromstring(xml_text)
+    annotations = root.find("FocusAnnotations")
+
+    def texts(path: str) -> list[str]:
+        return [(node.text or "").strip() for node in annotations.iterfind(path)] if annotations is not None else []
+
+    category = texts("Category")
+    group = texts("UMLS/SemanticGroup")
+    document = {
+        "doc_id": root.get("id", ""),
+        "collection": folder,
+        "source": root.get("source", ""),
+        "url": root.get("url", ""),
+        "focus": (root.findtext("Focus") or "").strip(),
+        "focus_category": category[0] if category else None,
+        "cuis": texts("UMLS/CUIs/CUI"),
+        "semantic_types": texts("UMLS/SemanticTypes/SemanticType"),
+        "semantic_group": group[0] if group else None,
+        "synonyms": texts("Synonyms/Synonym"),
+    }
+    folder_number = folder.split("_", 1)[0]
+    rows = []
+    for pair in root.iterfind("QAPairs/QAPair"):
+        question = pair.find("Question")
+        qid = question.get("qid", "") if question is not None else ""
+        rows.append(
+            {
+                "id": f"{folder_number}_{qid}",
+                "qid_original": qid,
+                "doc_id": document["doc_id"],
+                "pid": pair.get("pid", ""),
+                **{key: value for key, value in document.items() if key != "doc_id"},
+                "qtype": question.get("qtype", "") if question is not None else "",
+                "question": (question.text or "").strip() if question is not None else "",
+                "answer": (pair.findtext("Answer") or "").strip(),
+                "answer_removed": folder in MEDQUAD_ANSWERS_REMOVED,
+            }
+        )
+    return rows
+
+
+def make_ids_unique(rows: list[dict]) -> None:
+    """Give repeated ids a ``#k`` suffix (k = 2, 3, ...) in order of appearance, in place."""
+    seen: dict[str, int] = {}
+    for row in rows:
+        count = seen.get(row["id"], 0) + 1
+        seen[row["id"]] = count
+        if count > 1:
+            row["id"] = f"{row['id']}#{count}"
+
+
+def _folder_number(member: str) -> int | None:
+    """12 for ``MedQuAD-<commit>/12_MPlusHerbsSupplements_QA/x.xml``; None outside the numbered folders."""
+    prefix = PurePosixPath(member).parent.name.split("_", 1)[0]
+    return int(prefix) if prefix.isdigit() else None
+
+
+def build_medquad(paths: list[Path], target: Path) -> None:
+    """Convert the MedQuAD repository archive (zip of 12 folders of XML files) into ``medquad.jsonl``."""
+    rows: list[dict] = []
+    with zipfile.ZipFile(paths[0]) as archive:
+        members = sorted(
+            (name for name in archive.namelist() if name.endswith(".xml") and _folder_number(name) is not None),
+            key=lambda name: (_folder_number(name), PurePosixPath(name).name),
+        )
+        for name in tqdm(members, desc="MedQuAD XML", unit="file"):
+            folder = PurePosixPath(name).parent.name
+            try:
+                rows.extend(medquad_rows_from_xml(archive.read(name), folder))
+            except ElementTree.ParseError as error:
+                raise MedfaqError(f"MedQuAD archive: cannot parse {name}: {error}") from None
+    make_ids_unique(rows)
+    _write_jsonl(rows, target / "medquad.jsonl")
+
+
+register(
+    DatasetSpec(
+        name="medquad",
+        description="MedQuAD: 47,441 medical QA pairs from 12 NIH websites (answers of 3 MedlinePlus subsets removed)",
+        license="CC BY 4.0 (abachaa/MedQuAD LICENSE.txt); cite Ben Abacha & Demner-Fushman 2019",
+        subdir="medquad",
+        files=("medquad.jsonl",),
+        urls=(f"https://github.com/abachaa/MedQuAD/archive/{MEDQUAD_COMMIT}.zip",),
+        build=build_medquad,
+        collection="medquad.jsonl",
+    )
+)
+
+# --- Quebec COVID-19 FAQ (Mila): train.json {examples, passages} -> faqs.jsonl + train.jsonl ---------------------
+
+QUEBEC_COMMIT = "4e6700317722f8b594bb0cb2e0ce0b4de3bbf71e"
+QUEBEC_FOLDER = "20200416_quebec_faq_en_cleaned_collection1_2_3_plus_healthtap_newformat"
+
+
+def build_quebec(paths: list[Path], target: Path) -> None:
+    """Split the original ``train.json`` into the FAQ passages and the paraphrase queries."""
+    try:
+        original = json.loads(paths[0].read_text(encoding="utf-8"))
+        passages, examples = original["passages"], original["examples"]
+    except (json.JSONDecodeError, KeyError, UnicodeDecodeError) as error:
+        raise MedfaqError(f"Quebec FAQ train.json has an unexpected format: {error}") from None
+    faqs = []
+    for passage in passages:
+        reference = passage.get("reference") or {}
+        headers = reference.get("section_headers") or []
+        faqs.append(
+            {
+                "passage_id": passage["passage_id"],
+                "reference_type": passage.get("reference_type"),
+                "source": passage.get("source"),
+                "uri": passage.get("uri"),
+                "page_title": reference.get("page_title"),
+                "section_headers": headers,
+                "faq_question": headers[-1] if headers else "",
+                "answer": reference.get("section_content") or "",
+            }
+        )
+    is_faq = {faq["passage_id"]: faq["reference_type"] == "faq" for faq in faqs}
+    queries = [
+        {
+            "id": example["id"],
+            "source": example.get("source"),
+            "question": example["question"],
+            "passage_id": example["passage_id"],
+            "is_ood": not is_faq.get(example["passage_id"], False),
+        }
+        for example in examples
+    ]
+    _write_jsonl(faqs, target / "faqs.jsonl")
+    _write_jsonl(queries, target / "train.jsonl")
+
+
+register(
+    DatasetSpec(
+        name="quebec",
+        description="Quebec COVID-19 FAQ (313 FAQs) with crowdsourced paraphrase queries and HealthTap OOD queries",
+        license="CC BY 4.0 (ycemsubakan/covid_chatbot_data LICENSE.md)",
+        subdir="covid_faq/quebec_mila",
+        files=("faqs.jsonl", "train.jsonl"),
+        urls=(
+            f"https://raw.githubusercontent.com/ycemsubakan/covid_chatbot_data/{QUEBEC_COMMIT}/{QUEBEC_FOLDER}/train.json",
+        ),
+        build=build_quebec,
+        collection="faqs.jsonl",
+    )
+)
+
+# --- JHU COVID-QA FAQ bank, schema v0.3: 20 camelCase JSONL files -> faqs.jsonl ------------------------------------
+
+JHU_COMMIT = "9869dd7a0fd795620c2ebb538074d833e157b2de"
+JHU_FILES = (
+    "AVMA",
+    "CNN",
+    "CanadaPublicHealth",
+    "ClevelandClinic",
+    "DeepsetAI",
+    "Delaware",
+    "FDA",
+    "Florida",
+    "Hawaii",
+    "JHU-bloomberg",
+    "JHU_Medicine",
+    "JHU_hub",
+    "Kansas",
+    "NFID",
+    "NYT",
+    "North_Dakota",
+    "Oregon",
+    "TexasHR",
+    "Vermont",
+    "WhoMyth",
+)
+JHU_FIELDS = {
+    "ID": "id",
+    "sourceName": "source_name",
+    "sourceUrl": "source_url",
+    "language": "language",
+    "typeOfInfo": "type_of_info",
+    "topic": "topic",
+    "targetLocation": "target_location",
+    "hasAnswer": "has_answer",
+    "questionText": "question",
+    "answerText": "answer",
+    "dateLastChanged": "date_last_changed",
+}
+
+
+def jhu_row(original: dict, file: str) -> dict:
+    """One schema-v0.3 row in snake_case, without the HTML ``*Original`` fields."""
+    return {new: original.get(old) for old, new in JHU_FIELDS.items()} | {"file": file}
+
+
+def build_jhu(paths: list[Path], target: Path) -> None:
+    rows = []
+    for path in paths:
+        file = path.name.split("_", 1)[1]  # downloads are named "<i>_<original name>"
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if line.strip():
+                rows.append(jhu_row(json.loads(line), file))
+    _write_jsonl(rows, target / "faqs.jsonl")
+
+
+register(
+    DatasetSpec(
+        name="jhu",
+        description="JHU COVID-QA scraped FAQ bank, schema v0.3 (2,261 FAQs, 1,479 in English)",
+        license="Apache-2.0 (JHU-COVID-QA/scraping-qas LICENSE); content scraped from the listed sites",
+        subdir="covid_faq/jhu_covidqa_faq_bank_v0.3",
+        files=("faqs.jsonl",),
+        urls=tuple(
+            f"https://raw.githubusercontent.com/JHU-COVID-QA/scraping-qas/{JHU_COMMIT}/data/scraping/schema_v0.3/{name}_v0.3.jsonl"
+            for name in JHU_FILES
+        ),
+        build=build_jhu,
+        collection="faqs.jsonl",
+    )
+)
+
+# --- Curai medical question pairs (duplicate-question detection) ---------------------------------------------------
+
+register(
+    DatasetSpec(
+        name="mqp",
+        description="Curai Medical Question Pairs: 3,048 doctor-written similar/different question pairs",
+        license="no license stated in curai/medical-question-pair-dataset; research use",
+        subdir="mqp",
+        files=("mqp.csv",),
+        urls=(
+            "https://raw.githubusercontent.com/curai/medical-question-pair-dataset/"
+            "6c7f7fd7a53cedc6fec105c0c6cb78f2e9a82cd1/mqp.csv",
+        ),
+        build=copy_as("mqp.csv"),
+    )
+)

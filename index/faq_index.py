@@ -1,0 +1,414 @@
+"""FaqIndex: FAQ records + a vector store (FAISS by default) + BM25 + a JSON manifest, saved atomically.
+
+Directory layout::
+
+    manifest.json    IndexManifest: encoder, dimension, fields, kind, counts, sha256 of every file, backend section
+    records.jsonl    one FaqRecord per line
+    keys.npy         int64 row key of each record line (the key the vector store and BM25 use)
+    vectors/         the vector backend's files
+    bm25/            bm25s files + keys.npy
+    *.json           sidecar settings of other packages (e.g. pipeline.json); kept across saves
+
+Saves write everything into a temporary directory beside the target and swap it in with renames, so a crash or
+Ctrl-C during `build`/`add`/`save` leaves the previous index as it was.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from index.bm25_store import Bm25Index
+from index.collections import check_unique_ids, read_records, write_records
+from index.encoder import Encoder
+from index.records import FaqRecord
+from index.runtime import MedfaqError, resolve_model
+from index.vector_store import VectorStore, backend_class
+
+logger = logging.getLogger("medfaq.index")
+
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+RECORDS = "records.jsonl"
+KEYS = "keys.npy"
+VECTORS_DIR = "vectors"
+BM25_DIR = "bm25"
+FIELDS = ("question", "question+answer")
+ENCODE_CHUNK = 512  # texts per encode call (progress granularity)
+
+ScoredIds = list[list[tuple[str, float]]]
+"""Per query, (FAQ id, score) pairs best first."""
+
+
+@dataclass
+class IndexManifest:
+    """What an index directory holds; written as manifest.json and checked on load."""
+
+    encoder: str
+    dimension: int
+    fields: str
+    kind: str
+    backend: dict[str, Any]
+    counts: dict[str, int] = field(default_factory=dict)
+    checksums: dict[str, str] = field(default_factory=dict)
+    created: str = ""
+    updated: str = ""
+    next_key: int = 0
+    format_version: int = FORMAT_VERSION
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> IndexManifest:
+        names = set(cls.__dataclass_fields__)
+        return cls(**{key: value for key, value in data.items() if key in names})
+
+
+def record_text(record: FaqRecord, fields: str) -> str:
+    """The text that is embedded and BM25-indexed for `record`."""
+    if fields == "question+answer" and record.answer:
+        return f"{record.question} {record.answer}"
+    return record.question
+
+
+class FaqIndex:
+    """FAQ records searchable by dense vectors and BM25; add and delete without re-encoding existing rows."""
+
+    def __init__(
+        self,
+        manifest: IndexManifest,
+        records: list[FaqRecord],
+        keys: np.ndarray,
+        store: VectorStore,
+        bm25: Bm25Index,
+        encoder: Encoder | None = None,
+    ) -> None:
+        self.manifest = manifest
+        self.store = store
+        self.bm25 = bm25
+        self._encoder = encoder
+        self._records: dict[int, FaqRecord] = dict(zip((int(k) for k in keys), records, strict=True))
+        self._key_of: dict[str, int] = {record.id: key for key, record in self._records.items()}
+
+    # ---- construction -------------------------------------------------------------------------------------------
+
+    @classmethod
+    def build(
+        cls,
+        records: list[FaqRecord],
+        encoder: Encoder,
+        fields: str = "question",
+        kind: str = "flat",
+        backend: str = "faiss",
+        backend_options: dict[str, Any] | None = None,
+        progress: bool = True,
+    ) -> FaqIndex:
+        """Encode `records` and index them in memory; call :meth:`save` to write the index."""
+        if fields not in FIELDS:
+            raise MedfaqError(f"unknown --fields {fields!r}; choose one of {', '.join(FIELDS)}")
+        check_unique_ids(records, "the collection")
+        options = {"kind": kind, **(backend_options or {})} if backend == "faiss" else dict(backend_options or {})
+        store = backend_class(backend)(dim=encoder.dim, **options)
+        now = _now()
+        manifest = IndexManifest(
+            encoder=encoder.name,
+            dimension=encoder.dim,
+            fields=fields,
+            kind=kind,
+            backend={"name": backend, "dim": encoder.dim},
+            created=now,
+            updated=now,
+        )
+        index = cls(manifest, [], np.zeros(0, dtype=np.int64), store, Bm25Index.build([], []), encoder)
+        index.add(records, progress=progress)
+        return index
+
+    @property
+    def encoder(self) -> Encoder:
+        """The encoder named in the manifest (loaded on first use)."""
+        if self._encoder is None:
+            self._encoder = Encoder(self.manifest.encoder)
+        return self._encoder
+
+    # ---- records --------------------------------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def __contains__(self, faq_id: str) -> bool:
+        return faq_id in self._key_of
+
+    def get(self, faq_id: str) -> FaqRecord:
+        if faq_id not in self._key_of:
+            raise MedfaqError(f"no FAQ with id {faq_id!r} in the index")
+        return self._records[self._key_of[faq_id]]
+
+    def records(self) -> list[FaqRecord]:
+        return list(self._records.values())
+
+    def ids_where(self, **metadata: Any) -> list[str]:
+        """FAQ ids whose metadata (or source) equals every given value, e.g. ``ids_where(qtype="treatment")``."""
+
+        def value(record: FaqRecord, name: str) -> Any:
+            return record.source if name == "source" else record.metadata.get(name)
+
+        return [r.id for r in self._records.values() if all(value(r, n) == v for n, v in metadata.items())]
+
+    # ---- changes --------------------------------------------------------------------------------------------------
+
+    def add(self, records: list[FaqRecord], progress: bool = True) -> int:
+        """Encode and add new records (ids must be new); BM25 is rebuilt over all rows. Returns how many were added.
+
+        Everything is computed before the index changes, so a failure part-way leaves it as it was.
+        """
+        check_unique_ids(records, "the new records")
+        clashes = [record.id for record in records if record.id in self._key_of]
+        if clashes:
+            shown = ", ".join(repr(c) for c in clashes[:5])
+            more = f" and {len(clashes) - 5} more" if len(clashes) > 5 else ""
+            raise MedfaqError(f"duplicate FAQ ids already in the index: {shown}{more} (delete them first)")
+        if not records:
+            return 0
+        keys = np.arange(self.manifest.next_key, self.manifest.next_key + len(records), dtype=np.int64)
+        texts = [record_text(record, self.manifest.fields) for record in records]
+        vectors = self._encode_chunked(texts, progress)
+        all_records = {**self._records, **dict(zip(keys.tolist(), records, strict=True))}
+        bm25 = Bm25Index.build(
+            [record_text(r, self.manifest.fields) for r in all_records.values()],
+            np.fromiter(all_records, dtype=np.int64, count=len(all_records)),
+        )
+        self.store.add(keys, vectors)
+        self.bm25 = bm25
+        self._records = all_records
+        self._key_of.update({record.id: int(key) for key, record in zip(keys, records, strict=True)})
+        self.manifest.next_key = int(keys[-1]) + 1
+        self.manifest.updated = _now()
+        return len(records)
+
+    def _encode_chunked(self, texts: list[str], progress: bool) -> np.ndarray:
+        chunks = range(0, len(texts), ENCODE_CHUNK)
+        bar = tqdm(total=len(texts), desc="encoding FAQs", unit="faq", disable=not progress)
+        parts = []
+        with bar:
+            for start in chunks:
+                parts.append(self.encoder.encode(texts[start : start + ENCODE_CHUNK]))
+                bar.update(len(parts[-1]))
+        return np.concatenate(parts) if parts else np.zeros((0, self.manifest.dimension), dtype=np.float32)
+
+    def delete(self, faq_ids: list[str]) -> int:
+        """Remove FAQs by id without re-encoding or rebuilding anything; unknown ids are an error naming them."""
+        unknown = [faq_id for faq_id in faq_ids if faq_id not in self._key_of]
+        if unknown:
+            raise MedfaqError(f"unknown FAQ id(s): {', '.join(repr(u) for u in unknown[:5])}")
+        keys = np.array(sorted({self._key_of[faq_id] for faq_id in faq_ids}), dtype=np.int64)
+        self.store.delete(keys)
+        self.bm25.delete(keys)
+        for key in keys.tolist():
+            del self._key_of[self._records.pop(key).id]
+        self.manifest.updated = _now()
+        return len(keys)
+
+    # ---- search ---------------------------------------------------------------------------------------------------
+
+    def _allowed_keys(self, allowed_ids: list[str] | None) -> np.ndarray | None:
+        if allowed_ids is None:
+            return None
+        return np.array([self._key_of[i] for i in allowed_ids if i in self._key_of], dtype=np.int64)
+
+    def _to_ids(self, scores: np.ndarray, keys: np.ndarray) -> ScoredIds:
+        return [
+            [
+                (self._records[int(key)].id, float(score))
+                for score, key in zip(row_s, row_k)
+                if int(key) in self._records
+            ]
+            for row_s, row_k in zip(scores, keys)
+        ]
+
+    def search_vectors(self, vectors: np.ndarray, k: int, allowed_ids: list[str] | None = None) -> ScoredIds:
+        """Dense search with query vectors already encoded by this index's encoder."""
+        scores, keys = self.store.search(vectors, k, allowed=self._allowed_keys(allowed_ids))
+        return self._to_ids(scores, keys)
+
+    def search_dense(self, queries: list[str], k: int, allowed_ids: list[str] | None = None) -> ScoredIds:
+        """Cosine similarity between the encoded queries and the FAQ texts, best first."""
+        return self.search_vectors(self.encoder.encode(list(queries)), k, allowed_ids)
+
+    def search_bm25(self, queries: list[str], k: int, allowed_ids: list[str] | None = None) -> ScoredIds:
+        """BM25 scores (only FAQs sharing at least one non-stopword term), best first."""
+        scores, keys = self.bm25.search(list(queries), k, allowed=self._allowed_keys(allowed_ids))
+        return self._to_ids(scores, keys)
+
+    # ---- persistence ----------------------------------------------------------------------------------------------
+
+    def save(self, directory: str | Path) -> Path:
+        """Write the index to `directory` atomically (temporary directory beside it, then rename)."""
+        target = check_index_target(directory)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.saving-"))
+        staging.chmod(0o777 & ~_umask())  # mkdtemp makes it private; the index gets normal permissions
+        try:
+            keys = np.fromiter(self._records, dtype=np.int64, count=len(self._records))
+            write_records(list(self._records.values()), staging / RECORDS)
+            np.save(staging / KEYS, keys, allow_pickle=False)
+            self.store.save(staging / VECTORS_DIR)
+            self.bm25.save(staging / BM25_DIR)
+            if target.is_dir():
+                for sidecar in target.glob("*.json"):
+                    if sidecar.name != MANIFEST:
+                        shutil.copy2(sidecar, staging / sidecar.name)
+            self.manifest.backend = {**self.manifest.backend, **self.store.backend_config()}
+            self.manifest.counts = {"records": len(self._records), "vectors": len(self.store), "bm25": len(self.bm25)}
+            self.manifest.checksums = _checksums(staging)
+            (staging / MANIFEST).write_text(json.dumps(self.manifest.to_dict(), indent=2) + "\n", encoding="utf-8")
+            _swap_in(staging, target)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        logger.info("saved %d FAQs to %s", len(self), target)
+        return target
+
+    @classmethod
+    def load(cls, directory: str | Path, encoder: Encoder | str | None = None, verify: bool = True) -> FaqIndex:
+        """Open an index; refuses one built with another encoder than `encoder` (name or Encoder) when given."""
+        path = Path(directory).expanduser()
+        _restore_interrupted_swap(path)
+        manifest = read_manifest(path)
+        if encoder is not None:
+            requested = encoder.name if isinstance(encoder, Encoder) else str(encoder)
+            if not _same_encoder(requested, manifest.encoder):
+                raise MedfaqError(
+                    f"index {path} was built with encoder {manifest.encoder!r}, not {requested!r}; "
+                    f"search it with --encoder {manifest.encoder} or rebuild it with the new encoder"
+                )
+            if isinstance(encoder, Encoder) and encoder.dim != manifest.dimension:
+                raise MedfaqError(f"encoder dimension {encoder.dim} != index dimension {manifest.dimension}")
+        if verify:
+            verify_checksums(path, manifest)
+        try:
+            records = read_records(path / RECORDS)
+            keys = np.load(path / KEYS, allow_pickle=False)
+            store = backend_class(manifest.backend.get("name", "faiss")).load(path / VECTORS_DIR, manifest.backend)
+            bm25 = Bm25Index.load(path / BM25_DIR)
+        except MedfaqError:
+            raise
+        except Exception as error:  # any unreadable part means the directory is damaged
+            raise MedfaqError(f"index {path} is corrupt ({type(error).__name__}: {error}); rebuild it") from None
+        if len(records) != len(keys):
+            raise MedfaqError(f"index {path} is corrupt ({len(records)} records but {len(keys)} keys); rebuild it")
+        return cls(manifest, records, keys, store, bm25, encoder if isinstance(encoder, Encoder) else None)
+
+    def info(self) -> dict[str, Any]:
+        """The manifest plus per-source counts, for `medfaq index info`."""
+        sources: dict[str, int] = {}
+        for record in self._records.values():
+            sources[record.source or "(none)"] = sources.get(record.source or "(none)", 0) + 1
+        data = self.manifest.to_dict()
+        data.pop("checksums")
+        return {**data, "sources": dict(sorted(sources.items(), key=lambda item: -item[1]))}
+
+
+def check_index_target(directory: str | Path) -> Path:
+    """The resolved `directory` if an index may be written there (new, empty, or an index); else a one-line error."""
+    target = Path(directory).expanduser().resolve()
+    if target.exists() and (not target.is_dir() or (not (target / MANIFEST).is_file() and any(target.iterdir()))):
+        raise MedfaqError(f"{target} exists and is not a medfaq index; choose an empty or new directory")
+    return target
+
+
+def read_manifest(path: Path) -> IndexManifest:
+    """The manifest of the index at `path`; a missing or unreadable one is a one-line error."""
+    if not path.is_dir():
+        raise MedfaqError(f"index directory not found: {path}")
+    manifest_path = path / MANIFEST
+    if not manifest_path.is_file():
+        raise MedfaqError(f"{path} is not a medfaq index (no {MANIFEST}); build one with `medfaq index build`")
+    try:
+        data = json.loads(manifest_path.read_text(encoding="utf-8"))
+        manifest = IndexManifest.from_dict(data)
+    except (json.JSONDecodeError, UnicodeDecodeError, TypeError) as error:
+        raise MedfaqError(f"index {path} has a corrupt {MANIFEST} ({error}); rebuild it") from None
+    if manifest.format_version > FORMAT_VERSION:
+        raise MedfaqError(
+            f"index {path} has format {manifest.format_version}; this medfaq reads up to {FORMAT_VERSION}"
+        )
+    return manifest
+
+
+def verify_checksums(path: Path, manifest: IndexManifest) -> None:
+    for name, expected in manifest.checksums.items():
+        file = path / name
+        if not file.is_file():
+            raise MedfaqError(f"index {path} is corrupt: {name} is missing; rebuild it")
+        if _sha256(file) != expected:
+            raise MedfaqError(f"index {path} is corrupt: checksum mismatch for {name}; rebuild it")
+
+
+def _same_encoder(requested: str, built_with: str) -> bool:
+    if requested == built_with:
+        return True
+    try:
+        return resolve_model(requested) == resolve_model(built_with)
+    except MedfaqError:
+        return False
+
+
+def _checksums(directory: Path) -> dict[str, str]:
+    return {
+        file.relative_to(directory).as_posix(): _sha256(file)
+        for file in sorted(directory.rglob("*"))
+        if file.is_file() and not (file.parent == directory and file.suffix == ".json")
+    }
+
+
+def _sha256(file: Path) -> str:
+    digest = hashlib.sha256()
+    with file.open("rb") as handle:
+        while chunk := handle.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _backup_name(target: Path) -> Path:
+    return target.parent / f".{target.name}.previous"
+
+
+def _swap_in(staging: Path, target: Path) -> None:
+    """Replace `target` by `staging` with two renames; the old version is kept aside until the new one is in."""
+    backup = _backup_name(target)
+    if backup.exists():
+        shutil.rmtree(backup)
+    if target.exists():
+        os.replace(target, backup)
+    os.replace(staging, target)
+    shutil.rmtree(backup, ignore_errors=True)
+
+
+def _restore_interrupted_swap(target: Path) -> None:
+    """If a save stopped between its two renames, put the previous version back."""
+    backup = _backup_name(target)
+    if not target.exists() and backup.is_dir():
+        logger.warning("restoring %s from an interrupted save", target)
+        os.replace(backup, target)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")

@@ -1,0 +1,135 @@
+"""Dense, BM25 and hybrid (reciprocal rank fusion) search over a FaqIndex, single and batch."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from index.faq_index import FaqIndex, ScoredIds
+from index.runtime import MedfaqError
+
+logger = logging.getLogger("medfaq.search")
+
+MODES = ("dense", "bm25", "hybrid")
+RRF_K = 60
+MAX_QUERY_CHARS = 2000
+
+
+@dataclass
+class Hit:
+    """One retrieved FAQ. `score` is the score of the last stage that ranked it; `stage_scores` keeps them all."""
+
+    id: str
+    score: float
+    rank: int
+    question: str
+    answer: str = ""
+    source: str = ""
+    url: str = ""
+    stage_scores: dict[str, float] = field(default_factory=dict)
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def clean_queries(queries: list[str], max_chars: int = MAX_QUERY_CHARS) -> list[str]:
+    """Strip queries; empty or whitespace-only ones are an error, over-long ones are truncated with a warning."""
+    cleaned = []
+    for position, query in enumerate(queries):
+        text = (query or "").strip() if isinstance(query, str) or query is None else None
+        if text is None:
+            raise MedfaqError(f"query {position + 1} is not text")
+        if not text:
+            raise MedfaqError("empty query" if len(queries) == 1 else f"query {position + 1} is empty")
+        if len(text) > max_chars:
+            logger.warning("query %d has %d characters; truncated to %d", position + 1, len(text), max_chars)
+            text = text[:max_chars]
+        cleaned.append(text)
+    return cleaned
+
+
+def reciprocal_rank_fusion(rankings: list[list[tuple[str, float]]], k: int = RRF_K) -> list[tuple[str, float]]:
+    """Fuse ranked (id, score) lists: score(id) = sum over lists of 1 / (k + rank), rank starting at 1."""
+    fused: dict[str, float] = {}
+    for ranking in rankings:
+        for rank, (doc_id, _) in enumerate(ranking, start=1):
+            fused[doc_id] = fused.get(doc_id, 0.0) + 1.0 / (k + rank)
+    return sorted(fused.items(), key=lambda item: -item[1])
+
+
+class Retriever:
+    """Search a :class:`FaqIndex` in ``dense``, ``bm25`` or ``hybrid`` mode (RRF over both, `candidates` each)."""
+
+    def __init__(
+        self,
+        index: FaqIndex,
+        mode: str = "hybrid",
+        candidates: int = 100,
+        rrf_k: int = RRF_K,
+        max_query_chars: int = MAX_QUERY_CHARS,
+    ) -> None:
+        self.index = index
+        self.mode = _check_mode(mode)
+        self.candidates = candidates
+        self.rrf_k = rrf_k
+        self.max_query_chars = max_query_chars
+
+    def search(
+        self, queries: list[str], top_k: int = 10, mode: str | None = None, allowed_ids: list[str] | None = None
+    ) -> list[list[Hit]]:
+        """Top-k hits per query; `allowed_ids` restricts the search to those FAQs (metadata filters)."""
+        mode = _check_mode(mode or self.mode)
+        if top_k < 1:
+            raise MedfaqError(f"top-k must be at least 1, got {top_k}")
+        queries = clean_queries(queries, self.max_query_chars)
+        depth = max(top_k, self.candidates)
+        stages: dict[str, ScoredIds] = {}
+        if mode in {"dense", "hybrid"}:
+            stages["dense"] = self.index.search_dense(queries, depth if mode == "hybrid" else top_k, allowed_ids)
+        if mode in {"bm25", "hybrid"}:
+            stages["bm25"] = self.index.search_bm25(queries, depth if mode == "hybrid" else top_k, allowed_ids)
+        results = []
+        for row in range(len(queries)):
+            per_stage = {name: dict(ranking[row]) for name, ranking in stages.items()}
+            if mode == "hybrid":
+                ranked = reciprocal_rank_fusion([stages["dense"][row], stages["bm25"][row]], self.rrf_k)
+                per_stage["rrf"] = dict(ranked)
+            else:
+                ranked = stages[mode][row]
+            results.append(
+                [self._hit(doc_id, score, rank, per_stage) for rank, (doc_id, score) in enumerate(ranked[:top_k], 1)]
+            )
+        return results
+
+    def search_one(self, query: str, top_k: int = 10, mode: str | None = None) -> list[Hit]:
+        return self.search([query], top_k, mode)[0]
+
+    def beir_search(
+        self, queries: dict[str, str], top_k: int = 10, mode: str | None = None
+    ) -> dict[str, dict[str, float]]:
+        """BEIR-style run: ``{query id: {FAQ id: score}}``."""
+        query_ids = list(queries)
+        hits = self.search([queries[qid] for qid in query_ids], top_k, mode)
+        return {qid: {hit.id: hit.score for hit in row} for qid, row in zip(query_ids, hits, strict=True)}
+
+    def _hit(self, doc_id: str, score: float, rank: int, per_stage: dict[str, dict[str, float]]) -> Hit:
+        record = self.index.get(doc_id)
+        return Hit(
+            id=doc_id,
+            score=score,
+            rank=rank,
+            question=record.question,
+            answer=record.answer,
+            source=record.source,
+            url=record.url,
+            stage_scores={name: scores[doc_id] for name, scores in per_stage.items() if doc_id in scores},
+            metadata=record.metadata,
+        )
+
+
+def _check_mode(mode: str) -> str:
+    if mode not in MODES:
+        raise MedfaqError(f"unknown search mode {mode!r}; choose one of {', '.join(MODES)}")
+    return mode

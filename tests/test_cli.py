@@ -1,0 +1,137 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from app.cli import app
+
+runner = CliRunner()
+
+
+def medfaq(*args: str):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def assert_one_line_error(result, pattern: str) -> None:
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert pattern in lines[0]
+
+
+@pytest.fixture
+def built(tmp_path, faq_jsonl, tiny_encoder_dir):
+    out = tmp_path / "idx"
+    result = medfaq("index", "build", faq_jsonl, "--out", out, "--encoder", tiny_encoder_dir)
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def test_build_info_search_add_delete(tmp_path, built):
+    info = json.loads(medfaq("index", "info", built, "--json").stdout)
+    assert info["counts"]["records"] == 6 and info["kind"] == "flat" and info["fields"] == "question"
+
+    table = medfaq("search", "--index", built, "--mode", "bm25", "--top-k", "2", "how is shingles treated")
+    assert table.exit_code == 0 and "f3" in table.stdout and "rank" in table.stdout
+
+    as_json = json.loads(medfaq("search", "--index", built, "--json", "--top-k", "3", "shingles").stdout)
+    assert {"id", "score", "rank", "question"} <= set(as_json["hits"][0])
+    assert len(as_json["hits"]) <= 3
+
+    extra = tmp_path / "extra.jsonl"
+    extra.write_text(json.dumps({"id": "n1", "question": "Can children take aspirin?"}) + "\n")
+    assert medfaq("index", "add", built, extra).exit_code == 0
+    assert "now holds 4" in medfaq("index", "delete", built, "n1", "f1", "f2").stdout
+    assert json.loads(medfaq("index", "info", built, "--json").stdout)["counts"]["records"] == 4
+
+
+def test_batch_search_jsonl_and_trec(tmp_path, built):
+    queries = tmp_path / "q.jsonl"
+    queries.write_text(
+        json.dumps({"id": "q1", "question": "shingles treatment"})
+        + "\n"
+        + json.dumps({"id": "q2", "question": "migraine causes"})
+        + "\n"
+    )
+    run = tmp_path / "run.jsonl"
+    result = medfaq("search", "--index", built, "--mode", "bm25", "--queries", queries, "--output", run)
+    assert result.exit_code == 0, result.output
+    lines = [json.loads(line) for line in run.read_text().splitlines()]
+    assert [line["id"] for line in lines] == ["q1", "q2"] and lines[0]["query"] == "shingles treatment"
+    assert set(lines[0]["results"][0]) == {"id", "score", "rank", "question"}
+    trec = tmp_path / "run.trec"
+    medfaq("search", "--index", built, "--mode", "bm25", "--queries", queries, "--output", trec, "--format", "trec")
+    first = trec.read_text().splitlines()[0].split()
+    assert first[:4] == ["q1", "Q0", "f3", "1"] and first[5] == "medfaq"
+
+
+def test_bad_inputs_give_one_line_errors(tmp_path, built, faq_jsonl):
+    assert_one_line_error(medfaq("search", "--index", tmp_path / "missing", "flu"), "index directory not found")
+    assert_one_line_error(medfaq("search", "--index", built, "   "), "empty query")
+    (built / "records.jsonl").write_text("tampered\n")
+    assert_one_line_error(medfaq("index", "info", built), "checksum mismatch for records.jsonl")
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "a", "question": "ok"}\n{"id": "b", \n')
+    assert_one_line_error(medfaq("index", "build", bad, "--out", tmp_path / "x"), "bad.jsonl:2: malformed JSON")
+    dup = tmp_path / "dup.jsonl"
+    dup.write_text('{"id": "a", "question": "x"}\n{"id": "a", "question": "y"}\n')
+    assert_one_line_error(medfaq("index", "build", dup, "--out", tmp_path / "x"), "duplicate FAQ ids")
+    latin = tmp_path / "latin.jsonl"
+    latin.write_bytes('{"id": "a", "question": "caf\u00e9"}\n'.encode("latin-1"))
+    assert_one_line_error(medfaq("index", "build", latin, "--out", tmp_path / "x"), "not UTF-8")
+    assert_one_line_error(
+        medfaq("index", "build", faq_jsonl, "--out", tmp_path / "x", "--field", "question=title"), "unknown field name"
+    )
+    assert_one_line_error(
+        medfaq("index", "build", faq_jsonl, "--out", tmp_path / "x", "--kind", "lsh"), "unknown --kind 'lsh'"
+    )
+    assert_one_line_error(
+        medfaq("index", "build", faq_jsonl, "--out", tmp_path / "x", "--encoder", "org/not-cached-model"), "offline"
+    )
+    assert not (tmp_path / "x").exists()
+
+
+def test_batch_query_file_errors_and_skip_bad(tmp_path, faq_jsonl, tiny_encoder_dir):
+    out = tmp_path / "idx"
+    medfaq("index", "build", faq_jsonl, "--out", out, "--encoder", tiny_encoder_dir, "--kind", "hnsw")
+    queries = tmp_path / "q.jsonl"
+    queries.write_text('{"id": "q1", "question": "flu"}\n{"id": "q2", "question": "  "}\nnot json\n')
+    args = ("search", "--index", out, "--queries", queries, "--output", tmp_path / "run.jsonl")
+    assert_one_line_error(medfaq(*args), "q.jsonl:2: empty question")
+    result = medfaq(*args, "--skip-bad")
+    assert result.exit_code == 0 and "2 malformed lines skipped" in result.stderr
+    assert len((tmp_path / "run.jsonl").read_text().splitlines()) == 1
+
+
+def test_data_list_and_fetch_from(tmp_path):
+    source = tmp_path / "shared" / "covid_faq" / "jhu_covidqa_faq_bank_v0.3"
+    source.mkdir(parents=True)
+    (source / "faqs.jsonl").write_text(
+        json.dumps({"id": "1", "question": "q?", "source_name": "s", "type_of_info": "QA"})
+    )
+    result = medfaq("data", "fetch", "jhu", "--from", tmp_path / "shared")
+    assert result.exit_code == 0, result.output
+    assert "fetched" in medfaq("data", "list").stdout
+    assert_one_line_error(medfaq("data", "fetch", "quebec", "--from", tmp_path / "shared"), "not found")
+
+
+def test_demo_fetches_builds_once_and_answers(monkeypatch, tmp_path, tiny_encoder_dir):
+    from app import cmd_demo
+
+    shared = tmp_path / "shared"
+    (shared / "medquad").mkdir(parents=True)
+    rows = [
+        {"id": "1", "question": "Can I drink alcohol while taking amoxicillin?", "qtype": "interaction", "focus": "a"},
+        {"id": "2", "question": "Is Parkinson's disease inherited?", "qtype": "inheritance", "focus": "p"},
+    ]
+    (shared / "medquad" / "medquad.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    monkeypatch.setattr(cmd_demo, "SHARED_DATA", shared)
+    monkeypatch.setattr(cmd_demo, "DEFAULT_ENCODER", str(tiny_encoder_dir))
+    first = medfaq("demo", "--top-k", "1")
+    assert first.exit_code == 0, first.output
+    assert "building the MedQuAD index" in first.stderr
+    assert first.stdout.count("query: ") == len(cmd_demo.EXAMPLE_QUESTIONS)
+    assert "building" not in medfaq("demo", "--top-k", "1").stderr  # the index is reused

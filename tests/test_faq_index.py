@@ -1,0 +1,137 @@
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from index.bm25_store import Bm25Index
+from index.faiss_store import FaissStore
+from index.faq_index import FaqIndex
+from index.records import FaqRecord
+from index.runtime import MedfaqError
+
+NEW = [FaqRecord("n1", "Does ibuprofen raise blood pressure?"), FaqRecord("n2", "Can children take aspirin?")]
+
+
+@pytest.fixture
+def saved_index(tmp_path, faq_records, tiny_encoder):
+    directory = tmp_path / "idx"
+    FaqIndex.build(faq_records, tiny_encoder, progress=False).save(directory)
+    return directory
+
+
+@pytest.mark.parametrize("kind", ["flat", "ivf", "hnsw"])
+def test_build_add_delete_save_load_round_trip(tmp_path, faq_records, tiny_encoder, kind):
+    index = FaqIndex.build(faq_records, tiny_encoder, kind=kind, progress=False)
+    query = [faq_records[2].question]
+    assert index.search_dense(query, 1)[0][0][0] == "f3"  # its own question is the nearest vector
+    assert index.search_bm25(query, 1)[0][0][0] == "f3"
+    index.add(NEW, progress=False)
+    assert index.delete(["f3", "n2"]) == 2
+    index.save(tmp_path / "idx")
+    loaded = FaqIndex.load(tmp_path / "idx", tiny_encoder)
+    assert sorted(r.id for r in loaded.records()) == ["f1", "f2", "f4", "f5", "f6", "n1"]
+    assert len(loaded.store) == 6 and len(loaded.bm25) == 6
+    for ranking in loaded.search_dense(query, 10)[0], loaded.search_bm25(query, 10)[0]:
+        assert "f3" not in {doc for doc, _ in ranking}
+    assert loaded.search_dense([NEW[0].question], 1)[0][0][0] == "n1"
+    assert loaded.manifest.counts == {"records": 6, "vectors": 6, "bm25": 6}
+    assert loaded.manifest.backend["kind"] == kind
+
+
+def test_allowed_ids_filter_dense_and_bm25(faq_records, tiny_encoder):
+    index = FaqIndex.build(faq_records, tiny_encoder, progress=False)
+    dense = index.search_dense(["alcohol amoxicillin"], 10, allowed_ids=["f2", "f4"])[0]
+    assert {doc for doc, _ in dense} == {"f2", "f4"}
+    assert index.search_bm25(["amoxicillin"], 10, allowed_ids=["f2"])[0] == []
+    assert index.ids_where(source="") == [r.id for r in faq_records]
+
+
+def test_hnsw_deletes_are_tombstones_until_compaction(tiny_encoder):
+    store = FaissStore(dim=8, kind="hnsw")
+    vectors = np.eye(8, dtype=np.float32)
+    store.add(np.arange(8), vectors)
+    assert store.delete(np.array([0, 99])) == 1  # unknown keys are ignored
+    assert len(store) == 7 and store.tombstones == {0}
+    _, keys = store.search(vectors[:1], 8)
+    assert 0 not in keys[0]
+    store.delete(np.array([1]))  # 2 of 8 deleted > 20%: the graph is rebuilt without them
+    assert store.tombstones == set() and store.index.ntotal == 6
+
+
+def test_duplicate_and_unknown_ids(faq_records, tiny_encoder):
+    index = FaqIndex.build(faq_records, tiny_encoder, progress=False)
+    with pytest.raises(MedfaqError, match="already in the index: 'f1'"):
+        index.add([FaqRecord("f1", "again?")])
+    with pytest.raises(MedfaqError, match="unknown FAQ id.*'zz'"):
+        index.delete(["zz"])
+    with pytest.raises(MedfaqError, match="duplicate FAQ ids"):
+        FaqIndex.build(faq_records + faq_records[:1], tiny_encoder, progress=False)
+
+
+def test_load_refuses_other_encoder_and_damaged_directories(tmp_path, saved_index):
+    with pytest.raises(MedfaqError, match="built with encoder .* not 'minilm'.*rebuild"):
+        FaqIndex.load(saved_index, "minilm")
+    with pytest.raises(MedfaqError, match="index directory not found"):
+        FaqIndex.load(tmp_path / "missing")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(MedfaqError, match="not a medfaq index"):
+        FaqIndex.load(tmp_path / "empty")
+    vectors = saved_index / "vectors" / "vectors.faiss"
+    vectors.write_bytes(vectors.read_bytes()[:-8])
+    with pytest.raises(MedfaqError, match="checksum mismatch for vectors/vectors.faiss"):
+        FaqIndex.load(saved_index)
+    (saved_index / "manifest.json").write_text("{broken")
+    with pytest.raises(MedfaqError, match="corrupt manifest.json"):
+        FaqIndex.load(saved_index)
+
+
+def test_save_refuses_to_replace_a_foreign_directory(tmp_path, faq_records, tiny_encoder):
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "notes.txt").write_text("mine")
+    with pytest.raises(MedfaqError, match="not a medfaq index"):
+        FaqIndex.build(faq_records, tiny_encoder, progress=False).save(tmp_path / "docs")
+
+
+def snapshot(directory):
+    return {p.relative_to(directory).as_posix(): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("failure", [KeyboardInterrupt, OSError])
+def test_crash_during_add_and_save_leaves_previous_index_intact(monkeypatch, saved_index, tiny_encoder, failure):
+    before = snapshot(saved_index)
+    index = FaqIndex.load(saved_index, tiny_encoder)
+
+    def crash(*args, **kwargs):
+        raise failure("simulated crash")
+
+    with monkeypatch.context() as patch:  # fails while encoding the new FAQs: nothing changes in memory
+        patch.setattr(tiny_encoder, "encode", crash)
+        with pytest.raises(failure):
+            index.add(NEW, progress=False)
+    assert len(index) == 6 and "n1" not in index
+    index.add(NEW, progress=False)
+    with monkeypatch.context() as patch:  # fails half-way through writing the new version
+        patch.setattr(Bm25Index, "save", crash)
+        with pytest.raises(failure):
+            index.save(saved_index)
+    assert snapshot(saved_index) == before
+    assert [p.name for p in saved_index.parent.iterdir()] == ["idx"]  # no staging directory left behind
+    assert len(FaqIndex.load(saved_index)) == 6
+
+
+def test_sidecar_json_survives_saves(saved_index, tiny_encoder):
+    (saved_index / "pipeline.json").write_text(json.dumps({"mode": "dense"}))
+    index = FaqIndex.load(saved_index, tiny_encoder)
+    index.delete(["f1"])
+    index.save(saved_index)
+    assert json.loads((saved_index / "pipeline.json").read_text()) == {"mode": "dense"}
+    assert len(FaqIndex.load(saved_index)) == 5
+
+
+def test_question_plus_answer_fields(faq_records, tiny_encoder):
+    index = FaqIndex.build(faq_records, tiny_encoder, fields="question+answer", progress=False)
+    assert index.search_bm25(["antiviral"], 1)[0][0][0] == "f3"  # the word is only in f3's answer
+    with pytest.raises(MedfaqError, match="unknown --fields"):
+        FaqIndex.build(faq_records, tiny_encoder, fields="answer", progress=False)
