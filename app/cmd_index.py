@@ -3,17 +3,23 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
+from typing import Any
 
 import typer
 
 from index.collections import FORMATS, load_collection, parse_field_map
 from index.encoder import Encoder
 from index.faiss_store import KINDS
-from index.faq_index import FIELDS, FaqIndex, check_index_target
+from index.faq_index import FIELDS, FaqIndex, check_index_target, staging_dir
 from index.runtime import DEFAULT_ENCODER, MedfaqError
+from index.vector_store import VECTOR_BACKENDS
+
+BACKEND_FILE = "backend.json"  # in the staging directory: the options a resumed build must reuse
 
 FORMAT_HELP = f"Collection format: {'|'.join(FORMATS)}."
+KIND_HELP = f"Index kind: {'|'.join(KINDS)} (FAISS, or Milvus' FLAT/IVF_FLAT/HNSW)."
 FIELD_HELP = "Map a schema field to a source column of a generic JSONL/CSV file, e.g. --field question=title."
 
 
@@ -22,24 +28,44 @@ def check_choice(option: str, value: str, choices: tuple[str, ...]) -> None:
         raise MedfaqError(f"unknown {option} {value!r}; choose one of {', '.join(choices)}")
 
 
+BACKEND_OPTION = typer.Option("faiss", "--backend", help=f"Vector backend: {'|'.join(VECTOR_BACKENDS)}.")
+URI_OPTION = typer.Option("", "--uri", help="Milvus: a Milvus Lite file (NAME.db) or a server (http://host:19530).")
+COLLECTION_OPTION = typer.Option(None, "--collection", help="Milvus collection name (default: a new one).")
+SHARDS_OPTION = typer.Option(1, "--shards", help="FAISS: split the vectors over N shards searched in parallel.")
+GPU_OPTION = typer.Option(False, "--gpu", help="Require FAISS GPU search (default: used when a GPU is present).")
+CPU_OPTION = typer.Option(False, "--cpu", help="Force the CPU for encoding and FAISS even when a GPU is present.")
+
+
 def build(
     collection: str = typer.Argument(..., help="Collection file, or a fetched dataset name (medquad, quebec, jhu)."),
     out: Path = typer.Option(..., "--out", help="Index directory to write (replaced atomically if it exists)."),
     format: str = typer.Option("auto", "--format", help=FORMAT_HELP),
     encoder: str = typer.Option(DEFAULT_ENCODER, "--encoder", help="minilm, a model directory or a hub id."),
     fields: str = typer.Option("question", "--fields", help=f"Text to index: {'|'.join(FIELDS)}."),
-    kind: str = typer.Option("flat", "--kind", help=f"FAISS index kind: {'|'.join(KINDS)}."),
+    kind: str = typer.Option("flat", "--kind", help=KIND_HELP),
     field: list[str] = typer.Option([], "--field", help=FIELD_HELP),
     skip_bad: bool = typer.Option(False, "--skip-bad", help="Skip malformed lines (counted) instead of failing."),
     device: str | None = typer.Option(None, "--device", help="cpu or cuda (default: cuda when available)."),
-    gpu: bool = typer.Option(False, "--gpu", help="Search FAISS on the GPU when one is present."),
+    gpu: bool = GPU_OPTION,
+    cpu: bool = CPU_OPTION,
     batch_size: int = typer.Option(64, "--batch-size", help="Encoding batch size."),
+    backend: str = BACKEND_OPTION,
+    uri: str = URI_OPTION,
+    collection_name: str | None = COLLECTION_OPTION,
+    shards: int = SHARDS_OPTION,
+    workers: int = typer.Option(1, "--workers", help="Encode in N processes (on CUDA: one per GPU)."),
+    resume: bool = typer.Option(False, "--resume", help="Continue a killed build: encode only the missing chunks."),
 ) -> None:
-    """Build a dense (FAISS) + BM25 index over an FAQ collection."""
+    """Build a dense (FAISS or Milvus) + BM25 index over an FAQ collection."""
     check_choice("--kind", kind, KINDS)
     check_choice("--fields", fields, FIELDS)
-    check_index_target(out)
-    sentence_encoder = Encoder(encoder, device=device, batch_size=batch_size)
+    target = check_index_target(out)
+    options = backend_options(backend, uri, collection_name, target.name, gpu, cpu, shards)
+    staging = staging_dir(target)
+    if staging.exists() and not resume:
+        shutil.rmtree(staging)
+    options = _resumable(options, staging, collection_name)
+    sentence_encoder = Encoder(encoder, device="cpu" if cpu else device, batch_size=batch_size)
     records, report = load_collection(collection, format, parse_field_map(field), skip_bad)
     typer.echo(report.summary(), err=True)
     index = FaqIndex.build(
@@ -47,10 +73,72 @@ def build(
         sentence_encoder,
         fields=fields,
         kind=kind,
-        backend_options={"use_gpu": gpu},
+        backend=backend,
+        backend_options=options,
+        staging=staging,
+        workers=workers,
     )
     target = index.save(out)
+    shutil.rmtree(staging, ignore_errors=True)
     typer.echo(f"indexed {len(index)} FAQs into {target}")
+
+
+def backend_options(
+    backend: str, uri: str, collection: str | None, name: str, gpu: bool, cpu: bool, shards: int
+) -> dict[str, Any]:
+    """The vector store options the command-line flags ask for (`name`: the index directory's, for Milvus)."""
+    check_choice("--backend", backend, tuple(VECTOR_BACKENDS))
+    if gpu and cpu:
+        raise MedfaqError("--gpu and --cpu exclude each other")
+    if backend != "milvus" and (uri or collection):
+        raise MedfaqError("--uri and --collection are options of --backend milvus")
+    if backend != "faiss" and (gpu or shards != 1):
+        raise MedfaqError("--gpu and --shards are options of --backend faiss (Milvus uses its server's resources)")
+    if backend == "faiss":
+        return {"use_gpu": False if cpu else (True if gpu else None), "shards": shards}
+    from index.milvus_store import collection_name as new_collection_name
+    from index.milvus_store import normalize_uri
+
+    return {"uri": normalize_uri(uri), "collection": collection or new_collection_name(name)}
+
+
+def _resumable(options: dict[str, Any], staging: Path, collection: str | None) -> dict[str, Any]:
+    """A resumed Milvus build reuses (and refills) its first run's collection, which the staging directory names."""
+    if "collection" not in options:
+        return options
+    saved = staging / BACKEND_FILE
+    if saved.is_file():
+        previous = json.loads(saved.read_text(encoding="utf-8"))
+        if previous["uri"] == options["uri"] and collection in (None, previous["collection"]):
+            return {**previous, "overwrite": True}
+    staging.mkdir(parents=True, exist_ok=True)
+    saved.write_text(json.dumps(options) + "\n", encoding="utf-8")
+    return options
+
+
+def migrate(
+    source: Path = typer.Argument(..., help="Index directory whose vectors move."),
+    out: Path = typer.Option(..., "--out", help="Index directory to write (may be SOURCE: replaced atomically)."),
+    backend: str = BACKEND_OPTION,
+    uri: str = URI_OPTION,
+    collection_name: str | None = COLLECTION_OPTION,
+    kind: str | None = typer.Option(None, "--kind", help=f"{KIND_HELP} Default: the source index's kind."),
+    shards: int = SHARDS_OPTION,
+    gpu: bool = GPU_OPTION,
+    cpu: bool = CPU_OPTION,
+) -> None:
+    """Move an index to another vector backend (e.g. FAISS -> a Milvus cluster): vectors are copied, not re-encoded."""
+    if kind is not None:
+        check_choice("--kind", kind, KINDS)
+    index = FaqIndex.load(source)
+    target = check_index_target(out)
+    options = backend_options(backend, uri, collection_name, target.name, gpu, cpu, shards)
+    moved = index.moved_to(backend, options, kind=kind)
+    moved.save(target)
+    for sidecar in Path(source).glob("*.json"):  # settings such as pipeline.json travel with the index
+        if not (target / sidecar.name).exists():
+            shutil.copy2(sidecar, target / sidecar.name)
+    typer.echo(f"moved {len(moved)} FAQs to the {backend} backend; index at {target}")
 
 
 def add(

@@ -3,13 +3,19 @@
 Keys live in the index itself (`IndexIDMap2` for Flat/HNSW, native ids for IVF), so deletes need no rebuild.
 HNSW graphs cannot remove nodes, so deleted HNSW keys become tombstones that searches exclude through an
 `IDSelector`; once tombstones pass `COMPACT_FRACTION` of the graph it is rebuilt from the stored vectors
-(no re-encoding). With ``use_gpu`` and a visible GPU, Flat and IVF searches run on a GPU copy.
+(no re-encoding).
+
+``shards > 1`` splits the vectors by key over that many sub-indexes searched in parallel threads through
+`faiss.IndexShards` (one shard per GPU when GPUs are used). ``use_gpu=None`` (the default) runs unfiltered
+Flat/IVF searches on GPU copies whenever faiss has GPU support and a GPU is visible; ``False`` forces the CPU,
+``True`` asks for the GPU and warns when there is none. Filtered searches and HNSW stay on the CPU.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,13 +23,32 @@ import faiss
 import numpy as np
 
 from index.runtime import MedfaqError
+from index.vector_store import checked_rows
 
 logger = logging.getLogger("medfaq.faiss")
 
 KINDS = ("flat", "ivf", "hnsw")
+# Default nprobe / efSearch: the most accurate settings of the measured recall/latency table on MiniLM vectors of
+# MedQuAD (recall@10 0.939 / 0.948 vs exact search, at 0.5 / 1.3 ms); the synthetic 1M table needs less for IVF.
+# See docs/results.md, "Scale: 1M vectors" (`python -m eval.ann_bench --index DIR`).
 INDEX_FILE = "vectors.faiss"
+SHARD_FILE = "vectors-{:03d}.faiss"
 TOMBSTONES_FILE = "tombstones.npy"
 COMPACT_FRACTION = 0.2
+TRAIN_SAMPLE = 100_000  # IVF k-means runs on at most this many vectors (seeded sample)
+OPTIONS = ("kind", "nlist", "nprobe", "hnsw_m", "ef_search", "ef_construction", "use_gpu", "shards")
+
+
+def gpu_count() -> int:
+    """GPUs faiss can use: 0 for a CPU-only faiss build or when no GPU is visible."""
+    if not hasattr(faiss, "StandardGpuResources"):
+        return 0
+    return int(faiss.get_num_gpus())
+
+
+def default_nlist(n_vectors: int) -> int:
+    """IVF lists for `n_vectors`: about 4·sqrt(n), at least 39 training points per list, at most n."""
+    return max(1, min(int(4 * math.sqrt(n_vectors)), n_vectors // 39 or 1, n_vectors))
 
 
 class FaissStore:
@@ -34,23 +59,31 @@ class FaissStore:
         dim: int,
         kind: str = "flat",
         nlist: int | None = None,
-        nprobe: int = 16,
+        nprobe: int = 64,
         hnsw_m: int = 32,
-        ef_search: int = 128,
-        use_gpu: bool = False,
+        ef_search: int = 512,
+        ef_construction: int = 40,
+        use_gpu: bool | None = None,
+        shards: int = 1,
     ) -> None:
         if kind not in KINDS:
             raise MedfaqError(f"unknown index kind {kind!r}; choose one of {', '.join(KINDS)}")
+        if shards < 1:
+            raise MedfaqError(f"--shards must be at least 1, got {shards}")
         self.dim = int(dim)
         self.kind = kind
         self.nlist = nlist
         self.nprobe = nprobe
         self.hnsw_m = hnsw_m
         self.ef_search = ef_search
+        self.ef_construction = ef_construction
         self.use_gpu = use_gpu
+        self.shards = int(shards)
         self.tombstones: set[int] = set()
-        self.index: faiss.Index | None = None if kind == "ivf" else self._new_index()
-        self._gpu_index: faiss.Index | None = None
+        self.parts: list[faiss.Index] = [] if kind == "ivf" else [self._new_index() for _ in range(self.shards)]
+        self._cpu_searcher: faiss.Index | None = None
+        self._gpu_searcher: faiss.Index | None = None
+        self._gpu_resources: list[Any] = []
 
     def _new_index(self, nlist: int | None = None) -> faiss.Index:
         if self.kind == "flat":
@@ -58,6 +91,7 @@ class FaissStore:
         if self.kind == "hnsw":
             graph = faiss.IndexHNSWFlat(self.dim, self.hnsw_m, faiss.METRIC_INNER_PRODUCT)
             graph.hnsw.efSearch = self.ef_search
+            graph.hnsw.efConstruction = self.ef_construction
             return faiss.IndexIDMap2(graph)
         quantizer = faiss.IndexFlatIP(self.dim)
         ivf = faiss.IndexIVFFlat(quantizer, self.dim, nlist, faiss.METRIC_INNER_PRODUCT)
@@ -66,73 +100,105 @@ class FaissStore:
 
     def backend_config(self) -> dict[str, Any]:
         """The manifest's backend section (besides the backend name)."""
-        return {
-            "kind": self.kind,
-            "nlist": self.nlist,
-            "nprobe": self.nprobe,
-            "hnsw_m": self.hnsw_m,
-            "ef_search": self.ef_search,
-            "use_gpu": self.use_gpu,
-        }
+        return {name: getattr(self, name) for name in OPTIONS}
+
+    @property
+    def index(self) -> faiss.Index | None:
+        """The CPU index searched: the only part, or an `IndexShards` over the parts."""
+        if not self.parts:
+            return None
+        if len(self.parts) == 1:
+            return self.parts[0]
+        if self._cpu_searcher is None:
+            self._cpu_searcher = _shards(self.dim, self.parts)
+        return self._cpu_searcher
+
+    def _changed(self) -> None:
+        self._cpu_searcher = None
+        self._gpu_searcher = None
 
     def __len__(self) -> int:
-        return 0 if self.index is None else int(self.index.ntotal) - len(self.tombstones)
+        return sum(int(part.ntotal) for part in self.parts) - len(self.tombstones)
+
+    def tune(self, nprobe: int | None = None, ef_search: int | None = None) -> None:
+        """Change the search-time accuracy/speed knobs (IVF `nprobe`, HNSW `efSearch`) of a built index."""
+        self.nprobe = nprobe or self.nprobe
+        self.ef_search = ef_search or self.ef_search
+        for part in self.parts:
+            if self.kind == "ivf":
+                faiss.extract_index_ivf(part).nprobe = self.nprobe
+            elif self.kind == "hnsw":
+                faiss.downcast_index(part.index).hnsw.efSearch = self.ef_search
+        self._changed()
 
     def add(self, keys: np.ndarray, vectors: np.ndarray) -> None:
-        keys = np.ascontiguousarray(keys, dtype=np.int64)
-        vectors = np.ascontiguousarray(vectors, dtype=np.float32)
-        if vectors.ndim != 2 or vectors.shape[1] != self.dim:
-            raise MedfaqError(f"vectors of shape {vectors.shape} do not match the index dimension {self.dim}")
+        keys, vectors = checked_rows(keys, vectors, self.dim)
         if len(keys) == 0:
             return
-        if self.index is None:  # IVF: train on the first batch
-            self.nlist = self.nlist or max(1, min(int(4 * math.sqrt(len(vectors))), len(vectors) // 39 or 1))
-            self.nlist = min(self.nlist, len(vectors))
-            self.index = self._new_index(self.nlist)
-            logger.info("training IVF with %d lists on %d vectors", self.nlist, len(vectors))
-            self.index.train(vectors)
-        self.index.add_with_ids(vectors, keys)
-        self._gpu_index = None
+        if not self.parts:  # IVF: train on (a sample of) the first batch; every shard shares the trained lists
+            sample = vectors
+            if len(vectors) > TRAIN_SAMPLE:
+                sample = vectors[np.sort(np.random.default_rng(0).choice(len(vectors), TRAIN_SAMPLE, replace=False))]
+            self.nlist = min(self.nlist or default_nlist(len(sample)), len(sample))
+            trained = self._new_index(self.nlist)
+            logger.info("training IVF with %d lists on %d vectors", self.nlist, len(sample))
+            trained.train(sample)
+            self.parts = [trained] + [faiss.clone_index(trained) for _ in range(self.shards - 1)]
+        self._add_routed(keys, vectors)
+
+    def _add_routed(self, keys: np.ndarray, vectors: np.ndarray) -> None:
+        """Add each key to shard ``key % shards``."""
+        if len(self.parts) == 1:
+            self.parts[0].add_with_ids(vectors, keys)
+        else:
+            shard_of = keys % len(self.parts)
+            for number, part in enumerate(self.parts):
+                mask = shard_of == number
+                if mask.any():
+                    part.add_with_ids(np.ascontiguousarray(vectors[mask]), np.ascontiguousarray(keys[mask]))
+        self._changed()
 
     def delete(self, keys: np.ndarray) -> int:
         keys = np.asarray(keys, dtype=np.int64)
-        if self.index is None or len(keys) == 0:
+        if not self.parts or len(keys) == 0:
             return 0
         if self.kind != "hnsw":
-            removed = int(self.index.remove_ids(faiss.IDSelectorBatch(keys)))
+            selector = faiss.IDSelectorBatch(keys)
+            removed = sum(int(part.remove_ids(selector)) for part in self.parts)
         else:
             present = set(keys[np.isin(keys, self._stored_keys())].tolist()) - self.tombstones
             self.tombstones |= present
             removed = len(present)
-            if len(self.tombstones) > COMPACT_FRACTION * self.index.ntotal:
+            if len(self.tombstones) > COMPACT_FRACTION * sum(part.ntotal for part in self.parts):
                 self._compact_hnsw()
-        self._gpu_index = None
+        self._changed()
         return removed
 
     def _stored_keys(self) -> np.ndarray:
-        return faiss.vector_to_array(self.index.id_map)
+        return np.concatenate([faiss.vector_to_array(part.id_map) for part in self.parts])
 
     def _compact_hnsw(self) -> None:
-        """Rebuild the HNSW graph from its own stored vectors, leaving out the tombstones."""
+        """Rebuild the HNSW graphs from their own stored vectors, leaving out the tombstones."""
         keys = self._stored_keys()
-        vectors = self.index.index.reconstruct_n(0, self.index.ntotal)
+        vectors = np.concatenate([part.index.reconstruct_n(0, part.ntotal) for part in self.parts])
         live = ~np.isin(keys, np.fromiter(self.tombstones, dtype=np.int64))
         logger.info("compacting HNSW: %d live of %d", int(live.sum()), len(keys))
-        self.index = self._new_index()
+        self.parts = [self._new_index() for _ in range(self.shards)]
         self.tombstones = set()
         if live.any():
-            self.index.add_with_ids(vectors[live], keys[live])
+            self._add_routed(keys[live], vectors[live])
 
     def search(self, queries: np.ndarray, k: int, allowed: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         queries = np.ascontiguousarray(queries, dtype=np.float32).reshape(-1, self.dim)
-        if self.index is None or self.index.ntotal == 0 or k <= 0:
+        if not self.parts or len(self) + len(self.tombstones) == 0 or k <= 0:
             shape = (len(queries), max(k, 0))
             return np.full(shape, -np.inf, dtype=np.float32), np.full(shape, -1, dtype=np.int64)
         selector = self._selector(allowed)
         if selector is None:
             scores, keys = self._searcher().search(queries, k)
-        else:
-            scores, keys = self.index.search(queries, k, params=self._params(selector))
+        else:  # IndexIDMap rewrites the shared params' selector while it searches: shards take turns
+            searcher = self.parts[0] if len(self.parts) == 1 else _shards(self.dim, self.parts, threaded=False)
+            scores, keys = searcher.search(queries, k, params=self._params(selector))
         scores[keys < 0] = -np.inf
         return scores, keys
 
@@ -151,32 +217,92 @@ class FaissStore:
             return faiss.SearchParametersHNSW(sel=selector, efSearch=self.ef_search)
         return faiss.SearchParameters(sel=selector)
 
+    def on_gpu(self) -> bool:
+        """Whether unfiltered searches run on GPUs: asked for (or left to auto) and possible for this kind."""
+        if self.use_gpu is False or self.kind == "hnsw":
+            return False
+        if gpu_count() == 0:
+            if self.use_gpu:
+                logger.warning("FAISS GPU search requested but no GPU is usable (faiss-gpu not installed or no GPU)")
+            return False
+        return True
+
     def _searcher(self) -> faiss.Index:
-        """The GPU copy when asked for and possible, else the CPU index."""
-        if not self.use_gpu or self.kind == "hnsw" or not hasattr(faiss, "index_cpu_to_all_gpus"):
+        """GPU copies of the parts when :meth:`on_gpu`, else the CPU index."""
+        if not self.on_gpu():
             return self.index
-        if faiss.get_num_gpus() == 0:
-            return self.index
-        if self._gpu_index is None:
-            self._gpu_index = faiss.index_cpu_to_all_gpus(self.index)
-        return self._gpu_index
+        if self._gpu_searcher is None:
+            self._gpu_searcher = self._to_gpus()
+        return self._gpu_searcher
+
+    def _to_gpus(self) -> faiss.Index:
+        """One GPU: a copy through `StandardGpuResources`; several: shard the vectors over all GPUs."""
+        gpus = gpu_count()
+        if len(self.parts) == 1 and gpus > 1:
+            options = faiss.GpuMultipleClonerOptions()
+            options.shard = True
+            logger.info("sharding the FAISS index over %d GPUs", gpus)
+            return faiss.index_cpu_to_all_gpus(self.parts[0], co=options)
+        self._gpu_resources = [faiss.StandardGpuResources() for _ in range(min(gpus, len(self.parts)))]
+        copies = [
+            faiss.index_cpu_to_gpu(self._gpu_resources[number % gpus], number % gpus, part)
+            for number, part in enumerate(self.parts)
+        ]
+        logger.info("FAISS search on %d GPU(s), %d shard(s)", len(self._gpu_resources), len(copies))
+        return copies[0] if len(copies) == 1 else _shards(self.dim, copies)
+
+    def export(self, batch: int = 100_000) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """Stored keys and vectors (tombstones left out), read back from the index without re-encoding."""
+        dead = np.fromiter(self.tombstones, dtype=np.int64, count=len(self.tombstones))
+        for keys, vectors in self._stored_rows(batch):
+            live = ~np.isin(keys, dead)
+            if live.any():
+                yield keys[live], vectors[live]
+
+    def _stored_rows(self, batch: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        for part in self.parts:
+            if self.kind != "ivf":  # IndexIDMap2: ids beside a flat or HNSW storage that reconstructs rows
+                keys = faiss.vector_to_array(part.id_map)
+                for start in range(0, len(keys), batch):
+                    count = min(batch, len(keys) - start)
+                    yield keys[start : start + count], part.index.reconstruct_n(start, count)
+                continue
+            lists = faiss.extract_index_ivf(part).invlists
+            for number in range(lists.nlist):  # IVF-Flat codes are the raw float32 vectors
+                size = lists.list_size(number)
+                if size:
+                    keys = faiss.rev_swig_ptr(lists.get_ids(number), size).copy()
+                    codes = faiss.rev_swig_ptr(lists.get_codes(number), size * lists.code_size).copy()
+                    yield keys, codes.view(np.float32).reshape(size, self.dim)
 
     def save(self, directory: Path) -> None:
         directory.mkdir(parents=True, exist_ok=True)
-        if self.index is not None:
-            faiss.write_index(self.index, str(directory / INDEX_FILE))
+        if len(self.parts) == 1:
+            faiss.write_index(self.parts[0], str(directory / INDEX_FILE))
+        else:
+            for number, part in enumerate(self.parts):
+                faiss.write_index(part, str(directory / SHARD_FILE.format(number)))
         np.save(directory / TOMBSTONES_FILE, np.array(sorted(self.tombstones), dtype=np.int64), allow_pickle=False)
 
     @classmethod
     def load(cls, directory: Path, config: dict[str, Any]) -> FaissStore:
-        names = ("kind", "nlist", "nprobe", "hnsw_m", "ef_search", "use_gpu")
-        options = {key: config[key] for key in names if key in config}
-        store = cls(dim=int(config["dim"]), **options)
-        if (directory / INDEX_FILE).is_file():
-            store.index = faiss.read_index(str(directory / INDEX_FILE))
-            if store.kind == "ivf":
-                faiss.extract_index_ivf(store.index).nprobe = store.nprobe
-            elif store.kind == "hnsw":
-                faiss.downcast_index(store.index.index).hnsw.efSearch = store.ef_search
+        store = cls(dim=int(config["dim"]), **{key: config[key] for key in OPTIONS if key in config})
+        files = [directory / (INDEX_FILE if store.shards == 1 else SHARD_FILE.format(n)) for n in range(store.shards)]
+        if all(file.is_file() for file in files):
+            store.parts = [faiss.read_index(str(file)) for file in files]
+            store.tune()
         store.tombstones = {int(key) for key in np.load(directory / TOMBSTONES_FILE, allow_pickle=False)}
         return store
+
+    @classmethod
+    def discard(cls, config: dict[str, Any], current: dict[str, Any]) -> None:
+        """Nothing to drop: a FAISS index lives entirely in its directory."""
+
+
+def _shards(dim: int, parts: list[faiss.Index], threaded: bool = True) -> faiss.Index:
+    """An `IndexShards` searching `parts` (in parallel threads) and merging their top-k (keys kept as stored)."""
+    combined = faiss.IndexShards(dim, threaded, False)
+    for part in parts:
+        combined.add_shard(part)
+    combined.syncWithSubIndexes()
+    return combined

@@ -11,6 +11,11 @@ Directory layout::
 
 Saves write everything into a temporary directory beside the target and swap it in with renames, so a crash or
 Ctrl-C during `build`/`add`/`save` leaves the previous index as it was.
+
+Large builds are resumable: with a `staging` directory, encoded vectors are written there chunk by chunk next to a
+progress record (`progress.json`), and a build that was killed encodes only the chunks still missing when it is
+run again over the same texts with the same encoder. The vector backend (FAISS in the directory, or a Milvus
+collection) is named in the manifest's backend section.
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -34,7 +41,7 @@ from index.collections import check_unique_ids, read_records, write_records
 from index.encoder import Encoder
 from index.records import FaqRecord
 from index.runtime import MedfaqError, resolve_model
-from index.vector_store import VectorStore, backend_class
+from index.vector_store import VECTOR_BACKENDS, VectorStore, backend_class
 
 logger = logging.getLogger("medfaq.index")
 
@@ -45,7 +52,9 @@ KEYS = "keys.npy"
 VECTORS_DIR = "vectors"
 BM25_DIR = "bm25"
 FIELDS = ("question", "question+answer")
-ENCODE_CHUNK = 512  # texts per encode call (progress granularity)
+ENCODE_CHUNK = 512  # texts per encode call (progress and resume granularity)
+PROGRESS = "progress.json"
+CHUNK_FILE = "chunk-{:07d}.npy"
 
 ScoredIds = list[list[tuple[str, float]]]
 """Per query, (FAQ id, score) pairs best first."""
@@ -114,13 +123,19 @@ class FaqIndex:
         backend: str = "faiss",
         backend_options: dict[str, Any] | None = None,
         progress: bool = True,
+        staging: Path | None = None,
+        workers: int = 1,
     ) -> FaqIndex:
-        """Encode `records` and index them in memory; call :meth:`save` to write the index."""
+        """Encode `records` and index them; call :meth:`save` to write the index.
+
+        `backend` is a registered vector backend ("faiss", "milvus") created with `kind` and `backend_options`.
+        `staging` makes the encoding resumable (see the module docstring); `workers` > 1 encodes in that many
+        processes (one per GPU on CUDA).
+        """
         if fields not in FIELDS:
             raise MedfaqError(f"unknown --fields {fields!r}; choose one of {', '.join(FIELDS)}")
         check_unique_ids(records, "the collection")
-        options = {"kind": kind, **(backend_options or {})} if backend == "faiss" else dict(backend_options or {})
-        store = backend_class(backend)(dim=encoder.dim, **options)
+        store = backend_class(backend)(dim=encoder.dim, kind=kind, **(backend_options or {}))
         now = _now()
         manifest = IndexManifest(
             encoder=encoder.name,
@@ -132,8 +147,32 @@ class FaqIndex:
             updated=now,
         )
         index = cls(manifest, [], np.zeros(0, dtype=np.int64), store, Bm25Index.build([], []), encoder)
-        index.add(records, progress=progress)
+        index.add(records, progress=progress, staging=staging, workers=workers)
         return index
+
+    def moved_to(
+        self,
+        backend: str,
+        backend_options: dict[str, Any] | None = None,
+        kind: str | None = None,
+        progress: bool = True,
+    ) -> FaqIndex:
+        """A copy of this index whose vectors live in another backend (e.g. FAISS -> a Milvus cluster) or kind.
+
+        Vectors are copied as stored, never re-encoded (all at once, so an IVF index trains on all of them);
+        records, keys and BM25 are shared. Call :meth:`save`.
+        """
+        kind = kind or self.manifest.kind
+        store = backend_class(backend)(dim=self.manifest.dimension, kind=kind, **(backend_options or {}))
+        parts = list(tqdm(self.store.export(), desc="reading vectors", unit="batch", disable=not progress))
+        if parts:
+            store.add(np.concatenate([keys for keys, _ in parts]), np.concatenate([vectors for _, vectors in parts]))
+        backend_section = {"name": backend, "dim": self.manifest.dimension}
+        manifest = IndexManifest.from_dict(
+            {**self.manifest.to_dict(), "kind": kind, "backend": backend_section, "updated": _now()}
+        )
+        keys = np.fromiter(self._records, dtype=np.int64, count=len(self._records))
+        return FaqIndex(manifest, list(self._records.values()), keys, store, self.bm25, self._encoder)
 
     @property
     def encoder(self) -> Encoder:
@@ -168,10 +207,13 @@ class FaqIndex:
 
     # ---- changes --------------------------------------------------------------------------------------------------
 
-    def add(self, records: list[FaqRecord], progress: bool = True) -> int:
+    def add(
+        self, records: list[FaqRecord], progress: bool = True, staging: Path | None = None, workers: int = 1
+    ) -> int:
         """Encode and add new records (ids must be new); BM25 is rebuilt over all rows. Returns how many were added.
 
-        Everything is computed before the index changes, so a failure part-way leaves it as it was.
+        Everything is computed before the index changes, so a failure part-way leaves it as it was; with `staging`
+        the encoded chunks survive a failure and a repeated call encodes only the missing ones.
         """
         check_unique_ids(records, "the new records")
         clashes = [record.id for record in records if record.id in self._key_of]
@@ -183,7 +225,8 @@ class FaqIndex:
             return 0
         keys = np.arange(self.manifest.next_key, self.manifest.next_key + len(records), dtype=np.int64)
         texts = [record_text(record, self.manifest.fields) for record in records]
-        vectors = self._encode_chunked(texts, progress)
+        with self._encoding(workers) as encode:
+            vectors = encode_chunks(encode, texts, self.manifest.dimension, staging, self._fingerprint(texts), progress)
         all_records = {**self._records, **dict(zip(keys.tolist(), records, strict=True))}
         bm25 = Bm25Index.build(
             [record_text(r, self.manifest.fields) for r in all_records.values()],
@@ -197,15 +240,37 @@ class FaqIndex:
         self.manifest.updated = _now()
         return len(records)
 
-    def _encode_chunked(self, texts: list[str], progress: bool) -> np.ndarray:
-        chunks = range(0, len(texts), ENCODE_CHUNK)
-        bar = tqdm(total=len(texts), desc="encoding FAQs", unit="faq", disable=not progress)
-        parts = []
-        with bar:
-            for start in chunks:
-                parts.append(self.encoder.encode(texts[start : start + ENCODE_CHUNK]))
-                bar.update(len(parts[-1]))
-        return np.concatenate(parts) if parts else np.zeros((0, self.manifest.dimension), dtype=np.float32)
+    def _fingerprint(self, texts: list[str]) -> str:
+        """Identifies what a staging directory holds: encoder, fields, chunk size and every text."""
+        digest = hashlib.sha256(f"{self.manifest.encoder}\0{self.manifest.fields}\0{ENCODE_CHUNK}".encode())
+        for text in texts:
+            digest.update(b"\0" + text.encode("utf-8", "surrogatepass"))
+        return digest.hexdigest()
+
+    @contextmanager
+    def _encoding(self, workers: int) -> Iterator[Callable[[list[str]], np.ndarray]]:
+        """The encode function: this process, or a sentence-transformers pool of `workers` processes."""
+        if workers <= 1:
+            yield self.encoder.encode
+            return
+        model = self.encoder.model
+        cuda = self.encoder.device.startswith("cuda")
+        devices = None if cuda else ["cpu"] * workers  # None: one process per visible GPU
+        pool = model.start_multi_process_pool(target_devices=devices)
+        logger.info("encoding with %d processes", len(pool["processes"]))
+        try:
+            yield lambda texts: np.ascontiguousarray(
+                model.encode(
+                    texts,
+                    pool=pool,
+                    batch_size=self.encoder.batch_size,
+                    convert_to_numpy=True,
+                    normalize_embeddings=True,
+                ),
+                dtype=np.float32,
+            )
+        finally:
+            model.stop_multi_process_pool(pool)
 
     def delete(self, faq_ids: list[str]) -> int:
         """Remove FAQs by id without re-encoding or rebuilding anything; unknown ids are an error naming them."""
@@ -273,7 +338,10 @@ class FaqIndex:
             self.manifest.counts = {"records": len(self._records), "vectors": len(self.store), "bm25": len(self.bm25)}
             self.manifest.checksums = _checksums(staging)
             (staging / MANIFEST).write_text(json.dumps(self.manifest.to_dict(), indent=2) + "\n", encoding="utf-8")
+            replaced = _replaced_backend(target, self.manifest.backend)
             _swap_in(staging, target)
+            if replaced:
+                backend_class(replaced["name"]).discard(replaced, self.manifest.backend)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
@@ -318,6 +386,71 @@ class FaqIndex:
         data = self.manifest.to_dict()
         data.pop("checksums")
         return {**data, "sources": dict(sorted(sources.items(), key=lambda item: -item[1]))}
+
+
+def staging_dir(directory: str | Path) -> Path:
+    """Where a build of `directory` keeps its encoded chunks until the index is saved: ``.NAME.building`` beside it."""
+    target = Path(directory).expanduser().resolve()
+    return target.parent / f".{target.name}.building"
+
+
+def encode_chunks(
+    encode: Callable[[list[str]], np.ndarray],
+    texts: list[str],
+    dim: int,
+    staging: Path | None,
+    fingerprint: str,
+    progress: bool = True,
+) -> np.ndarray:
+    """Encode `texts` in chunks of ENCODE_CHUNK; with `staging`, keep each chunk on disk and skip those already there.
+
+    `staging/progress.json` records the `fingerprint` and how many chunks are done; each chunk file is complete
+    before the record counts it, so a kill at any point loses at most the chunk being encoded.
+    """
+    starts = range(0, len(texts), ENCODE_CHUNK)
+    done = _staged_chunks(staging, fingerprint, len(texts)) if staging is not None else 0
+    bar = tqdm(total=len(texts), desc="encoding FAQs", unit="faq", disable=not progress)
+    parts = []
+    with bar:
+        for number, start in enumerate(starts):
+            chunk = texts[start : start + ENCODE_CHUNK]
+            if staging is None:
+                parts.append(encode(chunk))
+            else:
+                if number >= done:
+                    vectors = encode(chunk)
+                    _atomic_write(staging / CHUNK_FILE.format(number), lambda path: np.save(path, vectors))
+                    record = json.dumps({"fingerprint": fingerprint, "texts": len(texts), "chunks_done": number + 1})
+                    _atomic_write(staging / PROGRESS, lambda path: path.write_text(record + "\n", encoding="utf-8"))
+                parts.append(np.load(staging / CHUNK_FILE.format(number), mmap_mode="r"))
+            bar.update(len(chunk))
+    return np.concatenate(parts).astype(np.float32, copy=False) if parts else np.zeros((0, dim), dtype=np.float32)
+
+
+def _staged_chunks(staging: Path, fingerprint: str, total: int) -> int:
+    """How many chunks `staging` already holds for this fingerprint (0 for a new staging directory)."""
+    staging.mkdir(parents=True, exist_ok=True)
+    if not (staging / PROGRESS).is_file():
+        return 0
+    try:
+        record = json.loads((staging / PROGRESS).read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        record = {}
+    if record.get("fingerprint") != fingerprint or record.get("texts") != total:
+        raise MedfaqError(
+            f"{staging} holds a partial build of other texts or another encoder; build without --resume to start over"
+        )
+    done = int(record["chunks_done"])
+    if done:
+        logger.warning("resuming: %d of %d chunks already encoded in %s", done, -(-total // ENCODE_CHUNK), staging)
+    return done
+
+
+def _atomic_write(path: Path, write: Callable[[Path], Any]) -> None:
+    """Write `path` through a temporary file and a rename, so it is either complete or absent."""
+    partial = path.with_name(f".{path.name}.partial{path.suffix}")
+    write(partial)
+    os.replace(partial, path)
 
 
 def check_index_target(directory: str | Path) -> Path:
@@ -379,6 +512,17 @@ def _sha256(file: Path) -> str:
         while chunk := handle.read(1 << 20):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def _replaced_backend(target: Path, backend: dict[str, Any]) -> dict[str, Any] | None:
+    """The backend section of the index at `target` if saving `backend` there replaces it with another one."""
+    try:
+        previous = read_manifest(target).backend if (target / MANIFEST).is_file() else None
+    except MedfaqError:
+        return None
+    if not previous or previous == backend or previous.get("name", "faiss") not in VECTOR_BACKENDS:
+        return None
+    return {"name": "faiss", **previous}
 
 
 def _backup_name(target: Path) -> Path:

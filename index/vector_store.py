@@ -1,11 +1,15 @@
 """The vector-store interface that FAISS (in-process) and Milvus (server or Milvus Lite) backends implement.
 
+A store that keeps its vectors outside the index directory (Milvus) applies `add`/`delete` to them at once; `add`
+then replaces vectors left under the same keys by a change whose save never completed.
+
 Vectors are float32, L2-normalised, scored by inner product. Keys are non-negative int64 row keys that
 `FaqIndex` maps to FAQ ids; a store never sees FAQ text.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -33,6 +37,9 @@ class VectorStore(Protocol):
     def __len__(self) -> int:
         """Number of stored vectors."""
 
+    def export(self, batch: int = 100_000) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """Every stored (keys, vectors), in batches of at most `batch` rows: how an index moves between backends."""
+
     def save(self, directory: Path) -> None:
         """Write the store's files into `directory` (the caller makes the save atomic)."""
 
@@ -43,8 +50,28 @@ class VectorStore(Protocol):
     def load(cls, directory: Path, config: dict) -> VectorStore:
         """Open a store saved by :meth:`save`; `config` is the backend section of the index manifest."""
 
+    @classmethod
+    def discard(cls, config: dict, current: dict) -> None:
+        """Release what a replaced index (`config`) kept outside its directory, unless `current` still uses it.
 
-VECTOR_BACKENDS: dict[str, str] = {"faiss": "index.faiss_store:FaissStore"}
+        A Milvus collection is dropped; FAISS keeps nothing outside the directory.
+        """
+
+
+def checked_rows(keys: np.ndarray, vectors: np.ndarray, dim: int) -> tuple[np.ndarray, np.ndarray]:
+    """`keys` as contiguous int64 and `vectors` as contiguous float32 (n, dim); a shape mismatch is a one-line error."""
+    from index.runtime import MedfaqError
+
+    vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+    if vectors.ndim != 2 or vectors.shape[1] != dim:
+        raise MedfaqError(f"vectors of shape {vectors.shape} do not match the index dimension {dim}")
+    return np.ascontiguousarray(keys, dtype=np.int64), vectors
+
+
+VECTOR_BACKENDS: dict[str, str] = {
+    "faiss": "index.faiss_store:FaissStore",
+    "milvus": "index.milvus_store:MilvusStore",
+}
 """Backend name (as written in the manifest's backend section) -> "module:Class" of its VectorStore.
 
 A backend class is created as ``cls(dim=..., **options)``, reopened with ``cls.load(directory, config)``, and
