@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import random
 import shutil
 import tempfile
 import urllib.request
@@ -392,5 +393,200 @@ register(
             "6c7f7fd7a53cedc6fec105c0c6cb78f2e9a82cd1/mqp.csv",
         ),
         build=copy_as("mqp.csv"),
+    )
+)
+
+# --- Question summarization sets (CHQ -> FAQ pairs): {"id", "chq", "faq", ...} JSONL per split ----------------------
+
+
+def xlsx_rows(path: Path) -> list[dict]:
+    """The rows of the first sheet of an .xlsx file as dicts keyed by the header row (empty columns dropped)."""
+    from openpyxl import load_workbook
+
+    workbook = load_workbook(path, read_only=True, data_only=True)
+    try:
+        rows = workbook.worksheets[0].iter_rows(values_only=True)
+        header = [str(cell).strip() if cell is not None else None for cell in next(rows)]
+        return [
+            {name: cell for name, cell in zip(header, row) if name}
+            for row in rows
+            if any(cell is not None for cell in row)
+        ]
+    finally:
+        workbook.close()
+
+
+def _cell(value: object) -> str:
+    return "" if value is None else str(value)
+
+
+MEQSUM_COMMIT = "51e36cf65c12602333b6fdc3ae8ecf10430529f7"
+MEQSUM_SPLIT_SEED = 42
+MEQSUM_SPLIT = (("train", 400), ("valid", 100), ("test", 500))
+
+
+def build_meqsum(paths: list[Path], target: Path) -> None:
+    """MeQSum xlsx (sheet QS: File, CHQ, Summary) -> meqsum_all.jsonl + a seeded 400/100/500 split.
+
+    No official split exists; rows are shuffled with ``random.Random(42)`` and written in row order per split.
+    """
+    rows = [
+        {"id": i, "file": _cell(row.get("File")), "chq": _cell(row.get("CHQ")), "faq": _cell(row.get("Summary"))}
+        for i, row in enumerate(xlsx_rows(paths[0]))
+    ]
+    order = list(range(len(rows)))
+    random.Random(MEQSUM_SPLIT_SEED).shuffle(order)
+    start = 0
+    for split, size in MEQSUM_SPLIT:
+        for i in order[start : start + size]:
+            rows[i]["split"] = split
+        start += size
+    _write_jsonl(rows, target / "meqsum_all.jsonl")
+    for split, _ in MEQSUM_SPLIT:
+        _write_jsonl([row for row in rows if row.get("split") == split], target / f"{split}.jsonl")
+
+
+register(
+    DatasetSpec(
+        name="meqsum",
+        description="MeQSum: 1,000 consumer health questions with expert summaries (seeded 400/100/500 split)",
+        license="CC BY 4.0 (abachaa/MeQSum README); cite Ben Abacha & Demner-Fushman, ACL 2019",
+        subdir="meqsum",
+        files=("meqsum_all.jsonl", "train.jsonl", "valid.jsonl", "test.jsonl"),
+        urls=(
+            f"https://raw.githubusercontent.com/abachaa/MeQSum/{MEQSUM_COMMIT}/"
+            "MeQSum_ACL2019_BenAbacha_Demner-Fushman.xlsx",
+        ),
+        build=build_meqsum,
+    )
+)
+
+MEDQSUM_COMMIT = "8cbd7d14c295145de7b1db89b7a8b2f851c1b1e1"
+
+
+def build_medqsum_split(paths: list[Path], target: Path) -> None:
+    """MedQSum's pandas column-oriented JSON ``{"CHQ": {i: text}, "Summary": {i: text}}`` (train, valid) -> JSONL."""
+    for path, split in zip(paths, ("train", "valid"), strict=True):
+        try:
+            columns = json.loads(path.read_text(encoding="utf-8"))
+            rows = [
+                {"id": f"{split}-{index}", "chq": chq, "faq": columns["Summary"][index], "split": split}
+                for index, chq in columns["CHQ"].items()
+            ]
+        except (json.JSONDecodeError, KeyError, AttributeError, UnicodeDecodeError) as error:
+            raise MedfaqError(f"{path.name}: unexpected MedQSum format: {error}") from None
+        _write_jsonl(rows, target / f"{split}.jsonl")
+
+
+for _name, _folder, _description, _license in (
+    (
+        "chq_summ",
+        "chq_sum",
+        "CHQ-Summ subset (693 Yahoo! Answers health questions with summaries; random 554/139 split)",
+        "question text from Yahoo! Answers L6 (Yahoo Webscope terms): research only, do not redistribute",
+    ),
+    (
+        "healthcaremagic",
+        "hcm_sum",
+        "HealthCareMagic question summarization subset (1,643 questions with their titles; 1,314/329 split)",
+        "copyright healthcaremagic.com (MedDialog README); research use only",
+    ),
+):
+    register(
+        DatasetSpec(
+            name=_name,
+            description=_description,
+            license=_license,
+            subdir=_name,
+            files=("train.jsonl", "valid.jsonl"),
+            urls=tuple(
+                f"https://raw.githubusercontent.com/zekaouinoureddine/MedQSum/{MEDQSUM_COMMIT}/data/{_folder}/{split}.json"
+                for split in ("train", "valid")
+            ),
+            build=build_medqsum_split,
+        )
+    )
+
+MEDIQA2021_COMMIT = "8d7fe20706dd6af0d089a0252a201c3da78ded8f"
+
+
+def build_mediqa2021(paths: list[Path], target: Path) -> None:
+    """MEDIQA 2021 Task 1 xlsx (q_id, NLM Question, Summary[, Question Focus, Question Type]) -> valid/test JSONL."""
+    extra = {"question_focus": "Question Focus", "question_type": "Question Type"}
+    for path, split in zip(paths, ("valid", "test"), strict=True):
+        rows = []
+        for row in xlsx_rows(path):
+            record = {
+                "id": _cell(row.get("q_id")),
+                "chq": _cell(row.get("NLM Question")),
+                "faq": _cell(row.get("Summary")),
+            }
+            record |= {key: _cell(row[column]).strip() for key, column in extra.items() if column in row}
+            rows.append(record)
+        _write_jsonl(rows, target / f"{split}.jsonl")
+
+
+register(
+    DatasetSpec(
+        name="mediqa2021",
+        description="MEDIQA 2021 question summarization: 50 validation and 100 test NLM questions with summaries",
+        license="CC BY 4.0 (abachaa/MEDIQA2021 Task1 README)",
+        subdir="mediqa2021_qs",
+        files=("valid.jsonl", "test.jsonl"),
+        urls=tuple(
+            f"https://raw.githubusercontent.com/abachaa/MEDIQA2021/{MEDIQA2021_COMMIT}/Task1/{name}.xlsx"
+            for name in (
+                "MEDIQA2021-Task1-QuestionSummarization-ValidationSet",
+                "MEDIQA2021-Task1-TestSet-ReferenceSummaries",
+            )
+        ),
+        build=build_mediqa2021,
+    )
+)
+
+MEDIQA2019_COMMIT = "ae5d3826d6c841923b9db831159fef0f1b893593"
+RQE_FILES = (
+    ("train", "MEDIQA2019-Task2-RQE-TrainingSet-AMIA2016.xml"),
+    ("valid", "MEDIQA2019-Task2-RQE-ValidationSet-AMIA2016.xml"),
+    ("test", "MEDIQA2019-Task2-RQE-TestSet-wLabels.xml"),
+)
+
+
+def rqe_rows_from_xml(xml_text: str | bytes) -> list[dict]:
+    """RQE ``<pair pid value type><chq/><faq/></pair>`` elements -> rows (whitespace collapsed, 1 = entailment)."""
+    root = ElementTree.fromstring(xml_text)
+    return [
+        {
+            "pid": pair.get("pid", ""),
+            "chq": " ".join((pair.findtext("chq") or "").split()),
+            "faq": " ".join((pair.findtext("faq") or "").split()),
+            "label": int(pair.get("value", "").strip().lower() == "true"),
+            "type": pair.get("type"),
+        }
+        for pair in root.iter("pair")
+    ]
+
+
+def build_rqe(paths: list[Path], target: Path) -> None:
+    for path, (split, _) in zip(paths, RQE_FILES, strict=True):
+        try:
+            rows = rqe_rows_from_xml(path.read_bytes())
+        except ElementTree.ParseError as error:
+            raise MedfaqError(f"{path.name}: cannot parse RQE XML: {error}") from None
+        _write_jsonl(rows, target / f"{split}.jsonl")
+
+
+register(
+    DatasetSpec(
+        name="rqe",
+        description="MEDIQA 2019 RQE: CHQ/FAQ entailment pairs (8,588 train, 302 valid, 230 test; label 1 = entailed)",
+        license="train/valid CC BY 4.0 (RQE_Data_AMIA2016 Readme); test: no license statement (abachaa/MEDIQA2019)",
+        subdir="mediqa2019_rqe",
+        files=tuple(f"{split}.jsonl" for split, _ in RQE_FILES),
+        urls=tuple(
+            f"https://raw.githubusercontent.com/abachaa/MEDIQA2019/{MEDIQA2019_COMMIT}/MEDIQA_Task2_RQE/{name}"
+            for _, name in RQE_FILES
+        ),
+        build=build_rqe,
     )
 )

@@ -1,0 +1,104 @@
+"""`medfaq data dedup` and `medfaq eval summarizer`: summarization data checks and metrics."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import time
+from pathlib import Path
+
+import typer
+
+from index.runtime import MedfaqError, resolve_model
+
+
+def dedup(
+    datasets: list[str] = typer.Argument(..., help="Datasets (meqsum, chq_summ, healthcaremagic, mediqa2021, rqe)."),
+    data_root: Path | None = typer.Option(None, "--data-root", help="Read data laid out like ../shared/data."),
+    key_field: str = typer.Option("chq", "--field", help="Duplicate key: chq (as ECL) or pair (chq and faq)."),
+    examples: int = typer.Option(3, "--examples", help="Example groups shown per level."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as one JSON object."),
+    do_resplit: bool = typer.Option(False, "--resplit", help="Write a de-duplicated 8:1:1 re-split to --out."),
+    out: Path | None = typer.Option(None, "--out", help="Directory for --resplit (shared/data layout)."),
+    seed: int = typer.Option(0, "--seed", help="Shuffle seed of the re-split."),
+    level: str = typer.Option("normalised", "--level", help="What --resplit drops: exact|normalised|contained."),
+) -> None:
+    """Find exact, normalised and near-duplicate samples within and across splits and datasets; optionally re-split."""
+    from eval.dedup import LEVELS, collect_samples, find_duplicates, resplit
+
+    if do_resplit and out is None:
+        raise MedfaqError("--resplit needs --out DIR")
+    if level not in LEVELS:
+        raise MedfaqError(f"unknown --level {level!r}; choose {', '.join(LEVELS)}")
+    samples = collect_samples(datasets, data_root)
+    report = find_duplicates(samples, key_field, n_examples=examples)
+    payload = report.to_dict()
+    if do_resplit:
+        payload["resplit"] = resplit(samples, out, seed, key_field, level)
+    if as_json:
+        typer.echo(json.dumps(payload, ensure_ascii=False))
+        return
+    typer.echo(report.format())
+    for dataset, counts in payload.get("resplit", {}).items():
+        split_counts = ", ".join(f"{split} {count}" for split, count in counts.items())
+        typer.echo(f"re-split {dataset} ({level} duplicates dropped, seed {seed}): {split_counts} in {out}")
+
+
+def eval_summarizer(
+    model: str = typer.Option(..., "--model", help="Trained summarizer directory, model name or HF id."),
+    data: str = typer.Option("meqsum:test", "--data", help="<dataset>:<split>, e.g. meqsum:test."),
+    as_json: bool = typer.Option(False, "--json", help="Print only one JSON object of the metrics on stdout."),
+    output: Path | None = typer.Option(None, "--output", help="Predictions JSONL (default predictions_<data>.jsonl)."),
+    num_beams: int = typer.Option(4, "--num-beams", help="Beam size."),
+    max_length: int = typer.Option(64, "--max-length", help="Maximum generated tokens."),
+    batch_size: int = typer.Option(16, "--batch-size", help="Generation batch size."),
+    data_root: Path | None = typer.Option(None, "--data-root", help="Read data laid out like ../shared/data."),
+    limit: int | None = typer.Option(None, "--limit", help="Evaluate the first N pairs only."),
+    ner: str = typer.Option("auto", "--ner", help="Entity recogniser for FIR/consistency: auto|dictionary|stanza."),
+    device: str | None = typer.Option(None, "--device", help="cpu or cuda (default: cuda when visible)."),
+) -> None:
+    """Generate summaries for a summarization split and report ROUGE-1/2/L, FIR and entity consistency (percent)."""
+    from eval.summarization import SummarizationEvaluator
+    from eval.summarization_data import load_pairs
+    from summarizer.entities import load_recognizer
+
+    if limit is not None and limit < 1:
+        raise MedfaqError("--limit must be at least 1")
+    pairs = load_pairs(data, data_root)[:limit]
+    if not pairs:
+        raise MedfaqError(f"{data} has no pairs")
+    resolve_model(model)  # a missing model fails here, before anything is loaded
+    summarizer = _summarizer_class().load(model, device=device)
+    evaluator = SummarizationEvaluator.from_pairs(
+        pairs, recognizer=load_recognizer(ner), name=f"{model} on {data}", stream=sys.stderr if as_json else None
+    )
+    start = time.perf_counter()
+    texts = [pair.chq for pair in pairs]
+    predictions = summarizer.summarize(texts, num_beams=num_beams, max_length=max_length, batch_size=batch_size)
+    seconds = time.perf_counter() - start
+    output = output or Path(f"predictions_{re.sub(r'[^A-Za-z0-9_.-]+', '_', data)}.jsonl")
+    output.parent.mkdir(parents=True, exist_ok=True)
+    with output.open("w", encoding="utf-8") as handle:
+        for pair, prediction in zip(pairs, predictions):
+            row = {"id": pair.id, "chq": pair.chq, "reference": pair.faq, "prediction": prediction}
+            handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+    metrics = evaluator(predictions)
+    metrics |= {"seconds": seconds, "questions_per_s": len(pairs) / seconds if seconds else 0.0}
+    if as_json:
+        typer.echo(json.dumps(metrics | {"model": model, "data": data, "predictions": str(output)}))
+    else:
+        typer.echo(f"{metrics['questions_per_s']:.1f} questions/s; predictions in {output}")
+
+
+def _summarizer_class():
+    """`summarizer.generation.Summarizer` (imported late: loading torch and transformers takes seconds)."""
+    from summarizer.generation import Summarizer
+
+    return Summarizer
+
+
+def register(app: typer.Typer, *, data_app: typer.Typer, train_app: typer.Typer, eval_app: typer.Typer) -> None:
+    """Add this module's commands to the `medfaq` command groups."""
+    data_app.command("dedup")(dedup)
+    eval_app.command("summarizer")(eval_summarizer)

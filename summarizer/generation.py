@@ -1,0 +1,99 @@
+"""Generation with a trained summarizer: batched greedy or beam search, inputs sorted by length for speed."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from index.runtime import MedfaqError, choose_device, resolve_model
+from summarizer.modeling import load_backbone
+
+CONFIG_FILE = "train_config.json"
+
+
+def generate_texts(
+    model,
+    tokenizer,
+    texts: Sequence[str],
+    num_beams: int = 1,
+    max_length: int = 64,
+    batch_size: int = 16,
+    max_source_len: int = 512,
+    device: str = "cpu",
+    progress: bool = True,
+) -> list[str]:
+    """Summaries of `texts` in input order; batches hold inputs of similar length to waste little padding."""
+    from tqdm.auto import tqdm
+
+    if num_beams < 1 or max_length < 1 or batch_size < 1:
+        raise MedfaqError("num_beams, max_length and batch_size must be at least 1")
+    order = sorted(range(len(texts)), key=lambda i: len(texts[i]), reverse=True)
+    outputs: list[str] = [""] * len(texts)
+    with torch.inference_mode():
+        for start in tqdm(range(0, len(order), batch_size), desc="summarize", disable=not progress, leave=False):
+            chunk = order[start : start + batch_size]
+            encoded = tokenizer(
+                [texts[i] for i in chunk], max_length=max_source_len, truncation=True, padding=True, return_tensors="pt"
+            ).to(device)
+            generated = model.generate(
+                input_ids=encoded["input_ids"],
+                attention_mask=encoded["attention_mask"],
+                num_beams=num_beams,
+                max_new_tokens=max_length,
+                early_stopping=num_beams > 1,
+            )
+            for i, text in zip(chunk, tokenizer.batch_decode(generated, skip_special_tokens=True), strict=True):
+                outputs[i] = " ".join(text.split())
+    return outputs
+
+
+class Summarizer:
+    """A trained CHQ→FAQ summarizer; `rewrite` is the pipeline's question-rewriting stage."""
+
+    def __init__(
+        self, model, tokenizer, device: str = "cpu", num_beams: int = 1, max_length: int = 64, max_source_len: int = 512
+    ):
+        self.model, self.tokenizer, self.device = model.eval(), tokenizer, device
+        self.num_beams, self.max_length, self.max_source_len = num_beams, max_length, max_source_len
+
+    @classmethod
+    def load(cls, model: str | Path, device: str | None = None) -> Summarizer:
+        """Load a summarizer directory (or any seq2seq model) resolved by `index.runtime.resolve_model`."""
+        path = Path(resolve_model(model))
+        config_file = path / CONFIG_FILE
+        if not config_file.is_file():
+            raise MedfaqError(
+                f"{path} is not a trained summarizer (no {CONFIG_FILE}); train one with `medfaq train summarizer`"
+            )
+        saved = json.loads(config_file.read_text(encoding="utf-8"))
+        device = choose_device(device)
+        network, tokenizer = load_backbone(path)
+        return cls(
+            network.to(device),
+            tokenizer,
+            device,
+            num_beams=saved.get("eval_beams", 1),
+            max_length=saved.get("eval_max_length", 64),
+            max_source_len=saved.get("max_source_len", 512),
+        )
+
+    def summarize(self, texts: list[str], num_beams: int = 1, max_length: int = 64, batch_size: int = 16) -> list[str]:
+        """One short FAQ-style question per input text."""
+        return generate_texts(
+            self.model,
+            self.tokenizer,
+            texts,
+            num_beams=num_beams,
+            max_length=max_length,
+            batch_size=batch_size,
+            max_source_len=self.max_source_len,
+            device=self.device,
+            progress=len(texts) > batch_size,
+        )
+
+    def rewrite(self, texts: list[str]) -> list[str]:
+        """`summarize` with the beam size and length the model was validated with."""
+        return self.summarize(texts, num_beams=self.num_beams, max_length=self.max_length)

@@ -1,0 +1,63 @@
+"""`medfaq train summarizer` and `medfaq summarize` on a tiny random model and a tiny MeQSum-shaped data root."""
+
+from __future__ import annotations
+
+import json
+
+from typer.testing import CliRunner
+
+from app.cli import app
+from tests.test_summarizer_training import PAIRS
+
+runner = CliRunner()
+
+
+def medfaq(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def one_line_error(result, pattern: str) -> None:
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and pattern in lines[0], result.stderr
+
+
+def test_train_resume_and_summarize(tmp_path, tiny_bert_dir):
+    root = tmp_path / "data" / "meqsum"
+    root.mkdir(parents=True)
+    for split, rows in (("train", PAIRS[:4]), ("valid", PAIRS[4:])):
+        lines = [json.dumps({"id": i, "chq": c, "faq": f}) for i, (c, f) in enumerate(rows)]
+        (root / f"{split}.jsonl").write_text("\n".join(lines) + "\n")
+    out = tmp_path / "model"
+    common = ["--data-root", tmp_path / "data", "--out", out, "--max-source-len", 24, "--max-target-len", 12]
+    common += ["--eval-max-length", 5, "--batch-size", 2, "--queue-size", 8, "--device", "cpu"]
+    args = ["train", "summarizer", "--variant", "ecl-h", "--backbone", tiny_bert_dir, "--epochs", 2, *common]
+    cut = medfaq(*args, "--max-steps", 2)
+    assert cut.exit_code == 0, cut.output
+    assert not (out / "history.json").exists() and (out / "last" / "trainer_state.pt").is_file()
+    one_line_error(medfaq(*args), "not empty")
+    resumed = medfaq(*args, "--resume")
+    assert resumed.exit_code == 0, resumed.output
+    history = json.loads((out / "history.json").read_text())
+    assert [h["epoch"] for h in history] == [1, 2] and history[-1]["step"] == 4
+    assert json.loads((out / "train_config.json").read_text())["variant"] == "ecl-h"
+
+    single = medfaq("summarize", "--model", out, "--max-length", 4, PAIRS[0][0])
+    assert single.exit_code == 0 and len(single.stdout.splitlines()) == 1, single.output
+    questions = tmp_path / "q.jsonl"
+    questions.write_text(json.dumps({"id": "a", "chq": PAIRS[1][0]}) + "\n" + json.dumps({"question": "hi"}) + "\n")
+    written = tmp_path / "out" / "s.jsonl"
+    batch = medfaq("summarize", "--model", out, "--input", questions, "--output", written, "--num-beams", 2)
+    assert batch.exit_code == 0, batch.output
+    rows = [json.loads(line) for line in written.read_text().splitlines()]
+    assert [r.get("id") for r in rows] == ["a", None] and all("summary" in r for r in rows)
+
+
+def test_cli_errors_are_one_line(tmp_path):
+    one_line_error(medfaq("train", "summarizer", "--variant", "nope", "--out", tmp_path / "x"), "unknown variant")
+    one_line_error(medfaq("train", "summarizer", "--resume", "--out", tmp_path / "x"), "nothing to resume")
+    one_line_error(medfaq("summarize", "--model", tmp_path), "give either a question or --input")
+    one_line_error(medfaq("summarize", "--model", tmp_path, "hello"), "not a trained summarizer")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": 1}\n')
+    one_line_error(medfaq("summarize", "--input", bad, "--output", tmp_path / "o.jsonl"), "needs a text field")

@@ -1,0 +1,99 @@
+"""MoCo pieces of ECL: queue, momentum update, InfoNCE masking, learned negatives."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from summarizer.contrastive import (
+    KeyQueue,
+    NegativeGenerator,
+    diversity_loss,
+    info_nce,
+    masked_mean,
+    mean_cosine,
+    momentum_update,
+)
+
+
+def test_queue_is_fifo_with_fixed_size_and_masks_own_examples():
+    queue = KeyQueue(size=5, dim=2)
+    _, mask = queue.negatives_for(torch.tensor([0]))
+    assert not mask.any()  # empty queue: no negatives yet
+    for start in (0, 3):
+        ids = torch.arange(start, start + 3)
+        queue.enqueue(torch.stack([ids.float(), -ids.float()], dim=1), ids)
+    assert queue.keys.shape == (5, 2) and int(queue.filled) == 5
+    # ids 0..5 went in; the oldest (0) was overwritten by 5
+    assert sorted(queue.ids.tolist()) == [1, 2, 3, 4, 5]
+    assert queue.keys[0].tolist() == [5.0, -5.0] and int(queue.pointer) == 1
+    keys, mask = queue.negatives_for(torch.tensor([3, 9]))
+    assert mask.shape == (2, 5)
+    assert mask[0].sum() == 4 and not mask[0][queue.ids == 3].any()
+    assert mask[1].all()
+    assert torch.equal(keys, queue.keys)
+
+
+def test_queue_keeps_only_the_newest_of_a_batch_larger_than_itself():
+    queue = KeyQueue(size=3, dim=1)
+    queue.enqueue(torch.arange(5.0).unsqueeze(1), torch.arange(5))
+    assert sorted(queue.ids.tolist()) == [2, 3, 4] and int(queue.filled) == 3
+
+
+def test_momentum_update_formula_is_exact():
+    torch.manual_seed(0)
+    key, query = nn.Linear(3, 2), nn.Linear(3, 2)
+    before = [p.clone() for p in key.parameters()]
+    momentum_update(key, query, 0.9)
+    for old, new, q in zip(before, key.parameters(), query.parameters(), strict=True):
+        assert torch.allclose(new, 0.9 * old + 0.1 * q, atol=0, rtol=1e-6)
+
+
+def test_masked_mean_ignores_padding_and_normalises():
+    hidden = torch.tensor([[[1.0, 0.0], [3.0, 4.0], [100.0, 100.0]]])
+    pooled = masked_mean(hidden, torch.tensor([[1, 1, 0]]))
+    assert torch.allclose(pooled, F.normalize(torch.tensor([[2.0, 2.0]]), dim=-1))
+
+
+def test_info_nce_matches_hand_computation_and_skips_examples_without_negatives():
+    anchor = F.normalize(torch.tensor([[1.0, 0.0], [0.0, 1.0]]), dim=-1)
+    positive = F.normalize(torch.tensor([[1.0, 1.0], [0.0, 1.0]]), dim=-1)
+    negatives = torch.tensor([[[0.0, 1.0], [1.0, 0.0]], [[1.0, 0.0], [1.0, 0.0]]])
+    mask = torch.tensor([[True, False], [False, False]])
+    loss = info_nce(anchor, positive, negatives, mask, temperature=0.5)
+    pos, neg = (1 / math.sqrt(2)) / 0.5, 0.0
+    expected = -(pos - math.log(math.exp(pos) + math.exp(neg)))  # only the first example counts
+    assert loss.item() == pytest.approx(expected, rel=1e-5)
+    assert info_nce(anchor, positive, negatives, torch.zeros_like(mask), 0.5).item() == 0.0
+    assert mean_cosine(anchor, negatives, mask) == pytest.approx(0.0)
+
+
+def test_negative_generator_shapes_and_diversity():
+    torch.manual_seed(0)
+    generator = NegativeGenerator(dim=8, count=3, hidden=16)
+    positive = F.normalize(torch.randn(4, 8), dim=-1)
+    negatives = generator(positive)
+    assert negatives.shape == (4, 3, 8)
+    assert torch.allclose(negatives.norm(dim=-1), torch.ones(4, 3), atol=1e-5)
+    same = positive.unsqueeze(1).expand(4, 3, 8)
+    assert diversity_loss(same).item() == pytest.approx(1.0, abs=1e-5)
+    assert diversity_loss(negatives).item() < 1.0
+
+
+def test_negative_similarity_plot_writes_a_png(tmp_path):
+    from eval.plots import negative_similarity_plot
+    from index.runtime import MedfaqError
+
+    history = tmp_path / "history.json"
+    records = [{"stage": "main", "epoch": e, "train_cos_hard": 0.5 + e / 10, "train_cos_simple": 0.1} for e in (1, 2)]
+    history.write_text(json.dumps(records))
+    png = negative_similarity_plot(history, tmp_path / "fig" / "cos.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    history.write_text(json.dumps([{"stage": "main", "epoch": 1, "train_ce": 2.0}]))
+    with pytest.raises(MedfaqError, match="no anchor/negative"):
+        negative_similarity_plot(history, tmp_path / "none.png")

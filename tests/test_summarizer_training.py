@@ -1,0 +1,136 @@
+"""The ECL trainer on a tiny random encoder-decoder: batching of hard negatives, every variant, save/resume/reload."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from summarizer.generation import Summarizer
+from summarizer.trainer import (
+    CONFIG_FILE,
+    LAST_DIR,
+    VARIANTS,
+    Collator,
+    Example,
+    SummarizerTrainer,
+    epoch_batches,
+    preset_config,
+    train_summarizer,
+)
+
+PAIRS = [
+    ("i take ibuprofen every day for my back, can it hurt my stomach? thanks", "Can ibuprofen cause stomach ulcers?"),
+    ("my son has asthma and a cold. is albuterol safe for kids?", "Is albuterol safe for children with asthma?"),
+    ("does metformin cause weight loss? i have diabetes since 2010", "Does metformin cause weight loss?"),
+    ("where can i find trials for leukemia in texas", "Where can I find clinical trials for leukemia?"),
+    ("what is the dose of amoxicillin for an ear infection in adults", "What is the dose of amoxicillin?"),
+    ("is migraine inherited? my mother and sister both have it", "Is migraine inherited?"),
+]
+
+
+def tiny_config(variant: str, **overrides):
+    values = dict(
+        backbone=None,
+        epochs=1,
+        batch_size=2,
+        max_source_len=24,
+        max_target_len=12,
+        eval_max_length=6,
+        queue_size=16,
+        n_hard_negatives=2,
+        n_learned_negatives=2,
+        lr=1e-3,
+        device="cpu",
+    )
+    values.update(overrides)
+    return preset_config("quick", variant, **values)
+
+
+def test_collator_keeps_each_examples_hard_negatives_with_it(tiny_bert_dir):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_bert_dir))
+    examples = [
+        Example(i, f"question {i}", f"answer {i}", tuple(f"negative {i} {k}" for k in range(i % 3))) for i in range(7)
+    ]
+    collator = Collator(tokenizer, 16, 16, n_hard=2)
+    seen = []
+    for batch_examples in epoch_batches(examples, batch_size=3, seed=5, epoch=1):
+        batch = collator(batch_examples)
+        ids = batch.ids.tolist()
+        seen += ids
+        flat = tokenizer.batch_decode(batch.negatives["input_ids"], skip_special_tokens=True)
+        for row, example_id in enumerate(ids):
+            count = min(example_id % 3, 2)
+            assert batch.negative_mask[row].tolist() == [slot < count for slot in range(2)]
+            for slot in range(count):
+                assert flat[row * 2 + slot] == f"negative {example_id} {slot}"
+    assert seen != sorted(seen) and sorted(seen) == list(range(7))  # shuffled, each example once
+
+
+def test_hard_negatives_never_enter_the_queue(tiny_bert_dir, tmp_path):
+    config = tiny_config("ecl", backbone=str(tiny_bert_dir))
+    trainer = SummarizerTrainer(config, tmp_path / "run")
+    examples = [Example(i, c, f, (f"{f} again", f"not {f}")) for i, (c, f) in enumerate(PAIRS[:3])]
+    batch = trainer.collator(examples)
+    trainer.losses(batch)
+    queue = trainer.moco.queue
+    assert int(queue.filled) == 3 and sorted(queue.ids[:3].tolist()) == [0, 1, 2]
+    positives = trainer.moco.keys(**batch.target)
+    assert torch.allclose(queue.keys[:3], positives, atol=1e-6)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_each_variant_trains_saves_reloads_and_generates(variant, tiny_bert_dir, tmp_path):
+    out = tmp_path / variant
+    history = train_summarizer(tiny_config(variant, backbone=str(tiny_bert_dir)), PAIRS[:4], PAIRS[4:], out)
+    record = history[-1]
+    assert record["step"] == 2 and record["best"] and "valid_rougeL" in record
+    assert all(torch.isfinite(torch.tensor(v)) for k, v in record.items() if k.startswith("train_"))
+    if variant in {"ecl", "ecl-s", "qfcl"}:
+        assert "train_hcl" in record and "train_cos_hard" in record
+    if variant == "learned":
+        assert "train_lcl" in record and "train_diversity" in record
+    for directory in (out, out / LAST_DIR):
+        assert json.loads((directory / CONFIG_FILE).read_text())["variant"] == variant
+    assert (out / "model.safetensors").is_file()
+    summaries = Summarizer.load(out).summarize([PAIRS[0][0], PAIRS[1][0], "short"], max_length=5, batch_size=2)
+    assert len(summaries) == 3 and all(isinstance(s, str) for s in summaries)
+
+
+def test_resumed_run_continues_with_the_same_losses(tiny_bert_dir, tmp_path):
+    def run(out, max_steps, resume=False):
+        losses = {}
+        config = tiny_config("learned", backbone=str(tiny_bert_dir), max_steps=max_steps, epochs=2)
+        trainer = SummarizerTrainer(config, out, resume=resume)
+        trainer.train(PAIRS[:4] + PAIRS[:2], PAIRS[4:], on_step=lambda step, loss: losses.setdefault(step, loss))
+        return losses
+
+    full = run(tmp_path / "full", max_steps=5)
+    first = run(tmp_path / "cut", max_steps=2)
+    assert first == {1: full[1], 2: full[2]}
+    rest = run(tmp_path / "cut", max_steps=5, resume=True)
+    assert sorted(rest) == [3, 4, 5]
+    assert rest == {step: full[step] for step in (3, 4, 5)}
+
+
+def test_bad_input_is_one_clear_error(tiny_bert_dir, tmp_path):
+    from index.runtime import MedfaqError
+
+    with pytest.raises(MedfaqError, match="unknown variant"):
+        preset_config("quick", "nope")
+    with pytest.raises(MedfaqError, match="unknown preset"):
+        preset_config("slow", "ecl")
+    with pytest.raises(MedfaqError, match="nothing to resume"):
+        SummarizerTrainer(tiny_config("mle", backbone=str(tiny_bert_dir)), tmp_path / "empty", resume=True)
+    with pytest.raises(MedfaqError, match="not a trained summarizer"):
+        Summarizer.load(tiny_bert_dir)
+
+
+def test_pretraining_stage_runs_before_the_main_data(tiny_bert_dir, tmp_path):
+    config = tiny_config("mle", backbone=str(tiny_bert_dir), pretrain=["extra:train"], pretrain_examples=2)
+    history = train_summarizer(config, PAIRS[:2], PAIRS[4:], tmp_path / "run", pretrain_pairs=PAIRS[2:])
+    assert [(h["stage"], h["step"]) for h in history] == [("pretrain", 1), ("main", 2)]
+    assert history[-1]["best"] and "best" not in history[0]
