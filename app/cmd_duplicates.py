@@ -1,0 +1,146 @@
+"""`medfaq train biencoder|crossencoder` and `medfaq eval duplicates`: the duplicate-question detector."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+import typer
+
+from index.runtime import MedfaqError, resolve_model
+
+TASK_HELP = "mqp (question pairs) | qa (MedQuAD question-answer, intermediate) | faq (query -> FAQ reranker)"
+
+
+EPOCHS = typer.Option(None, "--epochs", help="Override the preset.")
+BATCH_SIZE = typer.Option(None, "--batch-size", help="Override the preset.")
+LR = typer.Option(None, "--lr", help="Learning rate (override the preset).")
+MAX_LENGTH = typer.Option(None, "--max-length", help="Max tokens (override the preset).")
+LOSS = typer.Option(None, "--loss", help="Bi-encoder loss: contrastive | mnrl.")
+DEVICE = typer.Option(None, "--device", help="cpu | cuda (default: cuda when available).")
+
+
+def _tuning(epochs: int | None, batch_size: int | None, lr: float | None, max_length: int | None, loss: str | None):
+    """The preset overrides both commands share (None = keep the preset)."""
+    return {"epochs": epochs, "batch_size": batch_size, "lr": lr, "max_length": max_length, "loss": loss}
+
+
+def _check_out(out: Path, force: bool) -> None:
+    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
+        raise MedfaqError(f"{out} exists and is not empty; pass --force to overwrite")
+
+
+def _train_command(model_type: str) -> Callable[..., None]:
+    def train(
+        task: str = typer.Option("mqp", "--task", help=TASK_HELP),
+        out: Path = typer.Option(..., "--out", help="Directory to save the model and its train_config.json."),
+        init: str = typer.Option("minilm", "--init", help="Starting weights: minilm, a model directory or name."),
+        preset: str = typer.Option("quick", "--preset", help="quick | full"),
+        seed: int = typer.Option(0, "--seed"),
+        epochs: int | None = EPOCHS,
+        batch_size: int | None = BATCH_SIZE,
+        lr: float | None = LR,
+        max_length: int | None = MAX_LENGTH,
+        loss: str | None = LOSS,
+        max_pairs: int | None = typer.Option(None, "--max-pairs", help="Train on at most this many pairs."),
+        device: str | None = DEVICE,
+        force: bool = typer.Option(False, "--force", help="Overwrite a non-empty --out directory."),
+    ) -> None:
+        from retriever.encoder_training import make_config, save_trained
+        from retriever.pair_data import task_pairs
+        from retriever.pair_models import train_pair_model
+
+        tuning = _tuning(epochs, batch_size, lr, max_length, loss)
+        config = make_config(model_type, task, preset, init=init, seed=seed, max_pairs=max_pairs, **tuning)
+        _check_out(out, force)
+        resolve_model(init)  # a bad --init fails before the data is built
+        pairs = task_pairs(config)
+        config.n_train_pairs = len(pairs)
+        typer.echo(f"{model_type} on {task}: {len(pairs)} training pairs", err=True)
+        save_trained(train_pair_model(pairs, config, device), config, out)
+        typer.echo(f"saved {model_type} to {out}")
+
+    train.__doc__ = f"Train the {model_type} on all training data of a task (mqp, qa or faq)."
+    return train
+
+
+def eval_duplicates(
+    model_type: str | None = typer.Option(None, "--model-type", help="Cross-validate: biencoder | crossencoder."),
+    init: str = typer.Option("minilm", "--init", help="Cross-validation: starting weights of every fold's model."),
+    split: str = typer.Option("doctor", "--split", help="Cross-validation folds: doctor | grouped."),
+    preset: str = typer.Option("quick", "--preset", help="quick | full"),
+    folds: int | None = typer.Option(None, "--folds", help="Number of folds (default: 3 quick, 5 full)."),
+    seed: int = typer.Option(0, "--seed"),
+    model: str | None = typer.Option(None, "--model", help="Score a trained model on --pairs instead."),
+    pairs: Path | None = typer.Option(None, "--pairs", help="Labelled pairs JSONL (text_a, text_b, label)."),
+    threshold: float | None = typer.Option(
+        None, "--threshold", help="With --model: decision threshold (default: the model's dev-tuned one, else 0.5)."
+    ),
+    quantize: bool = typer.Option(False, "--quantize", help="Score with int8 dynamic quantisation (CPU)."),
+    save_models: Path | None = typer.Option(
+        None, "--save-models", help="Cross-validation: save each fold's model, thresholds and test pairs here."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object (fractions) instead of tables."),
+    epochs: int | None = EPOCHS,
+    batch_size: int | None = BATCH_SIZE,
+    lr: float | None = LR,
+    max_length: int | None = MAX_LENGTH,
+    loss: str | None = LOSS,
+    max_pairs: int | None = typer.Option(None, "--max-pairs", help="Train each fold on at most this many pairs."),
+    device: str | None = DEVICE,
+) -> None:
+    """Cross-validate a duplicate detector on MQP (one model per fold, dev-tuned thresholds), or score a trained
+    model on a labelled pairs file."""
+    from eval.duplicates import CV_FOLDS, DuplicateEvaluator, PairsEvaluator, save_fold
+    from retriever.encoder_training import make_config, quantize_linear, subsample
+    from retriever.pair_data import mqp_pairs, read_pairs_file
+    from retriever.pair_models import as_scorer, load_pair_scorer, saved_threshold, train_pair_model
+
+    def echo(text: str) -> None:
+        typer.echo(text, err=as_json)
+
+    if model is not None or pairs is not None:
+        if model is None or pairs is None or model_type is not None:
+            raise MedfaqError("score a trained model with --model DIR --pairs FILE (without --model-type)")
+        labelled = read_pairs_file(pairs)
+        scorer = load_pair_scorer(model, device=device, quantize=quantize)
+        chosen = threshold if threshold is not None else saved_threshold(model)
+        result = PairsEvaluator(labelled, chosen, print_fn=echo)(scorer)
+    else:
+        if model_type is None:
+            raise MedfaqError("give --model-type biencoder|crossencoder (cross-validation) or --model DIR --pairs FILE")
+        tuning = _tuning(epochs, batch_size, lr, max_length, loss)
+        config = make_config(model_type, "mqp", preset, init=init, seed=seed, **tuning)
+        resolve_model(init)
+        if save_models is not None:
+            if quantize:
+                raise MedfaqError("--save-models keeps the full-precision models; drop --quantize")
+            _check_out(save_models, force=False)
+        evaluator = DuplicateEvaluator(mqp_pairs(), split, folds or CV_FOLDS[preset], seed, print_fn=echo)
+
+        def fit(train, fold):
+            train = subsample(train, max_pairs, seed)
+            trained = train_pair_model(train, replace(config, n_train_pairs=len(train)), device)
+            if quantize:
+                quantize_linear(trained.cpu())
+            return as_scorer(trained, config)
+
+        after_fold = None
+        if save_models is not None:
+
+            def after_fold(fold, scorer, metrics, test_pairs):
+                save_fold(save_models / f"fold-{fold + 1}", scorer.model, config, metrics, test_pairs)
+
+        result = evaluator(fit, after_fold=after_fold)
+        result.update(model_type=model_type, init=init, preset=preset, quantized=quantize)
+    if as_json:
+        typer.echo(json.dumps(result))
+
+
+def register(app: typer.Typer, *, data_app: typer.Typer, train_app: typer.Typer, eval_app: typer.Typer) -> None:
+    """Add this module's commands to the `medfaq` command groups."""
+    for model_type in ("biencoder", "crossencoder"):
+        train_app.command(model_type)(_train_command(model_type))
+    eval_app.command("duplicates")(eval_duplicates)

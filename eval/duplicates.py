@@ -1,0 +1,247 @@
+"""Duplicate-question detection: MQP cross-validation splits, dev-only threshold tuning, metrics and evaluators.
+
+Splits never leak across train/dev/test: ``doctor`` folds keep every doctor (pair author) in one part, as Curai
+did; ``grouped`` folds keep every `question_1` group in one part. Each fold's dev part is carved from its training
+part with the same grouping. Thresholds are tuned on dev only (best F1, best accuracy) and applied to test.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from sklearn.metrics import accuracy_score, precision_recall_fscore_support, roc_auc_score, roc_curve
+from sklearn.model_selection import GroupKFold, GroupShuffleSplit
+
+from index.runtime import MedfaqError
+from retriever.encoder_training import EncoderTrainConfig, save_trained
+from retriever.pair_data import Pair
+from retriever.pair_models import PairScorer
+
+SPLITS = ("doctor", "grouped")
+CV_FOLDS = {"quick": 3, "full": 5}
+METRICS = ("accuracy", "f1", "precision", "recall", "auc")
+TUNE_METRICS = ("f1", "accuracy")
+
+
+@dataclass(frozen=True)
+class Fold:
+    """Indices into the pair list."""
+
+    train: list[int]
+    dev: list[int]
+    test: list[int]
+
+
+def _split_key(pair: Pair, split: str) -> str:
+    key = pair.author if split == "doctor" else pair.group
+    if not key:
+        raise MedfaqError(f"the {split} split needs a {'author (doctor)' if split == 'doctor' else 'group'} per pair")
+    return key
+
+
+def make_folds(
+    pairs: Sequence[Pair], split: str = "doctor", k: int = 3, seed: int = 0, dev_fraction: float = 0.15
+) -> list[Fold]:
+    """`k` folds: test = one fold of the split's groups (doctors or `question_1` groups); dev = about
+    `dev_fraction` of the remaining groups (at least one); train = the rest."""
+    if split not in SPLITS:
+        raise MedfaqError(f"unknown split {split!r}; choose one of {', '.join(SPLITS)}")
+    groups = np.array([_split_key(pair, split) for pair in pairs])
+    n_groups = len(set(groups))
+    if not 2 <= k <= n_groups:
+        raise MedfaqError(f"--folds must be between 2 and the number of {split} groups ({n_groups}), got {k}")
+    if split == "doctor":  # few, unequal groups: GroupKFold balances the pair counts
+        splitter = GroupKFold(n_splits=k)
+    else:
+        splitter = GroupKFold(n_splits=k, shuffle=True, random_state=seed)
+    folds = []
+    for i, (pool, test) in enumerate(splitter.split(np.zeros(len(pairs)), groups=groups)):
+        n_dev = max(1, round(dev_fraction * len(set(groups[pool]))))
+        carve = GroupShuffleSplit(n_splits=1, test_size=n_dev, random_state=seed + i)
+        train, dev = next(carve.split(pool, groups=groups[pool]))
+        folds.append(Fold(sorted(pool[train].tolist()), sorted(pool[dev].tolist()), sorted(test.tolist())))
+    return folds
+
+
+def tune_threshold(scores: np.ndarray, labels: np.ndarray, metric: str = "f1") -> float:
+    """The threshold (predict 1 when score >= threshold) with the best `metric` on these (dev) scores; midway
+    between neighbouring distinct scores."""
+    if metric not in TUNE_METRICS:
+        raise MedfaqError(f"unknown tuning metric {metric!r}; choose one of {', '.join(TUNE_METRICS)}")
+    labels = np.asarray(labels)
+    if len(set(labels.tolist())) < 2:
+        raise MedfaqError("threshold tuning needs both labels in the dev part")
+    fpr, tpr, thresholds = roc_curve(labels, scores, drop_intermediate=False)
+    positives, negatives = labels.sum(), len(labels) - labels.sum()
+    tp, fp = tpr * positives, fpr * negatives
+    if metric == "accuracy":
+        values = (tp + negatives - fp) / len(labels)
+    else:
+        values = np.divide(2 * tp, tp + fp + positives, out=np.zeros_like(tp), where=(tp + fp + positives) > 0)
+    best = int(np.argmax(values))
+    if best == 0:  # thresholds[0] is +inf: nothing predicted positive
+        return float(thresholds[1]) + 1.0
+    if best + 1 < len(thresholds):
+        return float((thresholds[best] + thresholds[best + 1]) / 2)
+    return float(thresholds[best])
+
+
+def binary_metrics(scores: np.ndarray, labels: np.ndarray, threshold: float) -> dict[str, float]:
+    """accuracy, precision, recall, F1 at `threshold`, and ROC AUC (threshold-free), as fractions."""
+    predictions = (np.asarray(scores) >= threshold).astype(int)
+    precision, recall, f1, _ = precision_recall_fscore_support(labels, predictions, average="binary", zero_division=0)
+    auc = roc_auc_score(labels, scores) if len(set(np.asarray(labels).tolist())) == 2 else float("nan")
+    return {
+        "accuracy": float(accuracy_score(labels, predictions)),
+        "precision": float(precision),
+        "recall": float(recall),
+        "f1": float(f1),
+        "auc": float(auc),
+    }
+
+
+def fold_metrics(
+    dev_scores: np.ndarray, dev_labels: np.ndarray, test_scores: np.ndarray, test_labels: np.ndarray
+) -> dict[str, float]:
+    """Test metrics with dev-tuned thresholds: accuracy at the best-accuracy threshold; F1, precision and recall at
+    the best-F1 threshold; AUC."""
+    threshold_f1 = tune_threshold(dev_scores, dev_labels, "f1")
+    threshold_accuracy = tune_threshold(dev_scores, dev_labels, "accuracy")
+    at_f1 = binary_metrics(test_scores, test_labels, threshold_f1)
+    at_accuracy = binary_metrics(test_scores, test_labels, threshold_accuracy)
+    return {
+        "accuracy": at_accuracy["accuracy"],
+        "f1": at_f1["f1"],
+        "precision": at_f1["precision"],
+        "recall": at_f1["recall"],
+        "auc": at_f1["auc"],
+        "threshold_f1": threshold_f1,
+        "threshold_accuracy": threshold_accuracy,
+    }
+
+
+def summarise(per_fold: list[dict[str, float]]) -> dict[str, float]:
+    """Mean and sample standard deviation (``<metric>_std``; 0 for one fold) of every metric over folds."""
+    summary: dict[str, float] = {}
+    for key in per_fold[0]:
+        values = np.array([fold[key] for fold in per_fold], dtype=float)
+        summary[key] = float(values.mean())
+        summary[f"{key}_std"] = float(values.std(ddof=1)) if len(values) > 1 else 0.0
+    return summary
+
+
+def format_table(rows: list[tuple[str, dict[str, float]]], std: bool = False) -> str:
+    """Fixed-width table of METRICS (percent) per row; `std` adds ``± std`` from the ``<metric>_std`` keys."""
+    width = 14 if std else 9
+    lines = [f"{'':<12}" + "".join(f"{m:>{width}}" for m in METRICS)]
+    for name, values in rows:
+        cells = []
+        for metric in METRICS:
+            cell = f"{100 * values[metric]:.1f}"
+            if std:
+                cell += f" ± {100 * values[metric + '_std']:.1f}"
+            cells.append(f"{cell:>{width}}")
+        lines.append(f"{name:<12}" + "".join(cells))
+    return "\n".join(lines)
+
+
+def _texts(pairs: Sequence[Pair]) -> list[tuple[str, str]]:
+    return [(pair.text_a, pair.text_b) for pair in pairs]
+
+
+def _labels(pairs: Sequence[Pair]) -> np.ndarray:
+    return np.array([pair.label for pair in pairs])
+
+
+class DuplicateEvaluator:
+    """Cross-validation of a duplicate detector: ``evaluator(fit)`` trains one model per fold with
+    ``fit(train_pairs, fold_index) -> PairScorer``, tunes thresholds on the fold's dev part, scores its test part,
+    prints a table and returns mean/std metrics (fractions) plus ``per_fold``."""
+
+    def __init__(
+        self,
+        pairs: Sequence[Pair],
+        split: str = "doctor",
+        folds: int = 3,
+        seed: int = 0,
+        dev_fraction: float = 0.15,
+        print_fn: Callable[[str], Any] = print,
+    ) -> None:
+        self.pairs = list(pairs)
+        self.split = split
+        self.folds = make_folds(self.pairs, split, folds, seed, dev_fraction)
+        self.print_fn = print_fn
+
+    def __call__(
+        self,
+        fit: Callable[[list[Pair], int], PairScorer],
+        after_fold: Callable[[int, PairScorer, dict[str, float], list[Pair]], Any] | None = None,
+    ) -> dict[str, Any]:
+        """`after_fold(fold_index, scorer, fold_metrics, test_pairs)` runs after each fold (e.g. to save it)."""
+        per_fold = []
+        started = time.perf_counter()
+        for i, fold in enumerate(self.folds):
+            fold_start = time.perf_counter()
+            train, dev, test = ([self.pairs[j] for j in part] for part in (fold.train, fold.dev, fold.test))
+            scorer = fit(train, i)
+            dev_scores = scorer.score_pairs(_texts(dev), progress=True)
+            test_scores = scorer.score_pairs(_texts(test), progress=True)
+            metrics = fold_metrics(dev_scores, _labels(dev), test_scores, _labels(test))
+            metrics.update(n_train=len(train), n_dev=len(dev), n_test=len(test))
+            metrics["fold_wall_s"] = time.perf_counter() - fold_start
+            per_fold.append(metrics)
+            if after_fold is not None:
+                after_fold(i, scorer, metrics, test)
+            self.print_fn(f"fold {i + 1}/{len(self.folds)}: " + format_table([("test", metrics)]).splitlines()[1])
+        summary: dict[str, Any] = summarise(per_fold)
+        rows = [(f"fold {i + 1}", fold) for i, fold in enumerate(per_fold)]
+        self.print_fn(f"{self.split} split, {len(self.folds)} folds (test metrics, %)")
+        self.print_fn(format_table(rows))
+        self.print_fn(format_table([("mean ± std", summary)], std=True))
+        summary.update(split=self.split, folds=len(self.folds), total_wall_s=time.perf_counter() - started)
+        summary["per_fold"] = per_fold
+        return summary
+
+
+def save_fold(
+    directory: Path, model: Any, config: EncoderTrainConfig, metrics: dict[str, float], test_pairs: Sequence[Pair]
+) -> None:
+    """Save one fold's model with its dev-tuned thresholds (in the config's `extra`) and its test pairs as
+    ``test.jsonl``, so ``medfaq eval duplicates --model DIR --pairs DIR/test.jsonl`` repeats the fold's test."""
+    thresholds = {key: metrics[key] for key in ("threshold_accuracy", "threshold_f1")}
+    save_trained(model, replace(config, extra={**config.extra, **thresholds}), directory)
+    with (directory / "test.jsonl").open("w", encoding="utf-8") as handle:
+        for pair in test_pairs:
+            handle.write(json.dumps(pair.to_dict(), ensure_ascii=False) + "\n")
+
+
+class PairsEvaluator:
+    """Scores a fixed labelled pair set with one model at a given threshold: ``evaluator(scorer) -> metrics``."""
+
+    def __init__(self, pairs: Sequence[Pair], threshold: float, print_fn: Callable[[str], Any] = print) -> None:
+        if not pairs:
+            raise MedfaqError("no pairs to evaluate")
+        self.pairs = list(pairs)
+        self.threshold = threshold
+        self.print_fn = print_fn
+
+    def __call__(self, scorer: PairScorer) -> dict[str, Any]:
+        texts = _texts(self.pairs)
+        started = time.perf_counter()
+        scores = scorer.score_pairs(texts, progress=True)
+        seconds = time.perf_counter() - started
+        metrics: dict[str, Any] = binary_metrics(scores, _labels(self.pairs), self.threshold)
+        n_texts = len({text for pair in texts for text in pair})
+        metrics.update(threshold=self.threshold, n_pairs=len(texts), n_texts=n_texts, scoring_s=seconds)
+        metrics.update(pairs_per_s=len(texts) / seconds, texts_per_s=n_texts / seconds)
+        rate = len(texts) / seconds
+        self.print_fn(f"{len(texts)} pairs ({n_texts} distinct texts) in {seconds:.1f} s: {rate:.1f} pairs/s")
+        self.print_fn(f"threshold {self.threshold:g} (%)")
+        self.print_fn(format_table([("pairs", metrics)]))
+        return metrics

@@ -1,0 +1,90 @@
+"""The bi-encoder duplicate detector: a sentence-transformers model fine-tuned on labelled pairs with
+ContrastiveLoss (cosine distance, margin 0.3) or MultipleNegativesRankingLoss over (anchor, positive, hard negative)
+triplets; pairs are scored by the cosine similarity of their embeddings."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from index.runtime import choose_device, resolve_model
+from retriever.encoder_training import EncoderTrainConfig, quantize_linear, train_loop
+from retriever.pair_data import Pair, mnrl_triplets
+
+
+def load_biencoder(model: str | Path, device: str | None = None, max_length: int | None = None):
+    """A SentenceTransformer from any name `resolve_model` accepts (mean pooling is added to a plain encoder)."""
+    from sentence_transformers import SentenceTransformer
+
+    encoder = SentenceTransformer(resolve_model(model), device=choose_device(device))
+    if max_length:
+        encoder.max_seq_length = max_length
+    return encoder
+
+
+class BiEncoderScorer:
+    """Scores text pairs by the cosine similarity of their embeddings (in [-1, 1], higher = more similar)."""
+
+    def __init__(self, model, batch_size: int = 64) -> None:
+        self.model = model
+        self.batch_size = batch_size
+
+    @classmethod
+    def load(cls, model: str | Path, device: str | None = None, quantize: bool = False) -> BiEncoderScorer:
+        encoder = load_biencoder(model, device="cpu" if quantize else device)
+        if quantize:
+            quantize_linear(encoder)
+        return cls(encoder)
+
+    def encode(self, texts: Sequence[str], progress: bool = False) -> np.ndarray:
+        """Unit-norm float32 embeddings."""
+        vectors = self.model.encode(
+            list(texts), batch_size=self.batch_size, show_progress_bar=progress, normalize_embeddings=True
+        )
+        return np.asarray(vectors, dtype=np.float32)
+
+    def score_pairs(self, pairs: Sequence[tuple[str, str]], progress: bool = False) -> np.ndarray:
+        """Cosine similarity of every (text_a, text_b); each distinct text is encoded once."""
+        if not pairs:
+            return np.zeros(0, dtype=np.float32)
+        texts = list(dict.fromkeys(text for pair in pairs for text in pair))
+        position = {text: i for i, text in enumerate(texts)}
+        vectors = self.encode(texts, progress)
+        a = vectors[[position[x] for x, _ in pairs]]
+        b = vectors[[position[y] for _, y in pairs]]
+        return np.einsum("ij,ij->i", a, b)
+
+
+def train_biencoder(pairs: Sequence[Pair], config: EncoderTrainConfig, device: str | None = None):
+    """Fine-tune `config.init` on `pairs` with `config.loss`; returns the SentenceTransformer (eval mode)."""
+    import torch
+    from sentence_transformers.sentence_transformer import losses
+    from sentence_transformers.util import batch_to_device
+
+    model = load_biencoder(config.init, device, config.max_length)
+
+    def features(texts: list[str]) -> dict:
+        return batch_to_device(model.preprocess(texts), model.device)
+
+    if config.loss == "contrastive":
+        loss = losses.ContrastiveLoss(
+            model, distance_metric=losses.SiameseDistanceMetric.COSINE_DISTANCE, margin=config.margin
+        )
+        examples: Sequence = pairs
+
+        def step(batch: list[Pair]):
+            labels = torch.tensor([pair.label for pair in batch], device=model.device)
+            return loss([features([p.text_a for p in batch]), features([p.text_b for p in batch])], labels)
+
+    else:
+        loss = losses.MultipleNegativesRankingLoss(model)
+        examples = mnrl_triplets(pairs, BiEncoderScorer(model).encode)
+
+        def step(batch: list[tuple[str, str, str]]):
+            columns = [features([triplet[i] for triplet in batch]) for i in range(3)]
+            return loss(columns, torch.zeros(len(batch), device=model.device))
+
+    train_loop(model, step, examples, config, desc=f"bi-encoder ({config.loss})")
+    return model

@@ -1,0 +1,196 @@
+"""What bi-encoder and cross-encoder training share: the config, its presets, the training loop, quantisation.
+
+A trained model is a directory with the weights (safetensors), the tokenizer and ``train_config.json`` (an
+:class:`EncoderTrainConfig`), so a run can be repeated from its config alone.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any, TypeVar
+
+from tqdm.auto import tqdm
+
+from index.runtime import MedfaqError, seed_everything
+
+logger = logging.getLogger("medfaq.training")
+
+CONFIG_FILE = "train_config.json"
+MODEL_TYPES = ("biencoder", "crossencoder")
+TASKS = ("mqp", "qa", "faq")
+PRESETS = ("quick", "full")
+LOSSES = ("contrastive", "mnrl", "bce")
+
+T = TypeVar("T")
+
+
+def _check_choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise MedfaqError(f"unknown {name} {value!r}; choose one of {', '.join(allowed)}")
+
+
+@dataclass
+class EncoderTrainConfig:
+    """One encoder training run: model type, task, starting weights, optimisation and data settings."""
+
+    model_type: str = "crossencoder"
+    task: str = "mqp"
+    init: str = "minilm"
+    preset: str = "quick"
+    seed: int = 0
+    epochs: int = 2
+    batch_size: int = 16
+    lr: float = 3e-5
+    max_length: int = 64
+    loss: str = "bce"  # crossencoder: bce; biencoder: contrastive | mnrl
+    margin: float = 0.3  # ContrastiveLoss margin (cosine distance)
+    warmup_ratio: float = 0.1
+    weight_decay: float = 0.01
+    max_pairs: int | None = None  # cap on training pairs (after shuffling with `seed`)
+    qa_include_rqe: bool = False  # task qa: add the RQE train entailment pairs
+    faq_sources: tuple[str, ...] = ("quebec", "rqe", "meqsum")  # task faq
+    faq_negatives: int = 3  # task faq: hard negatives mined per query
+    negatives_encoder: str = "minilm"  # bi-encoder that mines hard negatives
+    n_train_pairs: int = 0  # filled in by training
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _check_choice("model type", self.model_type, MODEL_TYPES)
+        _check_choice("task", self.task, TASKS)
+        _check_choice("preset", self.preset, PRESETS)
+        _check_choice("loss", self.loss, LOSSES)
+        if (self.loss == "bce") != (self.model_type == "crossencoder"):
+            wanted = "bce" if self.model_type == "crossencoder" else "contrastive or mnrl"
+            raise MedfaqError(f"loss {self.loss!r} does not fit a {self.model_type}; use {wanted}")
+        if self.epochs < 1 or self.batch_size < 1 or self.max_length < 8 or self.lr <= 0:
+            raise MedfaqError("epochs and batch size must be >= 1, max length >= 8 and the learning rate > 0")
+        self.faq_sources = tuple(self.faq_sources)
+
+    def save(self, directory: str | Path) -> Path:
+        path = Path(directory) / CONFIG_FILE
+        path.write_text(json.dumps(asdict(self), indent=2) + "\n", encoding="utf-8")
+        return path
+
+    @classmethod
+    def load(cls, directory: str | Path) -> EncoderTrainConfig:
+        path = Path(directory) / CONFIG_FILE
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            known = {f.name for f in fields(cls)}
+            return cls(**{key: value for key, value in data.items() if key in known})
+        except FileNotFoundError:
+            raise MedfaqError(f"{directory} has no {CONFIG_FILE}: not a model trained by `medfaq train`") from None
+        except (json.JSONDecodeError, TypeError) as error:
+            raise MedfaqError(f"{path} is not a valid training config: {error}") from None
+
+
+# Settings per (preset, task); `quick` keeps one run (or one cross-validation fold) to minutes on 2 CPU cores.
+PRESET_SETTINGS: dict[tuple[str, str], dict[str, Any]] = {
+    ("quick", "mqp"): {"epochs": 1, "max_length": 64, "lr": 5e-5},
+    ("quick", "qa"): {"epochs": 1, "max_length": 64, "lr": 3e-5, "max_pairs": 2000},
+    ("quick", "faq"): {"epochs": 1, "max_length": 64, "lr": 5e-5, "max_pairs": 4000, "faq_negatives": 1},
+    ("full", "mqp"): {"epochs": 4, "max_length": 96, "lr": 2e-5},
+    ("full", "qa"): {"epochs": 1, "max_length": 192, "lr": 2e-5, "qa_include_rqe": True},
+    ("full", "faq"): {"epochs": 2, "max_length": 128, "lr": 2e-5, "faq_negatives": 4},
+}
+BIENCODER_SETTINGS = {"loss": "contrastive", "lr_scale": 2.0, "batch_size": 32}
+
+
+def make_config(model_type: str, task: str, preset: str, **overrides: Any) -> EncoderTrainConfig:
+    """The preset's settings for `model_type` and `task`, then `overrides` (None values are ignored)."""
+    _check_choice("model type", model_type, MODEL_TYPES)
+    _check_choice("task", task, TASKS)
+    _check_choice("preset", preset, PRESETS)
+    settings = dict(PRESET_SETTINGS[(preset, task)])
+    if model_type == "biencoder":
+        settings["lr"] = settings["lr"] * BIENCODER_SETTINGS["lr_scale"]
+        settings["loss"] = BIENCODER_SETTINGS["loss"]
+        settings["batch_size"] = BIENCODER_SETTINGS["batch_size"]
+    settings.update({key: value for key, value in overrides.items() if value is not None})
+    return EncoderTrainConfig(model_type=model_type, task=task, preset=preset, **settings)
+
+
+def with_overrides(config: EncoderTrainConfig, **overrides: Any) -> EncoderTrainConfig:
+    return replace(config, **{key: value for key, value in overrides.items() if value is not None})
+
+
+def subsample(items: Sequence[T], limit: int | None, seed: int) -> list[T]:
+    """`items` in a seeded random order, at most `limit` of them."""
+    order = list(items)
+    random.Random(seed).shuffle(order)
+    return order[:limit] if limit else order
+
+
+def train_loop(
+    model: Any,
+    loss_fn: Callable[[list[T]], Any],
+    examples: Sequence[T],
+    config: EncoderTrainConfig,
+    desc: str = "training",
+) -> list[float]:
+    """Minimise ``loss_fn(batch)`` over shuffled batches of `examples` with AdamW and linear warm-up/decay.
+
+    Returns the loss of every step. `model` is a torch module (put into train mode here, eval mode at the end).
+    """
+    import torch
+    from transformers import get_linear_schedule_with_warmup
+
+    if not examples:
+        raise MedfaqError("no training examples")
+    seed_everything(config.seed)
+    steps_per_epoch = (len(examples) + config.batch_size - 1) // config.batch_size
+    total = steps_per_epoch * config.epochs
+    trainable = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+    no_decay = [p for name, p in trainable if name.endswith("bias") or "LayerNorm" in name]
+    decay = [p for name, p in trainable if not (name.endswith("bias") or "LayerNorm" in name)]
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=config.lr,
+    )
+    scheduler = get_linear_schedule_with_warmup(optimizer, int(total * config.warmup_ratio), total)
+    rng = random.Random(config.seed)
+    losses: list[float] = []
+    model.train()
+    with tqdm(total=total, desc=desc, unit="step") as bar:
+        for _ in range(config.epochs):
+            order = list(examples)
+            rng.shuffle(order)
+            for start in range(0, len(order), config.batch_size):
+                loss = loss_fn(order[start : start + config.batch_size])
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad()
+                losses.append(float(loss.item()))
+                bar.update(1)
+                bar.set_postfix(loss=f"{sum(losses[-20:]) / len(losses[-20:]):.4f}")
+    model.eval()
+    logger.info("trained %d steps, final loss %.4f", total, losses[-1])
+    return losses
+
+
+def quantize_linear(module: Any) -> Any:
+    """int8 dynamic quantisation of every ``nn.Linear`` (CPU inference only), in place."""
+    import torch
+    from torch.ao.quantization import quantize_dynamic
+
+    with warnings.catch_warnings():  # torch.ao.quantization is deprecated in favour of torchao; it still works
+        warnings.simplefilter("ignore")
+        return quantize_dynamic(module, {torch.nn.Linear}, dtype=torch.qint8, inplace=True)
+
+
+def save_trained(model: Any, config: EncoderTrainConfig, out: str | Path) -> Path:
+    """Save a trained model (safetensors + tokenizer) and its config into `out`."""
+    out = Path(out).expanduser()
+    out.mkdir(parents=True, exist_ok=True)
+    model.save(str(out))
+    config.save(out)
+    logger.info("saved %s to %s", config.model_type, out)
+    return out

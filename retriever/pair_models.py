@@ -1,0 +1,53 @@
+"""One entry point for both duplicate-detector kinds: train a model from an :class:`EncoderTrainConfig`, load a
+trained one as a pair scorer (``score_pairs(pairs) -> np.ndarray``, higher = more likely the same question)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from index.runtime import resolve_model
+from retriever.biencoder import BiEncoderScorer, train_biencoder
+from retriever.crossencoder import CrossEncoderReranker, has_classifier_head, train_crossencoder
+from retriever.encoder_training import CONFIG_FILE, EncoderTrainConfig
+from retriever.pair_data import Pair
+
+
+class PairScorer(Protocol):
+    def score_pairs(self, pairs: Sequence[tuple[str, str]], progress: bool = False) -> np.ndarray: ...
+
+
+def train_pair_model(pairs: Sequence[Pair], config: EncoderTrainConfig, device: str | None = None):
+    """Train the model `config.model_type` names; returns the sentence-transformers model object."""
+    train = train_crossencoder if config.model_type == "crossencoder" else train_biencoder
+    return train(pairs, config, device)
+
+
+def as_scorer(model, config: EncoderTrainConfig) -> PairScorer:
+    """Wrap a freshly trained model as a pair scorer."""
+    return CrossEncoderReranker(model) if config.model_type == "crossencoder" else BiEncoderScorer(model)
+
+
+def model_type_of(model: str | Path) -> str:
+    """``crossencoder`` or ``biencoder``: from the saved training config, else from the model's head."""
+    path = Path(resolve_model(model))
+    if (path / CONFIG_FILE).is_file():
+        return EncoderTrainConfig.load(path).model_type
+    return "crossencoder" if has_classifier_head(str(path)) else "biencoder"
+
+
+def load_pair_scorer(model: str | Path, device: str | None = None, quantize: bool = False) -> PairScorer:
+    """A trained bi-encoder or cross-encoder as a pair scorer; `quantize` = int8 dynamic quantisation (CPU)."""
+    scorer = CrossEncoderReranker if model_type_of(model) == "crossencoder" else BiEncoderScorer
+    return scorer.load(model, device=device, quantize=quantize)
+
+
+def saved_threshold(model: str | Path, default: float = 0.5) -> float:
+    """The dev-tuned best-accuracy threshold saved with a cross-validation fold model, else `default`."""
+    path = Path(resolve_model(model))
+    if not (path / CONFIG_FILE).is_file():
+        return default
+    return float(EncoderTrainConfig.load(path).extra.get("threshold_accuracy", default))

@@ -1,0 +1,203 @@
+"""Duplicate detection: leak-free MQP splits, dev-only thresholds, metrics, bi-encoder round trips, the CLI."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from app.cli import app
+from eval.duplicates import DuplicateEvaluator, binary_metrics, fold_metrics, make_folds, tune_threshold
+from index.pair_sources import load_mqp
+from retriever.biencoder import BiEncoderScorer, train_biencoder
+from retriever.encoder_training import EncoderTrainConfig, make_config, save_trained
+from retriever.pair_data import Pair, mnrl_triplets, mqp_pairs, read_pairs_file
+from retriever.pair_models import load_pair_scorer
+
+runner = CliRunner()
+
+
+def synthetic_pairs(doctors: int = 5, groups_per_doctor: int = 6) -> list[Pair]:
+    """MQP-shaped pairs: every group (question_1) has one similar and one different question, one doctor each."""
+    pairs = []
+    for d in range(doctors):
+        for g in range(groups_per_doctor):
+            question = f"question {d}-{g} about condition {g}"
+            pairs.append(Pair(question, f"similar to {d}-{g}", 1, f"g{d}-{g}", f"dr{d}"))
+            pairs.append(Pair(question, f"different from {d}-{g}", 0, f"g{d}-{g}", f"dr{d}"))
+    return pairs
+
+
+class RuleScorer:
+    """A deterministic stand-in model: high scores for the "similar" questions."""
+
+    def score_pairs(self, pairs, progress=False):
+        return np.array([float(b.startswith("similar")) + 0.001 * len(a) for a, b in pairs])
+
+
+def assert_no_leak(pairs, folds, key):
+    tested = Counter()
+    for fold in folds:
+        parts = [{key(pairs[i]) for i in part} for part in (fold.train, fold.dev, fold.test)]
+        assert not (parts[0] & parts[1]) and not (parts[0] & parts[2]) and not (parts[1] & parts[2])
+        assert sorted(fold.train + fold.dev + fold.test) == list(range(len(pairs)))
+        tested.update(fold.test)
+    assert all(tested[i] == 1 for i in range(len(pairs)))  # every pair is tested exactly once
+
+
+@pytest.mark.parametrize("split", ["doctor", "grouped"])
+def test_real_mqp_folds_never_leak_a_doctor_or_a_question(shared_data, split):
+    pairs = mqp_pairs(shared_data)
+    assert len(pairs) == 3048 and len({p.author for p in pairs}) == 11
+    folds = make_folds(pairs, split, k=3, seed=0)
+    assert_no_leak(pairs, folds, lambda p: p.author if split == "doctor" else p.group)
+    for fold in folds:  # the question_1 groups never straddle parts either (each group has one doctor)
+        assert not ({pairs[i].group for i in fold.train} & {pairs[i].group for i in fold.test})
+        assert fold.dev
+
+
+def test_folds_are_deterministic_and_reject_bad_fold_counts():
+    pairs = synthetic_pairs()
+    assert make_folds(pairs, "grouped", 3, seed=1) == make_folds(pairs, "grouped", 3, seed=1)
+    assert_no_leak(pairs, make_folds(pairs, "doctor", 5, seed=0), lambda p: p.author)
+    with pytest.raises(Exception, match="between 2 and"):
+        make_folds(pairs, "doctor", 6)
+    with pytest.raises(Exception, match="unknown split"):
+        make_folds(pairs, "random", 3)
+
+
+def test_tune_threshold_and_metrics():
+    scores, labels = np.array([0.1, 0.4, 0.6, 0.9]), np.array([0, 0, 1, 1])
+    assert tune_threshold(scores, labels, "accuracy") == pytest.approx(0.5)
+    assert tune_threshold(scores, labels, "f1") == pytest.approx(0.5)
+    assert binary_metrics(scores, labels, 0.5) == {
+        "accuracy": 1.0,
+        "precision": 1.0,
+        "recall": 1.0,
+        "f1": 1.0,
+        "auc": 1.0,
+    }
+    assert tune_threshold(np.array([0.9, 0.8, 0.1]), np.array([0, 0, 1]), "accuracy") > 0.9  # predict none positive
+    half = binary_metrics(scores, np.array([0, 1, 0, 1]), 0.5)
+    assert half["accuracy"] == 0.5 and half["auc"] == 0.75
+
+
+def test_thresholds_come_from_dev_only():
+    rng = np.random.default_rng(0)
+    dev_scores, dev_labels = rng.random(40), rng.integers(0, 2, 40)
+    test_scores, test_labels = rng.random(30), rng.integers(0, 2, 30)
+    original = fold_metrics(dev_scores, dev_labels, test_scores, test_labels)
+    flipped = fold_metrics(dev_scores, dev_labels, test_scores, 1 - test_labels)
+    assert original["threshold_f1"] == flipped["threshold_f1"]
+    assert original["threshold_accuracy"] == flipped["threshold_accuracy"]
+    assert original["accuracy"] != flipped["accuracy"]
+
+
+def test_evaluator_thresholds_ignore_test_labels():
+    pairs = synthetic_pairs()
+    result = DuplicateEvaluator(pairs, "doctor", folds=3, print_fn=lambda _: None)(lambda train, k: RuleScorer())
+    assert result["accuracy"] == 1.0 and result["accuracy_std"] == 0.0 and result["folds"] == 3
+    folds = make_folds(pairs, "doctor", 3)
+    for k, fold in enumerate(folds):  # flip the labels of fold k's test pairs: fold k's thresholds stay
+        flipped = [
+            Pair(p.text_a, p.text_b, 1 - p.label, p.group, p.author) if i in fold.test else p
+            for i, p in enumerate(pairs)
+        ]
+        evaluator = DuplicateEvaluator(flipped, "doctor", folds=3, print_fn=lambda _: None)
+        after = evaluator(lambda train, k: RuleScorer())["per_fold"][k]
+        assert after["threshold_f1"] == result["per_fold"][k]["threshold_f1"]
+        assert after["threshold_accuracy"] == result["per_fold"][k]["threshold_accuracy"]
+        assert after["accuracy"] == 0.0
+
+
+@pytest.mark.parametrize("loss", ["contrastive", "mnrl"])
+def test_biencoder_train_save_reload_gives_same_scores(tmp_path, tiny_encoder_dir, loss):
+    pairs = synthetic_pairs(doctors=1, groups_per_doctor=4)
+    config = make_config("biencoder", "mqp", "quick", init=str(tiny_encoder_dir), loss=loss, epochs=1, batch_size=4)
+    model = train_biencoder(pairs, config, device="cpu")
+    texts = [(p.text_a, p.text_b) for p in pairs]
+    before = BiEncoderScorer(model).score_pairs(texts)
+    save_trained(model, config, tmp_path / "be")
+    after = load_pair_scorer(tmp_path / "be", device="cpu").score_pairs(texts)
+    np.testing.assert_allclose(before, after, rtol=1e-5, atol=1e-6)
+    assert isinstance(load_pair_scorer(tmp_path / "be"), BiEncoderScorer)
+    assert EncoderTrainConfig.load(tmp_path / "be").loss == loss
+
+
+def test_mnrl_triplets_prefer_labelled_negatives_and_mine_the_rest():
+    pairs = [Pair("a", "a similar", 1), Pair("a", "a different", 0), Pair("b", "b similar", 1)]
+
+    def encode(texts):  # "b similar" is closest to "b" apart from itself: "a similar" shares the word
+        vectors = np.array([[t.startswith("a"), t.startswith("b"), "similar" in t] for t in texts], dtype=float)
+        return vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+
+    triplets = mnrl_triplets(pairs, encode)
+    assert triplets[0] == ("a", "a similar", "a different")
+    assert triplets[1][:2] == ("b", "b similar") and triplets[1][2] != "b similar"
+
+
+def test_read_pairs_file_aliases_and_errors(tmp_path):
+    path = tmp_path / "pairs.jsonl"
+    rows = [
+        {"question_1": "q1", "question_2": "q2", "label": 1, "dr_id": "3"},
+        {"text_a": "x", "text_b": "y", "label": 0},
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    pairs = read_pairs_file(path)
+    assert [(p.text_a, p.text_b, p.label, p.author) for p in pairs] == [("q1", "q2", 1, "3"), ("x", "y", 0, "")]
+    path.write_text(json.dumps({"text_a": "x", "label": 1}) + "\n")
+    with pytest.raises(Exception, match="pairs.jsonl:1"):
+        read_pairs_file(path)
+
+
+def test_load_mqp_groups_consecutive_rows(shared_data):
+    rows = load_mqp(shared_data)
+    assert rows[0]["group_id"] == rows[1]["group_id"] != rows[2]["group_id"]
+    assert Counter(row["group_id"] for row in rows).most_common(1)[0][1] == 2
+
+
+def medfaq(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def assert_one_line_error(result, pattern):
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and pattern in lines[0], result.stderr
+
+
+def test_cli_errors_are_one_line(tmp_path):
+    assert_one_line_error(medfaq("eval", "duplicates"), "--model-type")
+    assert_one_line_error(medfaq("eval", "duplicates", "--model-type", "rnn"), "unknown model type")
+    assert_one_line_error(medfaq("eval", "duplicates", "--model", tmp_path), "--pairs")
+    missing = tmp_path / "none.jsonl"
+    assert_one_line_error(medfaq("eval", "duplicates", "--model", "minilm", "--pairs", missing), "not found")
+    assert_one_line_error(medfaq("train", "crossencoder", "--task", "qq", "--out", tmp_path / "m"), "unknown task")
+    assert_one_line_error(medfaq("train", "biencoder", "--loss", "bce", "--out", tmp_path / "m"), "does not fit")
+    assert_one_line_error(medfaq("train", "crossencoder", "--out", tmp_path / "m"), "medfaq data fetch mqp")
+    assert_one_line_error(
+        medfaq("eval", "duplicates", "--model-type", "crossencoder", "--init", tmp_path / "nope"), "not a local"
+    )
+
+
+def test_cli_cross_validation_saved_folds_and_pairs_scoring(tmp_path, shared_data, tiny_bert_dir):
+    assert medfaq("data", "fetch", "mqp", "--from", shared_data).exit_code == 0
+    saved = tmp_path / "folds"
+    args = ["--model-type", "crossencoder", "--init", tiny_bert_dir, "--split", "doctor", "--folds", "2"]
+    result = medfaq("eval", "duplicates", *args, "--max-pairs", "64", "--epochs", "1", "--json", "--save-models", saved)
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    for metric in ("accuracy", "f1", "precision", "recall", "auc"):
+        assert 0.0 <= summary[metric] <= 1.0 and summary[f"{metric}_std"] >= 0.0
+    assert summary["folds"] == 2 and summary["split"] == "doctor"
+
+    fold = saved / "fold-1"
+    scored = medfaq("eval", "duplicates", "--model", fold, "--pairs", fold / "test.jsonl", "--json")
+    assert scored.exit_code == 0, scored.output
+    repeat = json.loads(scored.stdout)
+    assert repeat["threshold"] == summary["per_fold"][0]["threshold_accuracy"]
+    assert repeat["accuracy"] == pytest.approx(summary["per_fold"][0]["accuracy"])
+    assert repeat["auc"] == pytest.approx(summary["per_fold"][0]["auc"])
