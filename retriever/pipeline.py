@@ -1,26 +1,36 @@
-"""The search pipeline: optional query rewrite (summarizer) -> retrieval -> optional rerank -> abstain decision.
+"""The search pipeline: summarize -> retrieve (raw, summary or both fused) -> rerank the top N -> filter -> abstain.
 
-Stages are small protocols, so later components (the ECL summarizer, the cross-encoder) plug in without callers
-changing: build a :class:`Pipeline` with the stage objects, or register a loader by name with
-:func:`register_stage_loader` and let :meth:`Pipeline.from_config` build them from a saved :class:`PipelineConfig`.
+Stages are small protocols, so the components (the ECL summarizer, the cross-encoder, the NER) plug in without
+callers changing: build a :class:`Pipeline` with the stage objects, or register a loader by name with
+:func:`register_stage_loader` (``retriever.stages`` registers the real ones) and let :meth:`Pipeline.from_config`
+build them from a saved :class:`PipelineConfig`.
+
+A Pipeline may be shared between threads: each stage runs under a lock belonging to its stage object (tokenizers and
+some models are not re-entrant), so concurrent searches return exactly what serial ones do while different stages
+still overlap; pipelines built per request around the same cached stage objects share those locks.
 """
 
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from index.bm25_store import tokenize
 from index.faq_index import FaqIndex
 from index.runtime import MedfaqError
 from retriever.search import MAX_QUERY_CHARS, MODES, RRF_K, Hit, Retriever, clean_queries, reciprocal_rank_fusion
+from retriever.unanswered import UnansweredLog
 
 PIPELINE_FILE = "pipeline.json"
 QUERY_SOURCES = ("raw", "summary", "both")
+RERANK_QUERIES = ("auto", "raw", "summary")
 STAGE_KINDS = ("rewrite", "rerank", "entities")
+STEM_CHARS = 5  # key terms are compared on their first characters: a cheap stemmer ("diabetes" ~ "diabetic")
 
 
 @runtime_checkable
@@ -46,7 +56,17 @@ class EntityFinder(Protocol):
 
 @dataclass
 class PipelineConfig:
-    """What the pipeline runs; saved as ``pipeline.json`` beside an index."""
+    """What the pipeline runs; saved as ``pipeline.json`` beside an index.
+
+    `summary_beams` / `summary_max_length`: generation settings (None = those the summarizer was validated with).
+    `candidates`: hits per list before hybrid/raw+summary fusion. `rerank_depth`: how many fused hits the
+    cross-encoder rescores (the rest keep their order below them). `rerank_query`: what the cross-encoder reads,
+    ``auto`` = the summary when one is made, else the question. `quantize`: int8 dynamic quantisation of the
+    summarizer and reranker. `key_terms`: drop hits sharing no key term (entities, else content words) with the
+    query (precision bias). `threshold`: abstain when the confidence (top rerank score, else the best dense cosine)
+    is below it. Abstained questions are appended to `unanswered_log` (default ``$MEDFAQ_HOME/unanswered.jsonl``)
+    when `log_unanswered`.
+    """
 
     mode: str = "hybrid"
     top_k: int = 10
@@ -54,22 +74,34 @@ class PipelineConfig:
     query_source: str = "raw"
     summarize: bool = False
     summarizer: str | None = None
+    summary_beams: int | None = None
+    summary_max_length: int | None = None
     rerank: bool = False
     reranker: str | None = None
+    rerank_depth: int = 20
+    rerank_query: str = "auto"
+    quantize: bool = False
+    entities: bool = True
+    key_terms: bool = False
     abstain: bool = False
     threshold: float = 0.5
+    log_unanswered: bool = True
+    unanswered_log: str | None = None
     max_query_chars: int = MAX_QUERY_CHARS
     rrf_k: int = RRF_K
 
     def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise MedfaqError(f"unknown search mode {self.mode!r}; choose one of {', '.join(MODES)}")
-        if self.query_source not in QUERY_SOURCES:
-            raise MedfaqError(f"unknown query source {self.query_source!r}; choose one of {', '.join(QUERY_SOURCES)}")
+        choices = {"mode": MODES, "query_source": QUERY_SOURCES, "rerank_query": RERANK_QUERIES}
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                label = name.replace("_", " ")
+                raise MedfaqError(f"unknown {label} {getattr(self, name)!r}; choose one of {', '.join(allowed)}")
         if self.query_source != "raw" and not self.summarize:
             raise MedfaqError(f"query source {self.query_source!r} needs summarize=true")
-        if self.top_k < 1 or self.candidates < 1:
-            raise MedfaqError("top_k and candidates must be at least 1")
+        if self.top_k < 1 or self.candidates < 1 or self.rerank_depth < 1:
+            raise MedfaqError("top_k, candidates and rerank_depth must be at least 1")
+        if (self.summary_beams or 1) < 1 or (self.summary_max_length or 1) < 1:
+            raise MedfaqError("summary_beams and summary_max_length must be at least 1")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -81,6 +113,23 @@ class PipelineConfig:
         if unknown:
             raise MedfaqError(f"unknown pipeline setting(s): {', '.join(unknown)}")
         return cls(**data)
+
+    def updated(self, **changes: Any) -> PipelineConfig:
+        """A copy with `changes` applied (None values are ignored), validated again."""
+        return PipelineConfig.from_dict({**self.to_dict(), **{k: v for k, v in changes.items() if v is not None}})
+
+    def with_flags(
+        self, summarize: bool | None = None, query_source: str | None = None, **changes: Any
+    ) -> PipelineConfig:
+        """Command-line overrides (None = not given): ``--query summary|both`` implies summarizing, ``--summarize``
+        alone searches with the summary, ``--no-summarize`` searches with the raw question."""
+        if summarize is None and query_source not in (None, "raw"):
+            summarize = True
+        if summarize and query_source is None and self.query_source == "raw":
+            query_source = "summary"
+        if summarize is False:
+            query_source = "raw"
+        return self.updated(summarize=summarize, query_source=query_source, **changes)
 
     def save(self, directory: str | Path) -> Path:
         """Write ``pipeline.json`` into `directory` (an index directory); the file survives index saves."""
@@ -104,7 +153,8 @@ class PipelineConfig:
 
 @dataclass
 class SearchResponse:
-    """Everything one question produced: the summary used, entities, ranked hits, the abstain flag, stage timings."""
+    """Everything one question produced: the summary used, entities, ranked hits, the abstain decision and the
+    confidence it was based on, and per-stage timings in milliseconds."""
 
     query: str
     summary: str | None
@@ -112,6 +162,7 @@ class SearchResponse:
     hits: list[Hit]
     abstained: bool
     timings_ms: dict[str, float] = field(default_factory=dict)
+    confidence: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -119,15 +170,52 @@ class SearchResponse:
         return data
 
 
-_STAGE_LOADERS: dict[str, Callable[[str | None], Any]] = {}
+StageLoader = Callable[..., Any]
+_STAGE_LOADERS: dict[str, tuple[StageLoader, bool]] = {}
 
 
-def register_stage_loader(kind: str, loader: Callable[[str | None], Any]) -> None:
+def register_stage_loader(kind: str, loader: StageLoader, *, takes_config: bool = False) -> None:
     """Let :meth:`Pipeline.from_config` build a stage from its configured name: `kind` is one of `STAGE_KINDS`;
-    `loader(name)` returns the stage object (``rewrite`` from `summarizer`, ``rerank`` from `reranker`)."""
+    `loader(name)` (or ``loader(name, config)`` with `takes_config`) returns the stage object (``rewrite`` from
+    `summarizer`, ``rerank`` from `reranker`, ``entities`` with name None)."""
     if kind not in STAGE_KINDS:
         raise ValueError(f"unknown stage kind {kind!r}")
-    _STAGE_LOADERS[kind] = loader
+    _STAGE_LOADERS[kind] = (loader, takes_config)
+
+
+_STAGE_LOCKS: dict[int, threading.Lock] = {}
+_STAGE_LOCKS_GUARD = threading.Lock()
+
+
+def _lock_for(stage: Any) -> threading.Lock:
+    """The lock of a stage object, shared by every Pipeline using that object (so pipelines built per request
+    around cached models stay thread-safe)."""
+    with _STAGE_LOCKS_GUARD:
+        return _STAGE_LOCKS.setdefault(id(stage), threading.Lock())
+
+
+def load_stage(kind: str, name: str | None, config: PipelineConfig) -> Any:
+    """The stage object of `kind` built by its registered loader; a one-line error when none is registered."""
+    if kind not in _STAGE_LOADERS:
+        raise MedfaqError(f"no {kind} stage is available in this installation")
+    loader, takes_config = _STAGE_LOADERS[kind]
+    return loader(name, config) if takes_config else loader(name)
+
+
+def confidence(hits: list[Hit]) -> float | None:
+    """How sure the pipeline is of its answer: the top hit's rerank score when reranked, else the best dense
+    cosine among the hits, else the top hit's score; None without hits."""
+    if not hits:
+        return None
+    if "rerank" in hits[0].stage_scores:
+        return hits[0].stage_scores["rerank"]
+    dense = [v for h in hits for name, v in h.stage_scores.items() if name.endswith("dense")]
+    return max(dense) if dense else hits[0].score
+
+
+def key_stems(texts: list[str]) -> set[str]:
+    """Lower-cased content words (no stopwords) of `texts`, cut to their first `STEM_CHARS` characters."""
+    return {token[:STEM_CHARS] for tokens in tokenize(texts) for token in tokens if len(token) > 2}
 
 
 class Pipeline:
@@ -140,6 +228,7 @@ class Pipeline:
         rewriter: QueryRewriter | None = None,
         reranker: Reranker | None = None,
         entity_finder: EntityFinder | None = None,
+        unanswered: UnansweredLog | None = None,
     ) -> None:
         self.config = config or PipelineConfig()
         if self.config.summarize and rewriter is None:
@@ -149,30 +238,26 @@ class Pipeline:
         self.index = index
         self.rewriter = rewriter if self.config.summarize else None
         self.reranker = reranker if self.config.rerank else None
-        self.entity_finder = entity_finder
+        self.entity_finder = entity_finder if self.config.entities else None
+        self.unanswered = unanswered or UnansweredLog(self.config.unanswered_log)
         self.retriever = Retriever(
             index, self.config.mode, self.config.candidates, self.config.rrf_k, self.config.max_query_chars
         )
+        stage_objects = {"rewrite": rewriter, "entities": entity_finder, "retrieve": index, "rerank": reranker}
+        self._locks = {name: _lock_for(obj) for name, obj in stage_objects.items()}
 
     @classmethod
     def from_config(cls, index: FaqIndex, config: PipelineConfig | None = None) -> Pipeline:
         """Build the stages the config names through the registered stage loaders."""
         config = config or PipelineConfig()
-
-        def stage(kind: str, wanted: bool, name: str | None) -> Any:
-            if not wanted:
-                return None
-            if kind not in _STAGE_LOADERS:
-                raise MedfaqError(f"no {kind} stage is available in this installation")
-            return _STAGE_LOADERS[kind](name)
-
-        entities = _STAGE_LOADERS["entities"](None) if "entities" in _STAGE_LOADERS else None
         return cls(
             index,
             config,
-            rewriter=stage("rewrite", config.summarize, config.summarizer),
-            reranker=stage("rerank", config.rerank, config.reranker),
-            entity_finder=entities,
+            rewriter=load_stage("rewrite", config.summarizer, config) if config.summarize else None,
+            reranker=load_stage("rerank", config.reranker, config) if config.rerank else None,
+            entity_finder=load_stage("entities", None, config)
+            if config.entities and "entities" in _STAGE_LOADERS
+            else None,
         )
 
     @classmethod
@@ -185,71 +270,127 @@ class Pipeline:
         return self.run_batch([query])[0]
 
     def run_batch(self, queries: list[str]) -> list[SearchResponse]:
-        """One :class:`SearchResponse` per question, in order."""
+        """One :class:`SearchResponse` per question, in order; timings are the batch's per-question average."""
         config = self.config
         start = time.perf_counter()
         queries = clean_queries(queries, config.max_query_chars)
         timings: dict[str, float] = {}
         summaries: list[str | None] = [None] * len(queries)
         if self.rewriter is not None:
-            summaries = list(self.rewriter.rewrite(queries))
-            timings["rewrite"] = _ms_since(start)
-        entities = [self.entity_finder.find(q) if self.entity_finder else [] for q in queries]
-        retrieve_start = time.perf_counter()
-        hits = self._retrieve(queries, summaries)
-        timings["retrieve"] = _ms_since(retrieve_start)
+            with self._timed("rewrite", timings):
+                summaries = [s.strip() or q for q, s in zip(queries, self.rewriter.rewrite(queries), strict=True)]
+        entities: list[list[Any]] = [[] for _ in queries]
+        if self.entity_finder is not None:
+            with self._timed("entities", timings):
+                entities = [self.entity_finder.find(q) for q in queries]
+        with self._timed("retrieve", timings):
+            hits = self._retrieve(queries, summaries)
         if self.reranker is not None:
-            rerank_start = time.perf_counter()
-            hits = [self._rerank(s or q, h) for q, s, h in zip(queries, summaries, hits, strict=True)]
-            timings["rerank"] = _ms_since(rerank_start)
+            with self._timed("rerank", timings):
+                rows = zip(queries, summaries, hits, strict=True)
+                hits = [self._rerank(self._rerank_text(q, s), h) for q, s, h in rows]
+        if config.key_terms:
+            with self._timed("filter", timings, lock=False):
+                rows = zip(queries, summaries, entities, hits, strict=True)
+                hits = [self._key_term_filter(q, s, e, h) for q, s, e, h in rows]
         timings["total"] = _ms_since(start)
         per_query = {name: value / len(queries) for name, value in timings.items()}
-        return [
-            SearchResponse(q, s, e, h[: config.top_k], self._abstains(h), dict(per_query))
-            for q, s, e, h in zip(queries, summaries, entities, hits, strict=True)
-        ]
+        responses = []
+        for query, summary, found, ranked in zip(queries, summaries, entities, hits, strict=True):
+            sure = confidence(ranked)
+            abstained = config.abstain and (sure is None or sure < config.threshold)
+            response = SearchResponse(query, summary, found, ranked[: config.top_k], abstained, dict(per_query), sure)
+            if abstained and config.log_unanswered:
+                best = ranked[0] if ranked else None
+                self.unanswered.append(
+                    query, summary, found, sure, best.id if best else None, best.question if best else None
+                )
+            responses.append(response)
+        return responses
+
+    def _timed(self, stage: str, timings: dict[str, float], lock: bool = True) -> _StageTimer:
+        return _StageTimer(stage, timings, self._locks[stage] if lock else None)
 
     def _retrieve(self, queries: list[str], summaries: list[str | None]) -> list[list[Hit]]:
         config = self.config
-        depth = config.candidates if self.reranker is not None else config.top_k
+        depth = max(config.top_k, config.rerank_depth) if self.reranker is not None else config.top_k
         if config.query_source == "raw":
             return self.retriever.search(queries, depth)
         summary_hits = self.retriever.search([s or q for q, s in zip(queries, summaries, strict=True)], depth)
         if config.query_source == "summary":
             return summary_hits
         raw_hits = self.retriever.search(queries, depth)
-        fused = []
-        for raw, summary in zip(raw_hits, summary_hits, strict=True):
-            by_id = {hit.id: hit for hit in raw + summary}
-            ranking = reciprocal_rank_fusion([[(h.id, h.score) for h in raw], [(h.id, h.score) for h in summary]])
-            fused.append(
-                [
-                    _rescored(by_id[doc_id], score, rank, "fusion")
-                    for rank, (doc_id, score) in enumerate(ranking[:depth], 1)
-                ]
-            )
-        return fused
+        return [_fuse(raw, summary, depth, config.rrf_k) for raw, summary in zip(raw_hits, summary_hits, strict=True)]
+
+    def _rerank_text(self, query: str, summary: str | None) -> str:
+        wanted = self.config.rerank_query
+        if wanted == "auto":
+            wanted = "summary" if summary else "raw"
+        return (summary or query) if wanted == "summary" else query
 
     def _rerank(self, query: str, hits: list[Hit]) -> list[Hit]:
-        if not hits:
+        depth = self.config.rerank_depth
+        head, tail = hits[:depth], hits[depth:]
+        if not head:
             return hits
-        scores = self.reranker.score(query, [hit.question for hit in hits])
-        order = sorted(zip(scores, hits, strict=True), key=lambda pair: -pair[0])
-        return [_rescored(hit, float(score), rank, "rerank") for rank, (score, hit) in enumerate(order, 1)]
+        scores = self.reranker.score(query, [hit.question for hit in head])
+        order = sorted(zip(scores, head, strict=True), key=lambda pair: -pair[0])
+        reranked = [_rescored(hit, float(score), rank, "rerank") for rank, (score, hit) in enumerate(order, 1)]
+        return reranked + [_rescored(hit, hit.score, rank, None) for rank, hit in enumerate(tail, len(head) + 1)]
 
-    def _abstains(self, hits: list[Hit]) -> bool:
-        """With `abstain` on: no hit, or the best hit's reranker score (else dense cosine) below the threshold."""
-        if not self.config.abstain:
-            return False
-        if not hits:
-            return True
-        best = hits[0].stage_scores
-        confidence = best.get("rerank", best.get("dense"))
-        return confidence is None or confidence < self.config.threshold
+    def _key_term_filter(self, query: str, summary: str | None, entities: list[Any], hits: list[Hit]) -> list[Hit]:
+        """Keep hits sharing a key term with the question: its entities when any were found, else its content
+        words (of the summary when there is one); each kept hit records the shared fraction as ``overlap``."""
+        entity_texts = [getattr(e, "text", str(e)) for e in entities]
+        terms = key_stems(entity_texts) or key_stems([summary or query])
+        if not terms:
+            return hits
+        kept = []
+        for hit in hits:
+            overlap = len(terms & key_stems([hit.question])) / len(terms)
+            if overlap > 0:
+                hit.stage_scores["overlap"] = overlap
+                kept.append(hit)
+        return [_rescored(hit, hit.score, rank, None) for rank, hit in enumerate(kept, 1)]
 
 
-def _rescored(hit: Hit, score: float, rank: int, stage: str) -> Hit:
-    return Hit(**{**hit.to_dict(), "score": score, "rank": rank, "stage_scores": {**hit.stage_scores, stage: score}})
+class _StageTimer:
+    """Context manager: holds the stage's lock (if any) and adds the elapsed milliseconds to `timings[stage]`."""
+
+    def __init__(self, stage: str, timings: dict[str, float], lock: threading.Lock | None) -> None:
+        self.stage, self.timings, self.lock = stage, timings, lock
+
+    def __enter__(self) -> None:
+        if self.lock is not None:
+            self.lock.acquire()
+        self.start = time.perf_counter()
+
+    def __exit__(self, *exc: object) -> None:
+        self.timings[self.stage] = self.timings.get(self.stage, 0.0) + _ms_since(self.start)
+        if self.lock is not None:
+            self.lock.release()
+
+
+def _fuse(raw: list[Hit], summary: list[Hit], depth: int, rrf_k: int) -> list[Hit]:
+    """RRF of the raw-question and summary rankings; summary-side stage scores are kept as ``summary_<stage>``."""
+    by_id = {hit.id: hit for hit in raw}
+    extra: dict[str, dict[str, float]] = {}
+    for hit in summary:
+        by_id.setdefault(hit.id, Hit(**{**hit.to_dict(), "stage_scores": {}}))
+        extra[hit.id] = {f"summary_{name}": value for name, value in hit.stage_scores.items()}
+    ranking = reciprocal_rank_fusion([[(h.id, h.score) for h in raw], [(h.id, h.score) for h in summary]], rrf_k)
+    fused = []
+    for rank, (doc_id, score) in enumerate(ranking[:depth], 1):
+        hit = _rescored(by_id[doc_id], score, rank, "fusion")
+        hit.stage_scores.update(extra.get(doc_id, {}))
+        fused.append(hit)
+    return fused
+
+
+def _rescored(hit: Hit, score: float, rank: int, stage: str | None) -> Hit:
+    """A copy of `hit` with a new score and rank, recording the score under `stage` when given."""
+    scores = {**hit.stage_scores, stage: score} if stage else dict(hit.stage_scores)
+    return Hit(**{**hit.to_dict(), "score": score, "rank": rank, "stage_scores": scores})
 
 
 def _ms_since(start: float) -> float:

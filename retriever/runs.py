@@ -1,4 +1,5 @@
-"""Batch search files: query JSONL in, run JSONL or TREC run files out."""
+"""Batch search files: query JSONL in (medfaq ``{"id", "question"}`` or BEIR ``{"_id", "text"}`` lines), run JSONL
+or TREC run files out."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ from pathlib import Path
 
 from index.collections import LoadReport, iter_jsonl
 from index.runtime import MedfaqError
-from retriever.search import Hit
+from retriever.pipeline import SearchResponse
 
 RUN_FORMATS = ("jsonl", "trec")
+RESULT_FIELDS = ("id", "score", "rank", "question", "stage_scores")
 
 
 @dataclass
@@ -31,6 +33,8 @@ def read_queries(path: str | Path, skip_bad: bool = False) -> QueryFile:
     questions: list[str] = []
     seen: dict[str, int] = {}
     for line_no, row in iter_jsonl(path, report, skip_bad):
+        if "_id" in row and "text" in row and "id" not in row and "question" not in row:
+            row = {"id": row["_id"], "question": row["text"]}
         if "id" not in row or "question" not in row:
             problem = "missing 'id' or 'question'"
         elif not isinstance(row["question"], str) or not row["question"].strip():
@@ -54,21 +58,23 @@ def read_queries(path: str | Path, skip_bad: bool = False) -> QueryFile:
     return QueryFile(ids, questions, report)
 
 
-def write_run(
-    path: str | Path, query_ids: list[str], queries: list[str], hits: list[list[Hit]], fmt: str, name: str
-) -> None:
-    """Write results as JSONL (``{"id", "query", "results": [{"id", "score", "rank", "question"}]}``) or TREC."""
+def write_run(path: str | Path, query_ids: list[str], responses: list[SearchResponse], fmt: str, name: str) -> None:
+    """Write responses as JSONL (``{"id", "query", "summary", "entities", "abstained", "confidence", "timings_ms",
+    "results": [{"id", "score", "rank", "question", "stage_scores"}]}``) or as a TREC run (all hits, also of
+    abstained questions)."""
     if fmt not in RUN_FORMATS:
         raise MedfaqError(f"unknown run format {fmt!r}; choose one of {', '.join(RUN_FORMATS)}")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
     with tmp.open("w", encoding="utf-8") as out:
-        for query_id, query, row in zip(query_ids, queries, hits, strict=True):
+        for query_id, response in zip(query_ids, responses, strict=True):
             if fmt == "trec":
-                for hit in row:
+                for hit in response.hits:
                     out.write(f"{query_id} Q0 {hit.id} {hit.rank} {hit.score:.6f} {name}\n")
-            else:
-                results = [{"id": h.id, "score": h.score, "rank": h.rank, "question": h.question} for h in row]
-                out.write(json.dumps({"id": query_id, "query": query, "results": results}, ensure_ascii=False) + "\n")
+                continue
+            data = response.to_dict()
+            results = [{key: hit[key] for key in RESULT_FIELDS} for hit in data.pop("hits")]
+            line = {"id": query_id, "query": data.pop("query"), **data, "results": results}
+            out.write(json.dumps(line, ensure_ascii=False) + "\n")
     tmp.replace(path)

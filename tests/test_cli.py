@@ -60,7 +60,7 @@ def test_batch_search_jsonl_and_trec(tmp_path, built):
     assert result.exit_code == 0, result.output
     lines = [json.loads(line) for line in run.read_text().splitlines()]
     assert [line["id"] for line in lines] == ["q1", "q2"] and lines[0]["query"] == "shingles treatment"
-    assert set(lines[0]["results"][0]) == {"id", "score", "rank", "question"}
+    assert {"id", "score", "rank", "question"} <= set(lines[0]["results"][0])  # extended with stage_scores
     trec = tmp_path / "run.trec"
     medfaq("search", "--index", built, "--mode", "bm25", "--queries", queries, "--output", trec, "--format", "trec")
     first = trec.read_text().splitlines()[0].split()
@@ -130,8 +130,8 @@ def test_demo_fetches_builds_once_and_answers(monkeypatch, tmp_path, tiny_encode
     (shared / "medquad" / "medquad.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     monkeypatch.setattr(cmd_demo, "SHARED_DATA", shared)
     monkeypatch.setattr(cmd_demo, "DEFAULT_ENCODER", str(tiny_encoder_dir))
-    first = medfaq("demo", "--top-k", "1")
+    first = medfaq("demo", "--cli", "--top-k", "1")
     assert first.exit_code == 0, first.output
     assert "building the MedQuAD index" in first.stderr
     assert first.stdout.count("query: ") == len(cmd_demo.EXAMPLE_QUESTIONS)
-    assert "building" not in medfaq("demo", "--top-k", "1").stderr  # the index is reused
+    assert "building" not in medfaq("demo", "--cli", "--top-k", "1").stderr  # the index is reused

@@ -1,0 +1,166 @@
+"""`medfaq data make-benchmark` and `medfaq eval retrieval`: BEIR benchmarks and retrieval evaluation."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from app.cmd_search import (
+    ABSTAIN,
+    BEAMS,
+    QUANTIZE,
+    QUERY,
+    RERANK,
+    RERANKER,
+    SUMMARIZE,
+    SUMMARIZER,
+    THRESHOLD,
+    StageFlags,
+)
+from index.runtime import DEFAULT_ENCODER, MedfaqError
+from retriever.pipeline import Pipeline, PipelineConfig, load_stage
+from retriever.search import MODES
+
+
+def make_benchmark(
+    name: str = typer.Argument(..., help="meqsum | mediqa2021 | rqe-valid | rqe-test | quebec"),
+    out: Path = typer.Option(..., "--out", help="Directory for corpus.jsonl, queries.jsonl, qrels.tsv, ..."),
+    data_from: Path | None = typer.Option(
+        None, "--from", help="Read the datasets from DIR (the shared/data layout) instead of `medfaq data fetch`."
+    ),
+    build_index: bool = typer.Option(True, "--index/--no-index", help="Also index the corpus into OUT/index."),
+    encoder: str = typer.Option(DEFAULT_ENCODER, "--encoder", help="Encoder of that index."),
+) -> None:
+    """Write a retrieval benchmark in the BEIR layout (plus TREC qrels, ood.txt, dev.txt) and index its corpus."""
+    from eval.benchmarks import CORPUS_FIELDS
+    from eval.benchmarks import make_benchmark as build
+    from index.collections import load_collection
+    from index.encoder import Encoder
+    from index.faq_index import FaqIndex, check_index_target
+
+    if build_index:
+        check_index_target(out / "index")
+    benchmark = build(name, data_from)
+    benchmark.save(out)
+    counts = ", ".join(f"{value} {key.replace('_', ' ')}" for key, value in benchmark.counts().items())
+    typer.echo(f"{name}: {counts} -> {out}")
+    if build_index:
+        records, _ = load_collection(out / "corpus.jsonl", "jsonl", CORPUS_FIELDS)
+        FaqIndex.build(records, Encoder(encoder)).save(out / "index")
+        typer.echo(f"indexed {len(records)} FAQs into {out / 'index'}")
+
+
+def eval_retrieval(
+    index: Path = typer.Option(..., "--index", help="Index directory (of the benchmark's corpus)."),
+    queries: Path = typer.Option(..., "--queries", help="queries.jsonl (BEIR, or medfaq id/question lines)."),
+    qrels: Path = typer.Option(..., "--qrels", help="qrels.tsv (BEIR) or TREC qrels."),
+    compare: bool = typer.Option(False, "--compare", help="Evaluate BM25/dense/hybrid/rerank/summary variants."),
+    systems: str | None = typer.Option(
+        None, "--systems", help="With --compare: only these, comma-separated (e.g. bm25,summary-hybrid+rerank)."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print the metrics as JSON."),
+    run_out: Path | None = typer.Option(None, "--run-out", help="Write the run as a TREC file (not with --compare)."),
+    mode: str | None = typer.Option(None, "--mode", help=f"Retrieval mode: {'|'.join(MODES)}."),
+    save_threshold: bool = typer.Option(
+        False, "--save-threshold", help="Store the dev-calibrated threshold (abstain on) in the index's pipeline.json."
+    ),
+    summarize: bool | None = SUMMARIZE,
+    query: str | None = QUERY,
+    rerank: bool | None = RERANK,
+    abstain: bool | None = ABSTAIN,
+    summarizer: str | None = SUMMARIZER,
+    reranker: str | None = RERANKER,
+    threshold: float | None = THRESHOLD,
+    beams: int | None = BEAMS,
+    quantize: bool | None = QUANTIZE,
+) -> None:
+    """Recall@1/5/10, MRR@10, nDCG@10, P@5 on the judged test queries; with out-of-scope queries also abstention
+    AUROC and accuracy at the threshold calibrated on the dev queries. `--compare` puts the variants side by side."""
+    from eval.benchmarks import read_beir_queries, read_qrels
+    from eval.retrieval import RetrievalEvaluator, compare_variants, format_table, run_pipeline
+    from index.faq_index import FaqIndex
+
+    if compare and (run_out is not None or save_threshold):
+        raise MedfaqError("--run-out and --save-threshold evaluate one configuration; leave out --compare")
+    rows = read_beir_queries(queries)
+    judgements = read_qrels(qrels)
+    texts = {row["_id"]: row["text"] for row in rows}
+    unknown = sorted(set(judgements) - set(texts))
+    if unknown:
+        raise MedfaqError(f"{qrels}: {len(unknown)} judged query ids are not in {queries} (e.g. {unknown[0]!r})")
+    evaluator = RetrievalEvaluator(
+        judgements,
+        ood_ids={r["_id"] for r in rows if r["metadata"].get("ood")},
+        dev_ids={r["_id"] for r in rows if r["metadata"].get("split") == "dev"},
+    )
+    flags = StageFlags(summarize, query, rerank, abstain, summarizer, reranker, threshold, beams, quantize)
+    config = flags.apply(PipelineConfig.load(index), mode=mode, top_k=10)
+    faq_index = FaqIndex.load(index)
+    result: dict[str, Any] = {"queries": len(texts), "judged_test": len(evaluator.test_qrels())}
+    if compare:
+        config = config.updated(entities=False)
+        stages, missing = _optional_stages(config)
+        wanted = [name.strip() for name in systems.split(",")] if systems else None
+        table, skipped = compare_variants(
+            faq_index, texts, evaluator, config, **stages, progress=not as_json, systems=wanted
+        )
+        result |= {"rows": [{"system": n, **m} for n, m in table], "skipped": skipped, "missing_stages": missing}
+    else:
+        config = config.updated(entities=config.key_terms, abstain=False, log_unanswered=False)
+        pipeline = Pipeline.from_config(faq_index, config)
+        run, confidences, responses = run_pipeline(pipeline, texts, progress=not as_json)
+        table = [(_describe(config), evaluator(run, confidences))]
+        result |= {"rows": [{"system": table[0][0], **table[0][1]}], "config": config.to_dict()}
+        if run_out is not None:
+            from retriever.runs import write_run
+
+            write_run(run_out, list(texts), responses, "trec", "medfaq")
+        if save_threshold:
+            if "threshold" not in table[0][1]:
+                raise MedfaqError("--save-threshold needs out-of-scope and dev queries to calibrate on")
+            stage_settings = ("mode", "summarize", "query_source", "rerank", "summarizer", "reranker", "quantize")
+            saved = PipelineConfig.load(index).updated(
+                **{name: getattr(config, name) for name in stage_settings},
+                summary_beams=config.summary_beams,
+                abstain=True,
+                threshold=table[0][1]["threshold"],
+            )
+            result["saved"] = str(saved.save(index))
+    if as_json:
+        typer.echo(json.dumps(result, indent=2))
+        return
+    typer.echo(format_table(table))
+    if result.get("skipped"):
+        typer.echo(f"skipped (stage missing): {', '.join(result['skipped'])}")
+        for reason in result["missing_stages"]:
+            typer.echo(f"  {reason}")
+    if "saved" in result:
+        typer.echo(f"threshold {table[0][1]['threshold']:.4f} saved to {result['saved']}")
+
+
+def _optional_stages(config: PipelineConfig) -> tuple[dict[str, Any], list[str]]:
+    """The summarizer and reranker for a comparison, each None (with the reason) when it cannot be loaded."""
+    stages: dict[str, Any] = {}
+    missing: list[str] = []
+    for key, kind, name in (("rewriter", "rewrite", config.summarizer), ("reranker", "rerank", config.reranker)):
+        try:
+            stages[key] = load_stage(kind, name, config)
+        except MedfaqError as error:
+            stages[key] = None
+            missing.append(f"{kind}: {error}")
+    return stages, missing
+
+
+def _describe(config: PipelineConfig) -> str:
+    parts = [config.mode if config.query_source == "raw" else f"{config.mode} on {config.query_source}"]
+    parts += ["rerank"] * config.rerank
+    return " + ".join(parts)
+
+
+def register(app: typer.Typer, *, data_app: typer.Typer, train_app: typer.Typer, eval_app: typer.Typer) -> None:
+    """Add this module's commands to the `medfaq` command groups."""
+    data_app.command("make-benchmark")(make_benchmark)
+    eval_app.command("retrieval")(eval_retrieval)

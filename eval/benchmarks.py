@@ -1,0 +1,260 @@
+"""Retrieval benchmarks in the BEIR layout, made from our datasets, and the standard files around them.
+
+A benchmark directory holds ``corpus.jsonl`` (``{"_id", "title", "text", "metadata"}``; `text` = the FAQ question),
+``queries.jsonl`` (``{"_id", "text", "metadata": {"split", "ood"}}``), ``qrels.tsv`` (BEIR: ``query-id corpus-id
+score`` with a header), the same judgements as TREC qrels (``qrels.trec``: ``qid 0 docid rel``), ``ood.txt`` and
+``dev.txt`` (query ids, one a line) and ``benchmark.json`` (how it was made, counts).
+
+* ``meqsum``: MeQSum test CHQs; corpus = every MeQSum FAQ (all splits); gold = the CHQ's own FAQ.
+* ``mediqa2021``: MEDIQA 2021 test CHQs; corpus = every MEDIQA 2021 FAQ (valid + test); gold = its own FAQ.
+* ``rqe-valid`` / ``rqe-test``: RQE CHQs of that split; corpus = every entailed FAQ of valid and test; gold = the
+  FAQs the CHQ entails.
+* ``quebec``: the Quebec COVID FAQ (313); queries = the held-out part of the train queries
+  (:func:`retriever.pair_data.quebec_query_split`), halved by a second hash into ``dev`` (threshold calibration)
+  and ``test``; the HealthTap questions among them are out of scope (``ood``: no qrels; they test abstention).
+
+FAQ strings that occur more than once (case/space-normalised) become one corpus entry, so a duplicate never
+counts as a miss. Query ids and corpus ids are stable across runs.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from index.collections import iter_jsonl, load_collection
+from index.runtime import MedfaqError
+
+BENCHMARKS = ("meqsum", "mediqa2021", "rqe-valid", "rqe-test", "quebec")
+CORPUS_FIELDS = {"id": "_id", "question": "text"}
+"""How `medfaq index build` reads a benchmark corpus: ``--field id=_id --field question=text``."""
+QUEBEC_DEV_SEED = 1  # second hash that halves the Quebec held-out queries into dev and test
+
+Qrels = dict[str, dict[str, int]]
+Run = dict[str, dict[str, float]]
+
+
+@dataclass
+class Benchmark:
+    """A corpus, queries and relevance judgements; queries may be marked ``dev`` or out of scope (``ood``)."""
+
+    name: str
+    corpus: list[dict[str, Any]]
+    queries: list[dict[str, Any]]
+    qrels: Qrels
+    description: str = ""
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ood_ids(self) -> set[str]:
+        return {q["_id"] for q in self.queries if q.get("metadata", {}).get("ood")}
+
+    @property
+    def dev_ids(self) -> set[str]:
+        return {q["_id"] for q in self.queries if q.get("metadata", {}).get("split") == "dev"}
+
+    def query_texts(self) -> dict[str, str]:
+        return {q["_id"]: q["text"] for q in self.queries}
+
+    def counts(self) -> dict[str, int]:
+        return {
+            "corpus": len(self.corpus),
+            "queries": len(self.queries),
+            "judged_queries": len(self.qrels),
+            "qrels": sum(len(v) for v in self.qrels.values()),
+            "ood_queries": len(self.ood_ids),
+            "dev_queries": len(self.dev_ids),
+        }
+
+    def save(self, directory: str | Path) -> Path:
+        """Write the BEIR files (and TREC qrels, id lists, benchmark.json) into `directory`."""
+        out = Path(directory).expanduser()
+        out.mkdir(parents=True, exist_ok=True)
+        _write_jsonl(out / "corpus.jsonl", self.corpus)
+        _write_jsonl(out / "queries.jsonl", self.queries)
+        write_qrels(out / "qrels.tsv", self.qrels)
+        write_qrels(out / "qrels.trec", self.qrels, trec=True)
+        (out / "ood.txt").write_text("".join(f"{q}\n" for q in sorted(self.ood_ids)), encoding="utf-8")
+        (out / "dev.txt").write_text("".join(f"{q}\n" for q in sorted(self.dev_ids)), encoding="utf-8")
+        info = {"name": self.name, "description": self.description, "counts": self.counts(), **self.info}
+        (out / "benchmark.json").write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+        return out
+
+    @classmethod
+    def load(cls, directory: str | Path) -> Benchmark:
+        path = Path(directory).expanduser()
+        if not (path / "corpus.jsonl").is_file():
+            raise MedfaqError(f"{path} is not a benchmark directory (no corpus.jsonl)")
+        info_file = path / "benchmark.json"
+        info = json.loads(info_file.read_text(encoding="utf-8")) if info_file.is_file() else {}
+        return cls(
+            name=info.get("name", path.name),
+            corpus=[row for _, row in iter_jsonl(path / "corpus.jsonl")],
+            queries=read_beir_queries(path / "queries.jsonl"),
+            qrels=read_qrels(path / "qrels.tsv"),
+            description=info.get("description", ""),
+        )
+
+
+# ---- standard files -------------------------------------------------------------------------------------------------
+
+
+def read_beir_queries(path: str | Path) -> list[dict[str, Any]]:
+    """Queries as BEIR rows ``{"_id", "text", "metadata"}``; medfaq's ``{"id", "question"}`` lines are accepted too.
+    A missing id or text, an empty text or a repeated id is a one-line error naming the line."""
+    path = Path(path)
+    rows: list[dict[str, Any]] = []
+    seen: dict[str, int] = {}
+    for line_no, row in iter_jsonl(path):
+        query_id = row.get("_id", row.get("id"))
+        text = row.get("text", row.get("question"))
+        if query_id is None or not isinstance(text, str) or not text.strip():
+            raise MedfaqError(f"{path}:{line_no}: expected a query with '_id' and a non-empty 'text'")
+        query_id = str(query_id)
+        if query_id in seen:
+            raise MedfaqError(f"{path}:{line_no}: duplicate query id {query_id!r} (first on line {seen[query_id]})")
+        seen[query_id] = line_no
+        rows.append({"_id": query_id, "text": text, "metadata": row.get("metadata") or {}})
+    if not rows:
+        raise MedfaqError(f"{path}: no queries")
+    return rows
+
+
+def write_qrels(path: str | Path, qrels: Qrels, trec: bool = False) -> None:
+    """BEIR ``qrels.tsv`` (header ``query-id corpus-id score``, tab-separated) or TREC qrels (``qid 0 docid rel``)."""
+    lines = [] if trec else ["query-id\tcorpus-id\tscore"]
+    for query_id in sorted(qrels):
+        for doc_id, rel in sorted(qrels[query_id].items()):
+            lines.append(f"{query_id} 0 {doc_id} {rel}" if trec else f"{query_id}\t{doc_id}\t{rel}")
+    Path(path).write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def read_qrels(path: str | Path) -> Qrels:
+    """Relevance judgements from BEIR ``qrels.tsv`` (3 columns, optional header) or TREC qrels (4 columns)."""
+    path = Path(path)
+    if not path.is_file():
+        raise MedfaqError(f"qrels file not found: {path}")
+    qrels: Qrels = {}
+    for line_no, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        parts = line.split()
+        if not parts or (line_no == 1 and parts[0] == "query-id"):
+            continue
+        if len(parts) not in (3, 4) or not parts[-1].lstrip("-").isdigit():
+            raise MedfaqError(f"{path}:{line_no}: expected 'query-id corpus-id score' or 'qid 0 docid relevance'")
+        query_id, doc_id = parts[0], parts[-2]
+        qrels.setdefault(query_id, {})[doc_id] = int(parts[-1])
+    if not qrels:
+        raise MedfaqError(f"{path}: no relevance judgements")
+    return qrels
+
+
+def read_trec_run(path: str | Path) -> Run:
+    """A TREC run file (``qid Q0 docid rank score tag``) as ``{qid: {docid: score}}``."""
+    path = Path(path)
+    if not path.is_file():
+        raise MedfaqError(f"run file not found: {path}")
+    run: Run = {}
+    for line_no, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        parts = line.split()
+        if not parts:
+            continue
+        if len(parts) != 6:
+            raise MedfaqError(f"{path}:{line_no}: expected 'qid Q0 docid rank score tag'")
+        try:
+            run.setdefault(parts[0], {})[parts[2]] = float(parts[4])
+        except ValueError:
+            raise MedfaqError(f"{path}:{line_no}: score {parts[4]!r} is not a number") from None
+    return run
+
+
+# ---- construction -------------------------------------------------------------------------------------------------
+
+
+def make_benchmark(name: str, data_root: Path | None = None) -> Benchmark:
+    """Build benchmark `name` (one of `BENCHMARKS`) from fetched datasets, or from `data_root` (shared/data layout)."""
+    if name not in BENCHMARKS:
+        raise MedfaqError(f"unknown benchmark {name!r}; choose one of {', '.join(BENCHMARKS)}")
+    if name == "quebec":
+        return _quebec(data_root)
+    from eval.summarization_data import load_pairs
+
+    dataset, _, split = name.partition("-")
+    query_split, corpus_splits = {
+        "meqsum": ("test", ("train", "valid", "test")),
+        "mediqa2021": ("test", ("valid", "test")),
+        "rqe": (split, ("valid", "test")),
+    }[dataset]
+    corpus_pairs = [pair for s in corpus_splits for pair in load_pairs(f"{dataset}:{s}", data_root)]
+    query_pairs = load_pairs(f"{dataset}:{query_split}", data_root)
+    descriptions = {
+        "meqsum": "MeQSum test CHQs -> all MeQSum FAQs; gold = the CHQ's own FAQ",
+        "mediqa2021": "MEDIQA 2021 test CHQs -> all MEDIQA 2021 FAQs (valid+test); gold = the CHQ's own FAQ",
+        "rqe": f"RQE {split} CHQs -> all entailed FAQs of RQE valid+test; gold = the FAQs the CHQ entails",
+    }
+    return _pair_benchmark(name, query_pairs, corpus_pairs, descriptions[dataset])
+
+
+def _normalise(text: str) -> str:
+    return " ".join(text.lower().split())
+
+
+def _pair_benchmark(name: str, query_pairs: list[Any], corpus_pairs: list[Any], description: str) -> Benchmark:
+    """Corpus = distinct FAQ strings of `corpus_pairs`; one query per distinct CHQ of `query_pairs`, judged
+    relevant to the FAQs it is paired with."""
+    corpus: dict[str, dict[str, Any]] = {}
+    for pair in corpus_pairs:
+        key = _normalise(pair.faq)
+        if key not in corpus:
+            corpus[key] = {"_id": f"faq-{len(corpus)}", "title": "", "text": pair.faq.strip(), "metadata": {}}
+    queries: dict[str, dict[str, Any]] = {}
+    qrels: Qrels = {}
+    for pair in query_pairs:
+        key = _normalise(pair.chq)
+        if key not in queries:
+            metadata = {"split": "test", "ood": False, "pair_id": pair.id}
+            queries[key] = {"_id": f"q-{len(queries)}", "text": pair.chq.strip(), "metadata": metadata}
+        query = queries[key]
+        faq = corpus.get(_normalise(pair.faq))
+        if faq is None:
+            raise MedfaqError(f"{name}: the FAQ of pair {pair.id} is not in the corpus")
+        qrels.setdefault(query["_id"], {})[faq["_id"]] = 1
+    return Benchmark(name, list(corpus.values()), list(queries.values()), qrels, description)
+
+
+def _quebec(data_root: Path | None) -> Benchmark:
+    from index.pair_sources import dataset_file
+    from retriever.pair_data import is_heldout, quebec_query_split
+
+    records, _ = load_collection(dataset_file("quebec", "faqs.jsonl", data_root), format="quebec")
+    corpus = [
+        {"_id": r.id, "title": "", "text": r.question, "metadata": {"answer": r.answer, "url": r.url}} for r in records
+    ]
+    known = {r.id for r in records}
+    _, heldout = quebec_query_split(seed=0, data_root=data_root)
+    queries: list[dict[str, Any]] = []
+    qrels: Qrels = {}
+    seen: set[str] = set()
+    for row in heldout:
+        key = _normalise(row["question"])
+        if key in seen:  # repeated query strings are one query
+            continue
+        seen.add(key)
+        query_id = f"q-{row['id']}"
+        ood = bool(row["is_ood"]) or str(row["passage_id"]) not in known
+        split = "dev" if is_heldout(row["question"], seed=QUEBEC_DEV_SEED, fraction=0.5) else "test"
+        queries.append({"_id": query_id, "text": row["question"].strip(), "metadata": {"split": split, "ood": ood}})
+        if not ood:
+            qrels[query_id] = {str(row["passage_id"]): 1}
+    description = (
+        "Quebec COVID FAQ (313): held-out train queries (retriever.pair_data.quebec_query_split, seed 0), halved "
+        f"into dev/test by a second hash (seed {QUEBEC_DEV_SEED}); HealthTap questions are out of scope (no qrels)"
+    )
+    return Benchmark("quebec", corpus, queries, qrels, description)
+
+
+def _write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
+    with path.open("w", encoding="utf-8") as handle:
+        for row in rows:
+            handle.write(json.dumps(row, ensure_ascii=False) + "\n")

@@ -1,0 +1,227 @@
+"""Retrieval evaluation: ranking metrics with pytrec_eval, abstention on out-of-scope queries, and the side-by-side
+comparison of pipeline variants (BM25 / dense / hybrid / + rerank / + summarizer / raw+summary fusion).
+
+Ranking metrics are computed on the judged ``test`` queries: Recall@1/5/10, MRR@10, nDCG@10 and P@5 (in percent).
+With out-of-scope queries, the pipeline's confidence (top rerank score, else best dense cosine) is the score of an
+"in scope?" classifier: AUROC on the test queries, and accuracy at the threshold that maximises accuracy on the
+``dev`` queries (answer in-scope questions, abstain on out-of-scope ones).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pytrec_eval
+from tqdm.auto import tqdm
+
+from eval.benchmarks import Qrels, Run
+from index.faq_index import FaqIndex
+from index.runtime import MedfaqError
+from retriever.pipeline import Pipeline, PipelineConfig, QueryRewriter, Reranker, SearchResponse
+
+METRICS = {
+    "recall@1": "recall_1",
+    "recall@5": "recall_5",
+    "recall@10": "recall_10",
+    "mrr@10": "recip_rank",
+    "ndcg@10": "ndcg_cut_10",
+    "p@5": "P_5",
+}
+ABSTAIN_METRICS = ("auroc", "threshold", "accuracy", "answered", "ood_abstained")
+CUTOFF = 10
+BATCH = 32
+
+
+def truncate_run(run: Run, depth: int = CUTOFF) -> Run:
+    """The best `depth` documents of each query (score descending, then id), so MRR is MRR@`depth`."""
+    return {q: dict(sorted(docs.items(), key=lambda item: (-item[1], item[0]))[:depth]) for q, docs in run.items()}
+
+
+def ranking_metrics(run: Run, qrels: Qrels) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
+    """Mean metrics in percent over all judged queries (a query missing from `run` scores 0), and per query."""
+    if not qrels:
+        return {name: math.nan for name in METRICS}, {}
+    run = truncate_run({q: run.get(q, {}) for q in qrels})
+    evaluator = pytrec_eval.RelevanceEvaluator(qrels, {"recall.1,5,10", "recip_rank", "ndcg_cut.10", "P.5"})
+    scores = evaluator.evaluate(run)
+    per_query = {q: {name: values[key] for name, key in METRICS.items()} for q, values in scores.items()}
+    means = {name: 100.0 * float(np.mean([values[name] for values in per_query.values()])) for name in METRICS}
+    return means, per_query
+
+
+def _as_scores(confidences: list[float | None]) -> np.ndarray:
+    """None (no hit at all) is the least confident value."""
+    return np.array([-np.inf if c is None else float(c) for c in confidences], dtype=np.float64)
+
+
+def calibrate_threshold(in_scope: list[bool], confidences: list[float | None]) -> float:
+    """The threshold (answer when confidence >= it) with the best accuracy on these labelled queries; ties go to
+    the lowest, and a threshold lies midway between two observed confidences."""
+    labels = np.array(in_scope, dtype=bool)
+    scores = _as_scores(confidences)
+    values = np.unique(scores[np.isfinite(scores)])
+    if len(values) == 0:
+        return 0.0
+    candidates = np.concatenate([[values[0] - 1e-6], (values[:-1] + values[1:]) / 2, [values[-1] + 1e-6]])
+    accuracy = [float(np.mean((scores >= t) == labels)) for t in candidates]
+    return float(candidates[int(np.argmax(accuracy))])
+
+
+def abstention_metrics(
+    test_in_scope: list[bool],
+    test_confidences: list[float | None],
+    dev_in_scope: list[bool],
+    dev_confidences: list[float | None],
+) -> dict[str, float]:
+    """AUROC of confidence as an in-scope score and accuracy at the dev-calibrated threshold (test), in percent;
+    `answered` = in-scope test queries answered, `ood_abstained` = out-of-scope test queries abstained on."""
+    from sklearn.metrics import roc_auc_score
+
+    labels = np.array(test_in_scope, dtype=bool)
+    scores = _as_scores(test_confidences)
+    finite = np.where(np.isfinite(scores), scores, np.nanmin(scores[np.isfinite(scores)], initial=0.0) - 1.0)
+    threshold = calibrate_threshold(dev_in_scope, dev_confidences) if dev_in_scope else 0.0
+    answered = scores >= threshold
+    return {
+        "auroc": 100.0 * float(roc_auc_score(labels, finite)) if 0 < labels.sum() < len(labels) else math.nan,
+        "threshold": threshold,
+        "accuracy": 100.0 * float(np.mean(answered == labels)),
+        "answered": 100.0 * float(answered[labels].mean()) if labels.any() else math.nan,
+        "ood_abstained": 100.0 * float((~answered[~labels]).mean()) if (~labels).any() else math.nan,
+    }
+
+
+@dataclass
+class RetrievalEvaluator:
+    """Evaluate a run (and the per-query confidences) against `qrels`.
+
+    `ood_ids` are out-of-scope queries (no qrels); `dev_ids` are held out for threshold calibration: ranking
+    metrics and abstention results are computed on the remaining (test) queries.
+    """
+
+    qrels: Qrels
+    ood_ids: set[str]
+    dev_ids: set[str]
+    name: str = ""
+
+    def test_qrels(self) -> Qrels:
+        return {q: docs for q, docs in self.qrels.items() if q not in self.dev_ids and q not in self.ood_ids}
+
+    def __call__(self, run: Run, confidences: dict[str, float | None] | None = None) -> dict[str, float]:
+        metrics, _ = ranking_metrics(run, self.test_qrels())
+        if self.ood_ids and confidences is not None:
+            scoped = [q for q in confidences if q in self.qrels or q in self.ood_ids]
+
+            def part(dev: bool) -> tuple[list[bool], list[float | None]]:
+                ids = [q for q in scoped if (q in self.dev_ids) == dev]
+                return [q not in self.ood_ids for q in ids], [confidences[q] for q in ids]
+
+            metrics.update(abstention_metrics(*part(False), *part(True)))
+        return metrics
+
+
+def format_table(rows: list[tuple[str, dict[str, float]]]) -> str:
+    """Metrics side by side, one row per system; abstention columns appear when any row has them."""
+    columns = list(METRICS) + [m for m in ABSTAIN_METRICS if any(m in values for _, values in rows)]
+    width = max([len("system")] + [len(name) for name, _ in rows])
+    lines = [f"{'system':<{width}}  " + "  ".join(f"{c:>13}" for c in columns)]
+    for name, values in rows:
+        cells = [f"{values[c]:>13.3f}" if c == "threshold" else f"{values.get(c, math.nan):>13.1f}" for c in columns]
+        lines.append(f"{name:<{width}}  " + "  ".join(cells))
+    return "\n".join(lines)
+
+
+def run_pipeline(
+    pipeline: Pipeline, queries: dict[str, str], progress: bool = True, desc: str = "queries"
+) -> tuple[Run, dict[str, float | None], list[SearchResponse]]:
+    """Search every query in batches: the run ``{qid: {faq id: score}}`` (scores follow the final ranking), the
+    per-query confidence, and the responses in query order."""
+    ids = list(queries)
+    responses: list[SearchResponse] = []
+    for start in tqdm(range(0, len(ids), BATCH), desc=desc, unit="batch", disable=not progress):
+        responses += pipeline.run_batch([queries[q] for q in ids[start : start + BATCH]])
+    run = {q: {h.id: float(len(r.hits) - h.rank + 1) for h in r.hits} for q, r in zip(ids, responses, strict=True)}
+    return run, {q: r.confidence for q, r in zip(ids, responses, strict=True)}, responses
+
+
+class CachedRewriter:
+    """Memoises a rewriter, so the comparison summarizes each question once."""
+
+    def __init__(self, rewriter: QueryRewriter) -> None:
+        self.rewriter = rewriter
+        self.cache: dict[str, str] = {}
+
+    def rewrite(self, texts: list[str]) -> list[str]:
+        missing = list(dict.fromkeys(t for t in texts if t not in self.cache))
+        if missing:
+            self.cache.update(zip(missing, self.rewriter.rewrite(missing), strict=True))
+        return [self.cache[t] for t in texts]
+
+
+class CachedReranker:
+    """Memoises (query, candidate) scores, so variants sharing candidates score each pair once."""
+
+    def __init__(self, reranker: Reranker) -> None:
+        self.reranker = reranker
+        self.cache: dict[tuple[str, str], float] = {}
+
+    def score(self, query: str, candidates: list[str]) -> list[float]:
+        missing = list(dict.fromkeys(c for c in candidates if (query, c) not in self.cache))
+        if missing:
+            self.cache.update(((query, c), float(s)) for c, s in zip(missing, self.reranker.score(query, missing)))
+        return [self.cache[(query, c)] for c in candidates]
+
+
+VARIANTS: list[tuple[str, dict[str, Any]]] = [  # summary-* search with the summary; fusion = raw + summary by RRF
+    ("bm25", {"mode": "bm25"}),
+    ("dense", {"mode": "dense"}),
+    ("hybrid", {"mode": "hybrid"}),
+    ("hybrid+rerank", {"mode": "hybrid", "rerank": True}),
+    ("summary-bm25", {"mode": "bm25", "summarize": True, "query_source": "summary"}),
+    ("summary-dense", {"mode": "dense", "summarize": True, "query_source": "summary"}),
+    ("summary-hybrid", {"mode": "hybrid", "summarize": True, "query_source": "summary"}),
+    ("summary-hybrid+rerank", {"mode": "hybrid", "summarize": True, "query_source": "summary", "rerank": True}),
+    ("fusion", {"mode": "hybrid", "summarize": True, "query_source": "both"}),
+    ("fusion+rerank", {"mode": "hybrid", "summarize": True, "query_source": "both", "rerank": True}),
+]
+
+
+def compare_variants(
+    index: FaqIndex,
+    queries: dict[str, str],
+    evaluator: RetrievalEvaluator,
+    base: PipelineConfig,
+    rewriter: QueryRewriter | None = None,
+    reranker: Reranker | None = None,
+    progress: bool = True,
+    on_row: Callable[[str, dict[str, float]], None] | None = None,
+    systems: list[str] | None = None,
+) -> tuple[list[tuple[str, dict[str, float]]], list[str]]:
+    """Evaluate the variants of `VARIANTS` (all, or those named in `systems`) on top of `base` (its depths, k,
+    thresholds); variants needing a stage that is None are skipped and named in the second list. Summaries and
+    rerank scores are computed once."""
+    unknown = sorted(set(systems or []) - {name for name, _ in VARIANTS})
+    if unknown:
+        raise MedfaqError(f"unknown system(s) {', '.join(unknown)}; choose from {', '.join(n for n, _ in VARIANTS)}")
+    rewriter = CachedRewriter(rewriter) if rewriter is not None else None
+    reranker = CachedReranker(reranker) if reranker is not None else None
+    rows: list[tuple[str, dict[str, float]]] = []
+    skipped: list[str] = []
+    for name, changes in VARIANTS:
+        if systems and name not in systems:
+            continue
+        settings = {"summarize": False, "query_source": "raw", "rerank": False, **changes}
+        if (settings["summarize"] and rewriter is None) or (settings["rerank"] and reranker is None):
+            skipped.append(name)
+            continue
+        config = base.updated(**settings, abstain=False, log_unanswered=False)
+        pipeline = Pipeline(index, config, rewriter=rewriter, reranker=reranker)
+        run, confidences, _ = run_pipeline(pipeline, queries, progress, desc=name)
+        rows.append((name, evaluator(run, confidences)))
+        if on_row is not None:
+            on_row(*rows[-1])
+    return rows, skipped

@@ -1,0 +1,65 @@
+"""Benchmarks made from ../shared/data are valid BEIR directories with consistent ids and splits."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from app.cli import app
+from eval.benchmarks import BENCHMARKS, Benchmark, make_benchmark, read_beir_queries, read_qrels
+from index.collections import load_collection
+from index.runtime import MedfaqError
+
+
+@pytest.mark.parametrize("name", BENCHMARKS)
+def test_benchmark_files_are_beir(name, shared_data, tmp_path):
+    benchmark = make_benchmark(name, shared_data)
+    out = benchmark.save(tmp_path / name)
+    corpus = [json.loads(line) for line in (out / "corpus.jsonl").read_text().splitlines()]
+    queries = read_beir_queries(out / "queries.jsonl")
+    qrels = read_qrels(out / "qrels.tsv")
+    assert all(set(row) == {"_id", "title", "text", "metadata"} and row["text"] for row in corpus)
+    assert all(set(row) == {"_id", "text", "metadata"} for row in queries)
+    corpus_ids = {row["_id"] for row in corpus}
+    query_ids = {row["_id"] for row in queries}
+    assert len(corpus_ids) == len(corpus) and len(query_ids) == len(queries)
+    assert set(qrels) <= query_ids and all(set(docs) <= corpus_ids for docs in qrels.values())
+    assert read_qrels(out / "qrels.trec") == qrels
+    ood = set((out / "ood.txt").read_text().split())
+    assert ood == benchmark.ood_ids and not ood & set(qrels)
+    assert set(qrels) | ood == query_ids  # every query is judged or out of scope
+    assert len({" ".join(row["text"].lower().split()) for row in corpus}) == len(corpus)  # no duplicate FAQs
+    assert make_benchmark(name, shared_data).queries == benchmark.queries  # deterministic
+    loaded = Benchmark.load(out)
+    assert loaded.qrels == qrels and loaded.ood_ids == ood and loaded.dev_ids == benchmark.dev_ids
+    records, _ = load_collection(out / "corpus.jsonl", "jsonl", {"id": "_id", "question": "text"})
+    assert len(records) == len(corpus)
+
+
+def test_quebec_has_dev_test_and_out_of_scope_queries(shared_data):
+    from retriever.pair_data import quebec_query_split
+
+    benchmark = make_benchmark("quebec", shared_data)
+    assert len(benchmark.corpus) == 313
+    test_ids = {q["_id"] for q in benchmark.queries} - benchmark.dev_ids
+    assert benchmark.ood_ids & benchmark.dev_ids and benchmark.ood_ids & test_ids
+    assert set(benchmark.qrels) & benchmark.dev_ids and set(benchmark.qrels) & test_ids
+    train, _ = quebec_query_split(seed=0, data_root=shared_data)
+    train_texts = {" ".join(row["question"].lower().split()) for row in train}
+    assert not any(" ".join(q["text"].lower().split()) in train_texts for q in benchmark.queries)
+
+
+def test_make_benchmark_cli(shared_data, tmp_path):
+    runner = CliRunner()
+    out = tmp_path / "mediqa"
+    result = runner.invoke(
+        app, ["data", "make-benchmark", "mediqa2021", "--out", str(out), "--from", str(shared_data), "--no-index"]
+    )
+    assert result.exit_code == 0, result.output
+    assert "100 queries" in result.stdout and (out / "qrels.tsv").is_file() and not (out / "index").exists()
+    bad = runner.invoke(app, ["data", "make-benchmark", "nope", "--out", str(out), "--no-index"])
+    assert bad.exit_code == 2 and bad.stderr.strip().startswith("error: unknown benchmark 'nope'")
+    with pytest.raises(MedfaqError, match="not a benchmark directory"):
+        Benchmark.load(tmp_path)

@@ -1,0 +1,203 @@
+"""The pipeline with fake stages: summary/entities/rerank/filter/abstain, the unanswered log, config and threads."""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import pytest
+
+from index.faq_index import FaqIndex
+from index.runtime import MedfaqError
+from retriever.pipeline import Pipeline, PipelineConfig, confidence, key_stems
+from retriever.unanswered import UnansweredLog
+
+
+@pytest.fixture(scope="module")
+def index(tiny_encoder):
+    from index.records import FaqRecord
+    from tests.conftest import FAQ_ROWS
+
+    return FaqIndex.build([FaqRecord.from_dict(row) for row in FAQ_ROWS], tiny_encoder, progress=False)
+
+
+class KeywordSummary:
+    """'summarizes' a question to the FAQ-like phrase of the first keyword it contains."""
+
+    PHRASES = {"shingles": "How is shingles treated?", "migraine": "What causes migraine headaches?"}
+
+    def rewrite(self, texts):
+        return [next((p for k, p in self.PHRASES.items() if k in t.lower()), t) for t in texts]
+
+
+class CountingReranker:
+    """The fraction of the query's words found in the candidate; remembers how many candidates it scored."""
+
+    def __init__(self):
+        self.sizes = []
+
+    def score(self, query, candidates):
+        self.sizes.append(len(candidates))
+        words = set(query.lower().replace("?", "").split())
+        return [len(words & set(c.lower().replace("?", "").split())) / len(words) for c in candidates]
+
+
+@dataclass(frozen=True)
+class FakeEntity:
+    text: str
+    start: int
+    end: int
+    label: str
+
+
+class WordEntities:
+    WORDS = ("shingles", "migraine", "amoxicillin", "diabetes")
+
+    def find(self, text):
+        lower = text.lower()
+        return [FakeEntity(w, lower.index(w), lower.index(w) + len(w), "disease") for w in self.WORDS if w in lower]
+
+
+def test_stages_run_in_order_and_report(index):
+    reranker = CountingReranker()
+    config = PipelineConfig(
+        mode="bm25", top_k=2, summarize=True, query_source="summary", rerank=True, rerank_depth=3, candidates=5
+    )
+    pipeline = Pipeline(index, config, rewriter=KeywordSummary(), reranker=reranker, entity_finder=WordEntities())
+    question = "my neighbour has a painful rash, they said shingles. what do doctors do?"
+    response = pipeline.run(question)
+    assert response.summary == "How is shingles treated?"
+    assert [e.text for e in response.entities] == ["shingles"]
+    assert response.hits[0].id == "f3"
+    assert set(response.hits[0].stage_scores) == {"bm25", "rerank"}
+    assert response.confidence == response.hits[0].stage_scores["rerank"] == 1.0
+    assert set(response.timings_ms) == {"rewrite", "entities", "retrieve", "rerank", "total"}
+    assert all(size <= 3 for size in reranker.sizes)  # only the top `rerank_depth` are rescored
+    data = response.to_dict()
+    start = question.index("shingles")
+    assert data["entities"][0] == {"text": "shingles", "start": start, "end": start + 8, "label": "disease"}
+
+
+def test_raw_and_summary_fusion_keeps_both_stage_scores(index):
+    config = PipelineConfig(mode="dense", top_k=6, summarize=True, query_source="both")
+    response = Pipeline(index, config, rewriter=KeywordSummary()).run("migraine since monday, why?")
+    assert all("fusion" in hit.stage_scores for hit in response.hits)
+    assert any("summary_dense" in hit.stage_scores for hit in response.hits)
+    assert any("dense" in hit.stage_scores for hit in response.hits)
+    assert confidence(response.hits) == max(
+        v for h in response.hits for k, v in h.stage_scores.items() if k.endswith("dense")
+    )
+
+
+def test_key_term_filter_prefers_precision(index):
+    loose = Pipeline(index, PipelineConfig(mode="dense", top_k=6)).run("treatment of shingles")
+    strict = Pipeline(index, PipelineConfig(mode="dense", top_k=6, key_terms=True), entity_finder=WordEntities())
+    response = strict.run("treatment of shingles")
+    assert len(loose.hits) == 6
+    assert [h.id for h in response.hits] == ["f3"]
+    assert response.hits[0].stage_scores["overlap"] == 1.0 and response.hits[0].rank == 1
+    assert key_stems(["Diabetic diabetes"]) == {"diabe"}
+
+
+def test_abstention_logs_unanswered_questions(index, tmp_path):
+    log = UnansweredLog(tmp_path / "unanswered.jsonl")
+    config = PipelineConfig(mode="bm25", rerank=True, abstain=True, threshold=0.5)
+    pipeline = Pipeline(index, config, reranker=CountingReranker(), entity_finder=WordEntities(), unanswered=log)
+    answered, unanswered = pipeline.run_batch(["How is shingles treated?", "shingles vaccine price in Ohio"])
+    assert not answered.abstained and unanswered.abstained
+    assert unanswered.hits  # abstaining keeps the hits for the caller to show or hide
+    entries = log.read()
+    assert len(entries) == 1
+    entry = entries[0]
+    assert entry["query"] == "shingles vaccine price in Ohio" and entry["best_score"] == pytest.approx(0.2)
+    assert entry["entities"] == [{"text": "shingles", "start": 0, "end": 8, "label": "disease"}]
+    assert {"time", "summary", "best_id", "best_question"} <= set(entry)
+    quiet = Pipeline(
+        index, PipelineConfig(**{**config.to_dict(), "log_unanswered": False}), reranker=CountingReranker()
+    )
+    quiet.unanswered = log
+    assert quiet.run("shingles vaccine price in Ohio").abstained and len(log.read()) == 1
+
+
+def test_default_unanswered_log_lives_in_medfaq_home(index):
+    from index.runtime import medfaq_home
+
+    pipeline = Pipeline(index, PipelineConfig(mode="dense", abstain=True, threshold=2.0))
+    assert pipeline.run("anything at all").abstained
+    assert json.loads((medfaq_home() / "unanswered.jsonl").read_text().splitlines()[0])["query"] == "anything at all"
+
+
+def test_config_round_trip_and_flag_overrides(tmp_path):
+    config = PipelineConfig(mode="bm25", summarize=True, query_source="both", rerank=True, rerank_depth=7)
+    config.save(tmp_path)
+    loaded = PipelineConfig.load(tmp_path)
+    assert loaded == config
+    assert loaded.with_flags(summarize=False).query_source == "raw"
+    assert loaded.with_flags(rerank=False, mode="dense").to_dict() == {
+        **config.to_dict(),
+        "rerank": False,
+        "mode": "dense",
+    }
+    plain = PipelineConfig()
+    assert plain.with_flags(summarize=True).query_source == "summary"
+    assert plain.with_flags(query_source="both").summarize is True
+    assert plain.with_flags(summarize=None, rerank=None) == plain
+    with pytest.raises(MedfaqError, match="unknown rerank query"):
+        plain.updated(rerank_query="nope")
+    with pytest.raises(MedfaqError, match="at least 1"):
+        plain.updated(rerank_depth=0)
+
+
+def test_concurrent_searches_equal_serial_ones(index):
+    config = PipelineConfig(mode="hybrid", top_k=4, summarize=True, query_source="both", rerank=True)
+    stages = {"rewriter": KeywordSummary(), "reranker": CountingReranker(), "entity_finder": WordEntities()}
+    pipeline = Pipeline(index, config, **stages)
+    per_request = Pipeline(index, config, **stages)  # a second pipeline around the same stage objects
+    words = ["shingles", "migraine", "diabetes", "measles", "amoxicillin", "parkinson", "rash", "vaccine", "cough", "x"]
+    queries = [f"question {i} about {words[i % len(words)]} and {words[(3 * i) % len(words)]}" for i in range(20)]
+
+    def ranked(response):
+        return [(h.id, h.rank, round(h.score, 6), sorted(h.stage_scores)) for h in response.hits], response.summary
+
+    serial = [ranked(pipeline.run(q)) for q in queries]
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        for _ in range(4):
+            assert list(pool.map(lambda q: ranked(pipeline.run(q)), queries)) == serial
+        both = pool.map(lambda i: ranked((pipeline, per_request)[i % 2].run(queries[i])), range(len(queries)))
+        assert list(both) == serial
+
+
+def test_real_stage_loaders_are_registered_and_pass_settings(monkeypatch, index):
+    import torch
+
+    import retriever.stages as stages
+    import summarizer.generation as generation
+    from retriever.pipeline import _STAGE_LOADERS
+
+    assert {"rewrite", "rerank", "entities"} <= set(_STAGE_LOADERS)
+
+    class FakeSummarizer:
+        def __init__(self):
+            self.model = torch.nn.Sequential(torch.nn.Linear(4, 4))
+            self.calls = []
+            self.num_beams, self.max_length = 1, 32
+
+        @classmethod
+        def load(cls, name, device=None):
+            assert name == stages.DEFAULT_SUMMARIZER
+            return cls()
+
+        def summarize(self, texts, num_beams=1, max_length=64):
+            self.calls.append((num_beams, max_length))
+            return [t.upper() for t in texts]
+
+    monkeypatch.setattr(generation, "Summarizer", FakeSummarizer)
+    config = PipelineConfig(summarize=True, summary_beams=4, summary_max_length=20, quantize=True, entities=False)
+    pipeline = Pipeline.from_config(index, config)
+    assert pipeline.run("shingles?").summary == "SHINGLES?"
+    assert pipeline.rewriter.summarizer.calls == [(4, 20)]
+    greedy = Pipeline.from_config(index, PipelineConfig(summarize=True, entities=False))
+    greedy.run("shingles?")
+    assert greedy.rewriter.summarizer.calls == [(1, 32)]  # the model's validated settings
+    assert "quantized" in type(pipeline.rewriter.summarizer.model[0]).__module__  # int8 dynamic Linear

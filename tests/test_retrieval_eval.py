@@ -1,0 +1,238 @@
+"""Retrieval metrics against hand-computed values, abstention calibration, TREC interoperability, the compare
+harness with fake stages, and the `medfaq eval retrieval` / `medfaq bench` commands."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from typer.testing import CliRunner
+
+from app.cli import app
+from eval.benchmarks import Benchmark, read_qrels, read_trec_run, write_qrels
+from eval.retrieval import (
+    CachedReranker,
+    RetrievalEvaluator,
+    abstention_metrics,
+    calibrate_threshold,
+    compare_variants,
+    ranking_metrics,
+)
+from index.faq_index import FaqIndex
+from index.runtime import MedfaqError
+from retriever.pipeline import PipelineConfig, SearchResponse
+from retriever.runs import write_run
+from retriever.search import Hit
+
+QRELS = {"q1": {"a": 1}, "q2": {"b": 1, "c": 1}, "q3": {"z": 1}}
+RUN = {
+    "q1": {"x": 3.0, "a": 2.0, "y": 1.0},  # gold at rank 2
+    "q2": {"b": 5.0, "d": 4.0, "e": 3.0, "f": 2.5, "c": 2.0},  # golds at ranks 1 and 5
+    "q3": {},  # nothing found
+}
+
+
+def test_metrics_equal_hand_computed_values():
+    means, per_query = ranking_metrics(RUN, QRELS)
+    assert per_query["q1"]["mrr@10"] == pytest.approx(0.5)
+    assert per_query["q2"]["recall@1"] == pytest.approx(0.5) and per_query["q2"]["recall@5"] == pytest.approx(1.0)
+    assert per_query["q2"]["p@5"] == pytest.approx(0.4)
+    assert per_query["q1"]["ndcg@10"] == pytest.approx(1 / math.log2(3))
+    ideal = 1 + 1 / math.log2(3)
+    assert per_query["q2"]["ndcg@10"] == pytest.approx((1 + 1 / math.log2(6)) / ideal)
+    assert means["recall@1"] == pytest.approx(100 * (0 + 0.5 + 0) / 3)
+    assert means["mrr@10"] == pytest.approx(100 * (0.5 + 1 + 0) / 3)
+    assert means["recall@10"] == pytest.approx(100 * 2 / 3)
+
+
+def test_mrr_is_cut_at_ten():
+    run = {"q1": {f"d{i}": 100.0 - i for i in range(11)} | {"a": 1.0}}  # gold at rank 12
+    means, _ = ranking_metrics(run, {"q1": {"a": 1}})
+    assert means["mrr@10"] == 0.0
+
+
+def test_threshold_calibration_and_abstention_metrics():
+    assert calibrate_threshold([True, True, False, False], [0.9, 0.8, 0.3, 0.1]) == pytest.approx(0.55)
+    assert calibrate_threshold([True, False], [None, None]) == 0.0
+    metrics = abstention_metrics(
+        test_in_scope=[True, True, False, False],
+        test_confidences=[0.9, 0.4, 0.6, None],
+        dev_in_scope=[True, False],
+        dev_confidences=[0.7, 0.5],
+    )
+    assert metrics["threshold"] == pytest.approx(0.6)
+    assert metrics["auroc"] == pytest.approx(75.0)  # pairs (in, out): 0.9>0.6, 0.9>None, 0.4<0.6, 0.4>None
+    assert metrics["accuracy"] == pytest.approx(50.0)  # 0.9 answered, 0.4 abstained, 0.6 answered, None abstained
+    assert metrics["answered"] == pytest.approx(50.0) and metrics["ood_abstained"] == pytest.approx(50.0)
+
+
+def test_evaluator_splits_dev_test_and_ood():
+    qrels = {"t1": {"a": 1}, "d1": {"b": 1}}
+    evaluator = RetrievalEvaluator(qrels, ood_ids={"o1", "o2"}, dev_ids={"d1", "o1"})
+    run = {"t1": {"a": 1.0}, "d1": {"x": 1.0}, "o1": {"a": 1.0}, "o2": {"b": 1.0}}
+    metrics = evaluator(run, {"t1": 0.9, "d1": 0.8, "o1": 0.2, "o2": 0.3})
+    assert metrics["recall@1"] == 100.0  # only the test query t1 counts
+    assert metrics["accuracy"] == 100.0 and 0.2 < metrics["threshold"] < 0.8
+    assert "auroc" not in RetrievalEvaluator(qrels, set(), set())(run, {"t1": 0.5})
+
+
+def test_trec_run_and_qrels_files_round_trip(tmp_path):
+    write_qrels(tmp_path / "qrels.tsv", QRELS)
+    write_qrels(tmp_path / "qrels.trec", QRELS, trec=True)
+    assert read_qrels(tmp_path / "qrels.tsv") == read_qrels(tmp_path / "qrels.trec") == QRELS
+    assert (tmp_path / "qrels.tsv").read_text().splitlines()[0] == "query-id\tcorpus-id\tscore"
+    assert (tmp_path / "qrels.trec").read_text().splitlines()[0] == "q1 0 a 1"
+    responses = []
+    for docs in RUN.values():
+        ranked = sorted(docs.items(), key=lambda item: -item[1])
+        hits = [Hit(doc, score, rank, doc) for rank, (doc, score) in enumerate(ranked, 1)]
+        responses.append(SearchResponse("q", None, [], hits, False))
+    write_run(tmp_path / "run.trec", list(RUN), responses, "trec", "test")
+    run = read_trec_run(tmp_path / "run.trec")
+    assert ranking_metrics(run, QRELS)[0] == ranking_metrics(RUN, QRELS)[0]
+    assert (tmp_path / "run.trec").read_text().splitlines()[0] == "q1 Q0 x 1 3.000000 test"
+
+
+def test_bad_standard_files_are_one_line_errors(tmp_path):
+    (tmp_path / "bad.tsv").write_text("q1 a\n")
+    with pytest.raises(MedfaqError, match="bad.tsv:1"):
+        read_qrels(tmp_path / "bad.tsv")
+    (tmp_path / "bad.trec").write_text("q1 Q0 a 1 high tag\n")
+    with pytest.raises(MedfaqError, match="not a number"):
+        read_trec_run(tmp_path / "bad.trec")
+
+
+class Echo:
+    calls = 0
+
+    def rewrite(self, texts):
+        Echo.calls += len(texts)
+        return [t.split(",")[0] for t in texts]
+
+
+class Overlap:
+    def __init__(self):
+        self.pairs = 0
+
+    def score(self, query, candidates):
+        self.pairs += len(candidates)
+        words = set(query.lower().split())
+        return [len(words & set(c.lower().rstrip("?").split())) / len(words) for c in candidates]
+
+
+@pytest.fixture(scope="module")
+def index(tiny_encoder):
+    from index.records import FaqRecord
+    from tests.conftest import FAQ_ROWS
+
+    return FaqIndex.build([FaqRecord.from_dict(row) for row in FAQ_ROWS], tiny_encoder, progress=False)
+
+
+def test_compare_runs_every_variant_with_cached_stages(index):
+    queries = {"q1": "shingles treated, my aunt asks", "q2": "migraine headaches causes, since monday"}
+    evaluator = RetrievalEvaluator({"q1": {"f3": 1}, "q2": {"f5": 1}}, set(), set())
+    Echo.calls = 0
+    reranker = Overlap()
+    rows, skipped = compare_variants(index, queries, evaluator, PipelineConfig(), Echo(), reranker, progress=False)
+    assert len(rows) == 10 and not skipped
+    assert Echo.calls == 2  # summarized once for all variants
+    assert dict(rows)["summary-bm25"]["recall@1"] == 100.0
+    cached = CachedReranker(Overlap())
+    cached.score("a b", ["a", "b"])
+    assert cached.score("a b", ["b", "c"]) == [0.5, 0.0]
+    assert cached.reranker.pairs == 3
+    rows, skipped = compare_variants(index, queries, evaluator, PipelineConfig(), progress=False)
+    assert [name for name, _ in rows] == ["bm25", "dense", "hybrid"] and len(skipped) == 7
+    only, _ = compare_variants(index, queries, evaluator, PipelineConfig(), progress=False, systems=["dense"])
+    assert [name for name, _ in only] == ["dense"]
+    with pytest.raises(MedfaqError, match="unknown system"):
+        compare_variants(index, queries, evaluator, PipelineConfig(), progress=False, systems=["best"])
+
+
+@pytest.fixture(scope="module")
+def bench_dir(tmp_path_factory, index):
+    """A tiny benchmark (3 in-scope queries, 1 dev, 2 out of scope) next to its index."""
+    out = tmp_path_factory.mktemp("bench")
+    queries = [
+        {"_id": "q1", "text": "How is shingles treated?", "metadata": {"split": "test", "ood": False}},
+        {"_id": "q2", "text": "what causes migraine headaches", "metadata": {"split": "test", "ood": False}},
+        {"_id": "q3", "text": "symptoms of type 2 diabetes", "metadata": {"split": "dev", "ood": False}},
+        {"_id": "o1", "text": "best pizza in town", "metadata": {"split": "dev", "ood": True}},
+        {"_id": "o2", "text": "car insurance quotes", "metadata": {"split": "test", "ood": True}},
+    ]
+    qrels = {"q1": {"f3": 1}, "q2": {"f5": 1}, "q3": {"f2": 1}}
+    Benchmark("tiny", [], queries, qrels).save(out)
+    index.save(out / "index")
+    return out
+
+
+def medfaq(*args):
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def test_eval_retrieval_cli(bench_dir, tmp_path):
+    args = [
+        "--index",
+        bench_dir / "index",
+        "--queries",
+        bench_dir / "queries.jsonl",
+        "--qrels",
+        bench_dir / "qrels.tsv",
+    ]
+    result = medfaq("eval", "retrieval", *args, "--mode", "bm25", "--json", "--run-out", tmp_path / "run.trec")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["judged_test"] == 2 and data["rows"][0]["recall@1"] == 100.0
+    assert {"auroc", "accuracy", "threshold"} <= set(data["rows"][0])
+    assert {"q1", "q2", "q3"} <= set(read_trec_run(tmp_path / "run.trec"))
+    table = medfaq("eval", "retrieval", *args, "--compare")
+    assert table.exit_code == 0 and "hybrid" in table.stdout and "skipped" in table.stdout
+    saved = medfaq("eval", "retrieval", *args, "--mode", "dense", "--save-threshold")
+    assert saved.exit_code == 0, saved.output
+    config = PipelineConfig.load(bench_dir / "index")
+    assert config.abstain and config.mode == "dense" and "saved" in saved.stdout
+
+
+def test_eval_retrieval_one_line_errors(bench_dir, tmp_path):
+    args = ["--index", bench_dir / "index", "--queries", bench_dir / "queries.jsonl"]
+    missing = medfaq("eval", "retrieval", *args, "--qrels", tmp_path / "none.tsv")
+    assert missing.exit_code == 2 and missing.stderr.strip() == f"error: qrels file not found: {tmp_path / 'none.tsv'}"
+    (tmp_path / "other.tsv").write_text("zz\tf1\t1\n")
+    unknown = medfaq("eval", "retrieval", *args, "--qrels", tmp_path / "other.tsv")
+    assert unknown.exit_code == 2 and "not in" in unknown.stderr and len(unknown.stderr.strip().splitlines()) == 1
+    both = medfaq("eval", "retrieval", *args, "--qrels", bench_dir / "qrels.tsv", "--compare", "--run-out", "x")
+    assert both.exit_code == 2 and "leave out --compare" in both.stderr
+    bad = medfaq("eval", "retrieval", *args, "--qrels", bench_dir / "qrels.tsv", "--query", "sideways")
+    assert bad.exit_code == 2 and "unknown --query" in bad.stderr
+
+
+def test_search_uses_pipeline_json_and_flags_override(bench_dir, monkeypatch):
+    import retriever.pipeline as pipeline_module
+
+    directory = bench_dir / "index"
+    PipelineConfig(mode="bm25", top_k=2, entities=False).save(directory)
+    saved = json.loads(medfaq("search", "--index", directory, "--json", "shingles treated").stdout)
+    assert len(saved["hits"]) <= 2 and set(saved["hits"][0]["stage_scores"]) == {"bm25"}
+    assert {"summary", "entities", "abstained", "timings_ms", "confidence"} <= set(saved)
+    dense = json.loads(medfaq("search", "--index", directory, "--json", "--mode", "dense", "shingles").stdout)
+    assert set(dense["hits"][0]["stage_scores"]) == {"dense"}
+    monkeypatch.setitem(pipeline_module._STAGE_LOADERS, "rewrite", (lambda name, config: Echo(), True))
+    summarized = json.loads(medfaq("search", "--index", directory, "--json", "--summarize", "shingles, itchy").stdout)
+    assert summarized["summary"] == "shingles" and summarized["query"] == "shingles, itchy"
+    abstained = json.loads(
+        medfaq("search", "--index", directory, "--json", "--mode", "dense", "--abstain", "--threshold", "2", "x").stdout
+    )
+    assert abstained["abstained"] is True
+
+
+def test_bench_json_has_stage_percentiles(bench_dir):
+    result = medfaq("bench", "--index", bench_dir / "index", "--queries", "4", "--json", "--ann-vectors", "0")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert {"p50_ms", "p95_ms"} <= set(data["end_to_end"])
+    assert {"p50_ms", "p95_ms"} <= set(data["stages"]["retrieve"])
+    assert data["peers"]["bm25"]["ratio"] > 0 and data["peers"]["dense"]["ratio"] > 0 and data["peers"]["ann"] is None
+    assert data["throughput"]["queries_per_s"] > 0 and data["peak_memory_mb"] > 0 and data["index_size_mb"] > 0
+    text = medfaq("bench", "--index", bench_dir / "index", "--queries", "2", "--ann-vectors", "0", "--no-peers")
+    assert text.exit_code == 0 and "end_to_end" in text.stdout and "retrieve" in text.stdout
