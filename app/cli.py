@@ -39,7 +39,16 @@ app.add_typer(train_app, name="train")
 app.add_typer(eval_app, name="eval")
 
 
-from app import cmd_data, cmd_demo, cmd_index, cmd_search  # noqa: E402  (after the sub-apps they join)
+from app import (  # noqa: E402  (after the sub-apps they join)
+    cmd_data,
+    cmd_demo,
+    cmd_duplicates,
+    cmd_index,
+    cmd_retrieval,
+    cmd_search,
+    cmd_summaries,
+    cmd_summarizer,
+)
 
 data_app.command("fetch")(cmd_data.fetch)
 data_app.command("list")(cmd_data.list_datasets)
@@ -47,9 +56,12 @@ index_app.command("build")(cmd_index.build)
 index_app.command("add")(cmd_index.add)
 index_app.command("delete")(cmd_index.delete)
 index_app.command("info")(cmd_index.info)
+index_app.command("migrate")(cmd_index.migrate)
 app.command("search")(cmd_search.search)
 app.command("bench")(cmd_search.bench)
 app.command("demo")(cmd_demo.demo)
+for module in (cmd_summaries, cmd_summarizer, cmd_duplicates, cmd_retrieval):
+    module.register(app, data_app=data_app, train_app=train_app, eval_app=eval_app)
 
 
 @app.callback()
