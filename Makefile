@@ -3,6 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 TORCH_VERSION ?= 2.13.0
+DEMO_ARGS ?=
 
 .PHONY: install test lint demo clean
 
@@ -23,8 +24,8 @@ lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-demo: install
-	$(VENV)/bin/medfaq demo
+demo: install  # DEMO_ARGS=--no-train serves the demo without training missing models
+	$(VENV)/bin/medfaq demo $(DEMO_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -1,12 +1,16 @@
-"""`medfaq demo`: fetch MedQuAD, build the default index once, and answer a few consumer questions."""
+"""`medfaq demo`: serve the Streamlit demo on localhost:8501 (set-up progress on the page), or `--cli` for a table."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import typer
 
 from app.render import hits_table
+from app.setup_state import DEMO_INDEX, ENV_NO_TRAIN, EXAMPLE_QUESTIONS, SHARED_DATA
 from index.collections import load_collection
 from index.datasets import fetch_dataset
 from index.encoder import Encoder
@@ -14,20 +18,54 @@ from index.faq_index import MANIFEST, FaqIndex
 from index.runtime import DEFAULT_ENCODER, indexes_dir
 from retriever.pipeline import Pipeline, PipelineConfig
 
-SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
-DEMO_INDEX = "medquad-minilm"
-EXAMPLE_QUESTIONS = (
-    "can i drink alcohol while taking amoxicillin",
-    "my father was just diagnosed with parkinson's, is it inherited and could I get it too?",
-    "what are the early signs of type 2 diabetes",
-    "how is shingles treated and is there a vaccine",
-)
+APP_SCRIPT = Path(__file__).resolve().parent / "streamlit_app.py"
+THEME = {"primaryColor": "#0f766e", "backgroundColor": "#ffffff", "secondaryBackgroundColor": "#f1f5f9"}
+
+
+def streamlit_command(port: int = 8501, address: str = "localhost", script: Path = APP_SCRIPT) -> list[str]:
+    """The command that serves the demo (headless: no browser is opened, no usage statistics are sent)."""
+    theme = [f"--theme.{name}={value}" for name, value in THEME.items()]
+    return [
+        sys.executable,
+        "-m",
+        "streamlit",
+        "run",
+        str(script),
+        "--server.port",
+        str(port),
+        "--server.address",
+        address,
+        "--server.headless",
+        "true",
+        "--browser.gatherUsageStats",
+        "false",
+        "--client.toolbarMode",
+        "viewer",
+        *theme,
+    ]
 
 
 def demo(
-    top_k: int = typer.Option(5, "--top-k", help="Results per question."),
-    mode: str = typer.Option("hybrid", "--mode", help="dense|bm25|hybrid."),
+    cli: bool = typer.Option(False, "--cli", help="Print the example questions' results instead of serving the page."),
+    no_train: bool = typer.Option(False, "--no-train", help="Do not train missing models; run without them."),
+    port: int = typer.Option(8501, "--port", help="Port of the web page."),
+    address: str = typer.Option("localhost", "--address", help="Address to serve on (0.0.0.0 for all interfaces)."),
+    top_k: int = typer.Option(5, "--top-k", help="Results per question (--cli)."),
+    mode: str = typer.Option("hybrid", "--mode", help="dense|bm25|hybrid (--cli)."),
 ) -> None:
+    """Serve the demo at http://localhost:8501; on first run the page fetches MedQuAD, builds the index and trains
+    the quick summarizer and reranker (or, with --no-train, runs without them)."""
+    if cli:
+        answer_examples(top_k, mode)
+        return
+    env = {**os.environ, **({ENV_NO_TRAIN: "1"} if no_train else {})}
+    typer.echo(f"medfaq demo: open http://{address}:{port} (Ctrl-C stops it)", err=True)
+    code = subprocess.run(streamlit_command(port, address), env=env).returncode
+    if code != 0:
+        raise typer.Exit(code)
+
+
+def answer_examples(top_k: int, mode: str) -> None:
     """Fetch MedQuAD (from ../shared/data when present), build the default index if missing, run example questions."""
     fetch_dataset("medquad", SHARED_DATA if SHARED_DATA.is_dir() else None)
     directory = indexes_dir() / DEMO_INDEX

@@ -1,0 +1,240 @@
+"""What the demo runs on, and its first-run set-up: fetch MedQuAD, build the default index, train the quick models.
+
+The set-up runs in one background thread per server; each step is a `medfaq ...` command run as a subprocess whose
+latest output line is shown on the page. Search opens as soon as the index exists; the summarizer and the reranker
+join when their models appear under ``models_dir()``.
+"""
+
+from __future__ import annotations
+
+import codecs
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TextIO
+
+from index.faq_index import MANIFEST
+from index.runtime import indexes_dir, medfaq_home, models_dir
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
+DEMO_INDEX = "medquad-minilm"
+SUMMARIZER_MODEL = "summarizer-ecl-quick"
+RERANKER_MODEL = "reranker-faq-quick"
+OFF_VALUES = {"", "0", "off", "none", "false", "no"}
+SUMMARIZER_DATA = ("meqsum",)  # what `train summarizer --preset quick` reads
+RERANKER_DATA = ("quebec", "rqe", "meqsum")  # what `train crossencoder --task faq` reads
+EXAMPLE_QUESTIONS = (
+    "I've been on amoxicillin for a chest infection since Monday. Is it OK to have a glass of wine at my "
+    "sister's wedding this weekend?",
+    "My father was just diagnosed with Parkinson disease. Is it inherited, and could I get it too?",
+    "I'm always thirsty and I pee a lot lately. Could these be early signs of type 2 diabetes?",
+    "My mum has a painful rash on one side of her back. How is shingles treated and is there a vaccine?",
+)
+EXAMPLE_LABELS = ("Alcohol & amoxicillin", "Is Parkinson's inherited?", "Early signs of diabetes", "Shingles treatment")
+
+ENV_INDEX = "MEDFAQ_DEMO_INDEX"
+ENV_SUMMARIZER = "MEDFAQ_DEMO_SUMMARIZER"
+ENV_RERANKER = "MEDFAQ_DEMO_RERANKER"
+ENV_NO_TRAIN = "MEDFAQ_DEMO_NO_TRAIN"
+ENV_DATA = "MEDFAQ_DEMO_DATA"
+
+
+@dataclass(frozen=True)
+class DemoSettings:
+    """Where the demo's index and models are; every field can be set by an environment variable."""
+
+    index_dir: Path
+    summarizer: Path | None
+    reranker: Path | None
+    train: bool
+    shared_data: Path | None
+
+    @classmethod
+    def from_env(cls) -> DemoSettings:
+        """`MEDFAQ_DEMO_INDEX` (a directory), `MEDFAQ_DEMO_SUMMARIZER` / `MEDFAQ_DEMO_RERANKER` (a model directory,
+        a name under ``models_dir()``, or ``none``), `MEDFAQ_DEMO_NO_TRAIN=1`, `MEDFAQ_DEMO_DATA` (a copy of
+        the shared data, default ``../shared/data`` when present)."""
+        data = os.environ.get(ENV_DATA)
+        shared = Path(data).expanduser() if data else SHARED_DATA
+        return cls(
+            index_dir=Path(os.environ.get(ENV_INDEX) or indexes_dir() / DEMO_INDEX).expanduser(),
+            summarizer=_model_path(os.environ.get(ENV_SUMMARIZER, SUMMARIZER_MODEL)),
+            reranker=_model_path(os.environ.get(ENV_RERANKER, RERANKER_MODEL)),
+            train=os.environ.get(ENV_NO_TRAIN, "0").strip().lower() in OFF_VALUES,
+            shared_data=shared if shared.is_dir() else None,
+        )
+
+    def index_ready(self) -> bool:
+        return (self.index_dir / MANIFEST).is_file()
+
+    def index_stamp(self) -> float:
+        """Changes whenever the index is rebuilt or edited (cache key for the loaded index)."""
+        return (self.index_dir / MANIFEST).stat().st_mtime
+
+
+def _model_path(value: str) -> Path | None:
+    """A model directory: an existing path as given, else a name under ``models_dir()``; None when switched off."""
+    if value.strip().lower() in OFF_VALUES:
+        return None
+    path = Path(value).expanduser()
+    return path if path.is_absolute() or path.exists() else models_dir() / value
+
+
+def model_ready(path: Path | None) -> bool:
+    """A saved model directory is complete once its ``config.json`` is written."""
+    return path is not None and (path / "config.json").is_file()
+
+
+def model_stamp(path: Path) -> float:
+    return (path / "config.json").stat().st_mtime
+
+
+@dataclass
+class SetupStep:
+    """One set-up step: `medfaq` commands run in order, and what the page shows about them."""
+
+    key: str
+    title: str
+    commands: tuple[tuple[str, ...], ...] = ()
+    model: Path | None = None  # the model directory the step must leave behind
+    status: str = "pending"  # pending | running | done | failed | skipped
+    detail: str = ""
+    started: float | None = None
+    finished: float | None = None
+
+    @property
+    def shown_command(self) -> str:
+        return " && ".join("medfaq " + " ".join(command) for command in self.commands)
+
+    def elapsed(self) -> float:
+        if self.started is None:
+            return 0.0
+        return (self.finished or time.time()) - self.started
+
+
+def default_steps(settings: DemoSettings) -> list[SetupStep]:
+    """Fetch MedQuAD and build the index when the index is missing; train the missing quick models (or skip them
+    when training is off). Steps with nothing to do are marked done."""
+    source = ("--from", str(settings.shared_data)) if settings.shared_data else ()
+
+    def fetch(*names: str) -> tuple[tuple[str, ...], ...]:
+        return tuple(("data", "fetch", name, *source) for name in names)
+
+    steps = [
+        SetupStep(
+            "index",
+            "Fetch MedQuAD and build the FAQ index",
+            (*fetch("medquad"), ("index", "build", "medquad", "--out", str(settings.index_dir))),
+        ),
+        SetupStep(
+            "summarizer",
+            "Train the question summarizer (quick preset)",
+            (*fetch(*SUMMARIZER_DATA), ("train", "summarizer", "--preset", "quick", "--out", str(settings.summarizer))),
+            settings.summarizer,
+        ),
+        SetupStep(
+            "reranker",
+            "Train the FAQ reranker (quick preset)",
+            (
+                *fetch(*RERANKER_DATA),
+                ("train", "crossencoder", "--task", "faq", "--preset", "quick", "--out", str(settings.reranker)),
+            ),
+            settings.reranker,
+        ),
+    ]
+    for step in steps:
+        if step.key == "index" and settings.index_ready():
+            step.status, step.detail = "done", "ready"
+        elif step.key != "index" and (step.model is None or model_ready(step.model)):
+            step.status, step.detail = "done", "ready" if step.model else "switched off"
+        elif step.key != "index" and not settings.train:
+            step.status, step.detail = "skipped", "not trained (training is switched off)"
+    return steps
+
+
+class SetupRunner:
+    """Runs the pending set-up steps one after another in a background thread; thread-safe snapshots for pages."""
+
+    def __init__(self, settings: DemoSettings, steps: list[SetupStep] | None = None) -> None:
+        """`steps`: what to run instead of :func:`default_steps`."""
+        self.settings = settings
+        self.log_dir = medfaq_home() / "demo" / "setup"
+        self._lock = threading.Lock()
+        self._steps = default_steps(settings) if steps is None else steps
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Start the set-up thread once; later calls do nothing."""
+        with self._lock:
+            if self._thread is not None or not any(step.status == "pending" for step in self._steps):
+                return
+            self._thread = threading.Thread(target=self._run, name="medfaq-demo-setup", daemon=True)
+            self._thread.start()
+
+    def join(self, timeout: float | None = None) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def steps(self) -> list[SetupStep]:
+        with self._lock:
+            return [replace(step) for step in self._steps]
+
+    def busy(self) -> bool:
+        return any(step.status in {"pending", "running"} for step in self.steps())
+
+    def log_path(self, step: SetupStep) -> Path:
+        return self.log_dir / f"{step.key}.log"
+
+    def _update(self, key: str, **changes) -> None:
+        with self._lock:
+            for position, step in enumerate(self._steps):
+                if step.key == key:
+                    self._steps[position] = replace(step, **changes)
+
+    def _run(self) -> None:
+        for step in self.steps():
+            if step.status != "pending":
+                continue
+            self._update(step.key, status="running", started=time.time(), detail="starting")
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+            with self.log_path(step).open("w", encoding="utf-8") as log:
+                ok, detail = True, "done"
+                for command in step.commands:
+                    ok, detail = self._run_command(step.key, command, log)
+                    if not ok:  # a failed step is shown on the page; the next steps still run
+                        break
+            if ok and step.model is not None and not model_ready(step.model):
+                ok, detail = False, f"finished, but no model was saved at {step.model}"
+            self._update(step.key, status="done" if ok else "failed", finished=time.time(), detail=detail)
+
+    def _run_command(self, key: str, command: tuple[str, ...], log: TextIO) -> tuple[bool, str]:
+        """Run ``medfaq <command>``; its newest output line (tqdm bars included) becomes the step's detail."""
+        log.write(f"$ medfaq {' '.join(command)}\n")
+        last = f"medfaq {' '.join(command)}"
+        self._update(key, detail=last)
+        try:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "app", *command], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=REPO_ROOT
+            )
+        except OSError as error:
+            return False, f"cannot run medfaq: {error}"
+        assert process.stdout is not None
+        decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        buffer = ""
+        while chunk := os.read(process.stdout.fileno(), 4096):
+            text = decoder.decode(chunk)
+            log.write(text)
+            log.flush()
+            *lines, buffer = re.split(r"[\r\n]", buffer + text)
+            lines = [line.strip() for line in lines if line.strip()]
+            if lines:
+                last = lines[-1]
+                self._update(key, detail=last)
+        code = process.wait()
+        return (True, "done") if code == 0 else (False, last)

@@ -1,0 +1,24 @@
+"""The medfaq demo in the browser: `medfaq demo` (or `make demo`) serves this script on localhost:8501."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from app.ui import common, queue_page, results_page, search_page
+
+
+def main() -> None:
+    st.set_page_config(page_title="medfaq — medical FAQ search", page_icon="🩺", layout="wide")
+    common.apply_style()
+    page = st.navigation(
+        [
+            st.Page(search_page.render, title="Search", icon=":material/search:", url_path="search", default=True),
+            st.Page(queue_page.render, title="Expert queue", icon=":material/inbox:", url_path="expert-queue"),
+            st.Page(results_page.render, title="Results", icon=":material/bar_chart:", url_path="results"),
+        ]
+    )
+    page.run()
+
+
+if __name__ == "__main__":
+    main()

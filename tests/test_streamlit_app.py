@@ -1,0 +1,210 @@
+"""The Streamlit demo under AppTest: a tiny index from the tiny encoder, word-overlap stand-ins for the models."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import demo_fakes
+import pytest
+import streamlit as st
+from streamlit.testing.v1 import AppTest
+from typer.testing import CliRunner
+
+from app.feedback import Feedback, FeedbackStore
+from app.setup_state import EXAMPLE_QUESTIONS, DemoSettings, SetupRunner, SetupStep, default_steps
+from retriever.unanswered import UnansweredLog
+
+APP = str(Path(__file__).resolve().parents[1] / "app" / "streamlit_app.py")
+QUESTION = "I started amoxicillin on Monday for a chest infection. Can I drink alcohol while taking amoxicillin?"
+TIMEOUT_S = 60
+
+
+@pytest.fixture
+def demo_env(tmp_path, tiny_encoder, monkeypatch):
+    """Environment of a demo over a tiny index with stand-in models; caches cleared around each test."""
+    env = demo_fakes.build_demo_home(tmp_path / "home", tiny_encoder)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    demo_fakes.install(monkeypatch.setattr)
+    st.cache_resource.clear()
+    yield env
+    st.cache_resource.clear()
+
+
+def ask(question: str) -> AppTest:
+    app = AppTest.from_file(APP, default_timeout=TIMEOUT_S).run()
+    app.text_area(key="question").input(question)
+    app.button(key="FormSubmitter:ask-Search").click().run()
+    assert not app.exception
+    return app
+
+
+def markdown(app: AppTest) -> str:
+    return "\n".join(element.value for element in app.main.markdown)
+
+
+def test_search_shows_summary_entities_ranked_cards_and_stores_feedback(demo_env):
+    app = ask(QUESTION)
+    page = markdown(app)
+    assert "We read your question as" in page
+    assert '<mark class="mf-ent mf-drug">amoxicillin<sub>drug</sub></mark>' in page
+    assert page.index("1. Can I drink alcohol while taking amoxicillin?") < page.index("2. ")
+    assert "https://example.org/faq/f1" in page and "reranker" in page
+    assert "No good match" not in page
+    assert [e.label for e in app.expander][:2] == ["Answer", "Answer"]
+    in_use = "\n".join(element.value for element in app.sidebar.markdown)
+    assert "tiny · 6 FAQs" in in_use and "<b>Summarizer</b>: summarizer" in in_use
+
+    app.button(key="helpful_no").click().run()
+    assert "feedback was saved" in app.success[0].value
+    [stored] = FeedbackStore().all()
+    assert (stored.question, stored.helpful, stored.hit_ids[0]) == (QUESTION, False, "f1")
+    assert stored.settings == {"summarize": True, "rerank": True, "mode": "hybrid", "top_k": 5}
+
+
+def test_controls_switch_stages_and_mode(demo_env):
+    app = AppTest.from_file(APP, default_timeout=TIMEOUT_S).run()
+    app.toggle(key="ctl_summarizer_ready").set_value(False)
+    app.toggle(key="ctl_reranker_ready").set_value(False)
+    app.selectbox(key="ctl_mode").set_value("bm25")
+    app.slider(key="ctl_top_k").set_value(2)
+    app.text_area(key="question").input("what are the symptoms of diabetes")
+    app.button(key="FormSubmitter:ask-Search").click().run()
+    page = markdown(app)
+    assert "Your question" in page and "We read your question as" not in page
+    assert "1. What are the symptoms of type 2 diabetes?" in page and "3. " not in page
+    assert "BM25" in page and "reranker" not in page
+
+
+def test_example_question_searches_at_once(demo_env):
+    app = AppTest.from_file(APP, default_timeout=TIMEOUT_S).run()
+    app.button_group(key="example").set_value("Alcohol & amoxicillin").run()
+    assert app.text_area(key="question").value == EXAMPLE_QUESTIONS[0]
+    assert "We read your question as" in markdown(app) and "Was this helpful?" in markdown(app)
+
+
+def test_abstained_question_is_recorded_and_listed_in_the_expert_queue(demo_env):
+    app = ask("Xylophone lessons near Zanzibar?")
+    assert "No good match — your question was recorded for an expert." in app.warning[0].value
+    [entry] = UnansweredLog().read()
+    assert entry["query"] == "Xylophone lessons near Zanzibar?"
+
+    queue = AppTest.from_string("from app.ui import queue_page\nqueue_page.render()", default_timeout=TIMEOUT_S).run()
+    assert not queue.exception
+    assert list(queue.dataframe[0].value["query"]) == ["Xylophone lessons near Zanzibar?"]
+    assert [button.proto.label for button in queue.get("download_button")] == ["Export CSV", "Export JSONL"]
+
+
+@pytest.mark.parametrize(
+    ("question", "message"),
+    [
+        ("   ", "Type a question first"),
+        ("\x00\x01\x02\x03 \x04\x05\x06\x07", "doesn't look like a question"),
+        ("PK\x03\x04" + "\ufffd" * 40 + "word/document.xml", "doesn't look like a question"),
+        ("is this too long? " * 2000, "far longer than a question"),
+    ],
+)
+def test_bad_input_gets_a_friendly_message(demo_env, question, message):
+    app = ask(question)
+    assert message in app.warning[0].value
+    assert "matching FAQs" not in markdown(app)
+
+
+def test_long_question_is_cut_with_a_note(demo_env):
+    app = ask("Can I drink alcohol while taking amoxicillin? " * 100)
+    assert "first 2,000 characters are used" in app.info[0].value
+    assert "1. Can I drink alcohol while taking amoxicillin?" in markdown(app)
+
+
+def test_page_shows_set_up_progress_until_the_index_exists(demo_env, tmp_path, monkeypatch):
+    monkeypatch.setenv("MEDFAQ_DEMO_INDEX", str(tmp_path / "not-built"))
+    monkeypatch.setattr(SetupRunner, "start", lambda self: None)
+    app = AppTest.from_file(APP, default_timeout=TIMEOUT_S).run()
+    assert not app.exception
+    page = markdown(app)
+    assert "Fetch MedQuAD and build the FAQ index" in page and "medfaq index build medquad --out" in "\n".join(
+        caption.value for caption in app.caption
+    )
+    assert "Search opens as soon as the FAQ index is built" in app.info[0].value
+    assert "not-built (not built yet)" in "\n".join(element.value for element in app.sidebar.markdown)
+
+
+def test_default_steps_skip_what_exists_and_respect_no_train(demo_env, monkeypatch):
+    ready = DemoSettings.from_env()
+    assert [step.status for step in default_steps(ready)] == ["done", "done", "done"]
+    assert not SetupRunner(ready).busy()
+    monkeypatch.setenv("MEDFAQ_DEMO_RERANKER", "reranker-not-trained")
+    assert [step.status for step in default_steps(DemoSettings.from_env())] == ["done", "done", "skipped"]
+    monkeypatch.setenv("MEDFAQ_DEMO_NO_TRAIN", "0")
+    [*_, rerank] = default_steps(DemoSettings.from_env())
+    assert rerank.status == "pending" and rerank.commands[-1][:4] == ("train", "crossencoder", "--task", "faq")
+
+
+def test_setup_runner_runs_commands_and_reports_failures(demo_env):
+    steps = [
+        SetupStep("listing", "List datasets", (("data", "list"),)),
+        SetupStep("broken", "Fetch an unknown dataset", (("data", "fetch", "no-such-dataset"),)),
+    ]
+    runner = SetupRunner(DemoSettings.from_env(), steps)
+    runner.start()
+    runner.join(timeout=120)
+    listing, broken = runner.steps()
+    assert (listing.status, broken.status) == ("done", "failed")
+    assert "unknown dataset 'no-such-dataset'" in broken.detail
+    assert "medquad" in runner.log_path(listing).read_text(encoding="utf-8")
+
+
+def test_feedback_store_is_safe_with_concurrent_writers_and_survives_reopening(tmp_path):
+    path = tmp_path / "feedback.sqlite3"
+
+    def write(worker: int) -> None:
+        store = FeedbackStore(path)
+        for n in range(20):
+            store.add(Feedback(session=f"s{worker}", question=f"q{worker}-{n}", helpful=n % 2 == 0, hit_ids=["f1"]))
+
+    threads = [threading.Thread(target=write, args=(worker,)) for worker in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    rows = FeedbackStore(path).all()
+    assert len(rows) == 120 and len({row.question for row in rows}) == 120
+    assert sum(row.helpful for row in rows) == 60 and rows[0].hit_ids == ["f1"]
+
+
+def test_results_page_plots_tables_of_results_md(tmp_path, monkeypatch):
+    from app.ui import results_page
+
+    results = tmp_path / "results.md"
+    results.write_text(
+        "# Results\n\n## Search latency\n\n| stage | p50 ms | p95 ms |\n|---|---:|---:|\n"
+        "| dense | 31.49 | 41.01 |\n| bm25 | 1.38 | 4.57 |\n\n## Notes\n\nNo table here.\n",
+        encoding="utf-8",
+    )
+    monkeypatch.setattr(results_page, "RESULTS_MD", results)
+    [frame] = results_page.tables(results_page.sections(results.read_text())[0][1])
+    assert frame.loc["bm25", "p95 ms"] == 4.57
+    app = AppTest.from_string("from app.ui import results_page\nresults_page.render()", default_timeout=TIMEOUT_S)
+    app.run()
+    assert not app.exception
+    assert [tab.label for tab in app.tabs] == ["Search latency", "Notes"]
+    assert len(app.get("vega_lite_chart")) == 1
+
+
+def test_medfaq_demo_serves_streamlit_on_port_8501(monkeypatch):
+    from app import cmd_demo
+    from app.cli import app as cli
+
+    calls = []
+    monkeypatch.setattr(cmd_demo.subprocess, "run", lambda command, env: calls.append((command, env)) or _Done())
+    result = CliRunner().invoke(cli, ["demo", "--no-train"])
+    assert result.exit_code == 0, result.output
+    [(command, env)] = calls
+    assert command[1:4] == ["-m", "streamlit", "run"] and command[4].endswith("app/streamlit_app.py")
+    assert command[5:11] == ["--server.port", "8501", "--server.address", "localhost", "--server.headless", "true"]
+    assert env["MEDFAQ_DEMO_NO_TRAIN"] == "1"
+
+
+class _Done:
+    returncode = 0
