@@ -85,15 +85,24 @@ def test_negative_generator_shapes_and_diversity():
     assert diversity_loss(negatives).item() < 1.0
 
 
-def test_negative_similarity_plot_writes_a_png(tmp_path):
-    from eval.plots import negative_similarity_plot
+def test_negative_similarity_plot_writes_a_png_for_one_or_several_runs(tmp_path):
+    from eval.plots import main, negative_similarity_plot
     from index.runtime import MedfaqError
 
-    history = tmp_path / "history.json"
-    records = [{"stage": "main", "epoch": e, "train_cos_hard": 0.5 + e / 10, "train_cos_simple": 0.1} for e in (1, 2)]
-    history.write_text(json.dumps(records))
-    png = negative_similarity_plot(history, tmp_path / "fig" / "cos.png")
+    histories = []
+    for seed, epochs in enumerate(((1, 2), (1, 2, 3))):
+        records = [
+            {"stage": "main", "epoch": e, "train_cos_hard": 0.5 + e / 10, "train_cos_simple": 0.1} for e in epochs
+        ]
+        histories.append(tmp_path / f"history-{seed}.json")
+        histories[-1].write_text(json.dumps(records))
+    png = negative_similarity_plot(histories[:1], tmp_path / "fig" / "cos.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    history.write_text(json.dumps([{"stage": "main", "epoch": 1, "train_ce": 2.0}]))
+    main([*map(str, histories), "--out", str(tmp_path / "seeds.png")])
+    assert (tmp_path / "seeds.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    histories[0].write_text(json.dumps([{"stage": "main", "epoch": 1, "train_ce": 2.0}]))
     with pytest.raises(MedfaqError, match="no anchor/negative"):
-        negative_similarity_plot(history, tmp_path / "none.png")
+        negative_similarity_plot(histories[:1], tmp_path / "none.png")
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(tmp_path / "missing.json"), "--out", str(tmp_path / "x.png")])
+    assert exit_info.value.code == 2
