@@ -26,9 +26,10 @@ SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
 DEMO_INDEX = "medquad-minilm"
 SUMMARIZER_MODEL = "summarizer-ecl-quick"
 RERANKER_MODEL = "reranker-faq-quick"
+RERANKER_INTERMEDIATE = "ce-qa-quick"  # the MedQuAD question-answer cross-encoder the reranker starts from
 OFF_VALUES = {"", "0", "off", "none", "false", "no"}
 SUMMARIZER_DATA = ("meqsum",)  # what `train summarizer --preset quick` reads
-RERANKER_DATA = ("quebec", "rqe", "meqsum")  # what `train crossencoder --task faq` reads
+RERANKER_DATA = ("medquad", "quebec", "rqe", "meqsum")  # what `train crossencoder --task qa` and `faq` read
 EXAMPLE_QUESTIONS = (
     "I've been on amoxicillin for a chest infection since Monday. Is it OK to have a glass of wine at my "
     "sister's wedding this weekend?",
@@ -122,6 +123,7 @@ def default_steps(settings: DemoSettings) -> list[SetupStep]:
     """Fetch MedQuAD and build the index when the index is missing; train the missing quick models (or skip them
     when training is off). Steps with nothing to do are marked done."""
     source = ("--from", str(settings.shared_data)) if settings.shared_data else ()
+    intermediate = models_dir() / RERANKER_INTERMEDIATE
 
     def fetch(*names: str) -> tuple[tuple[str, ...], ...]:
         return tuple(("data", "fetch", name, *source) for name in names)
@@ -140,10 +142,22 @@ def default_steps(settings: DemoSettings) -> list[SetupStep]:
         ),
         SetupStep(
             "reranker",
-            "Train the FAQ reranker (quick preset)",
+            "Train the FAQ reranker (quick preset: MedQuAD question-answer task, then query -> FAQ)",
             (
                 *fetch(*RERANKER_DATA),
-                ("train", "crossencoder", "--task", "faq", "--preset", "quick", "--out", str(settings.reranker)),
+                ("train", "crossencoder", "--task", "qa", "--preset", "quick", "--out", str(intermediate), "--force"),
+                (
+                    "train",
+                    "crossencoder",
+                    "--task",
+                    "faq",
+                    "--preset",
+                    "quick",
+                    "--init",
+                    str(intermediate),
+                    "--out",
+                    str(settings.reranker),
+                ),
             ),
             settings.reranker,
         ),

@@ -138,7 +138,11 @@ def test_default_steps_skip_what_exists_and_respect_no_train(demo_env, monkeypat
     assert [step.status for step in default_steps(DemoSettings.from_env())] == ["done", "done", "skipped"]
     monkeypatch.setenv("MEDFAQ_DEMO_NO_TRAIN", "0")
     [*_, rerank] = default_steps(DemoSettings.from_env())
-    assert rerank.status == "pending" and rerank.commands[-1][:4] == ("train", "crossencoder", "--task", "faq")
+    assert rerank.status == "pending"
+    intermediate, final = rerank.commands[-2:]
+    assert intermediate[:4] == ("train", "crossencoder", "--task", "qa")
+    out = intermediate[intermediate.index("--out") + 1]
+    assert final[:4] == ("train", "crossencoder", "--task", "faq") and final[final.index("--init") + 1] == out
 
 
 def test_setup_runner_runs_commands_and_reports_failures(demo_env):
