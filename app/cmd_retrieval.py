@@ -14,6 +14,7 @@ from app.cmd_search import (
     QUANTIZE,
     QUERY,
     RERANK,
+    RERANK_FUSION,
     RERANKER,
     SUMMARIZE,
     SUMMARIZER,
@@ -76,6 +77,7 @@ def eval_retrieval(
     threshold: float | None = THRESHOLD,
     beams: int | None = BEAMS,
     quantize: bool | None = QUANTIZE,
+    rerank_fusion: str | None = RERANK_FUSION,
 ) -> None:
     """Recall@1/5/10, MRR@10, nDCG@10, P@5 on the judged test queries; with out-of-scope queries also abstention
     AUROC and accuracy at the threshold calibrated on the dev queries. `--compare` puts the variants side by side."""
@@ -96,7 +98,9 @@ def eval_retrieval(
         ood_ids={r["_id"] for r in rows if r["metadata"].get("ood")},
         dev_ids={r["_id"] for r in rows if r["metadata"].get("split") == "dev"},
     )
-    flags = StageFlags(summarize, query, rerank, abstain, summarizer, reranker, threshold, beams, quantize)
+    flags = StageFlags(
+        summarize, query, rerank, abstain, summarizer, reranker, threshold, beams, quantize, rerank_fusion
+    )
     config = flags.apply(PipelineConfig.load(index), mode=mode, top_k=10)
     faq_index = FaqIndex.load(index)
     result: dict[str, Any] = {"queries": len(texts), "judged_test": len(evaluator.test_qrels())}
@@ -121,7 +125,16 @@ def eval_retrieval(
         if save_threshold:
             if "threshold" not in table[0][1]:
                 raise MedfaqError("--save-threshold needs out-of-scope and dev queries to calibrate on")
-            stage_settings = ("mode", "summarize", "query_source", "rerank", "summarizer", "reranker", "quantize")
+            stage_settings = (
+                "mode",
+                "summarize",
+                "query_source",
+                "rerank",
+                "rerank_fusion",
+                "summarizer",
+                "reranker",
+                "quantize",
+            )
             saved = PipelineConfig.load(index).updated(
                 **{name: getattr(config, name) for name in stage_settings},
                 summary_beams=config.summary_beams,

@@ -31,6 +31,7 @@ class StageFlags:
     threshold: float | None = None
     beams: int | None = None
     quantize: bool | None = None
+    rerank_fusion: str | None = None
 
     def apply(self, config: PipelineConfig, **changes: Any) -> PipelineConfig:
         if self.query is not None and self.query not in QUERY_SOURCES:
@@ -45,6 +46,7 @@ class StageFlags:
             threshold=self.threshold,
             summary_beams=self.beams,
             quantize=self.quantize,
+            rerank_fusion=self.rerank_fusion,
             **changes,
         )
 
@@ -62,6 +64,9 @@ RERANKER = typer.Option(None, "--reranker", help="Cross-encoder model (directory
 THRESHOLD = typer.Option(None, "--threshold", help="Abstain when the confidence is below this.")
 BEAMS = typer.Option(None, "--beams", help="Summarizer beams (1 = greedy).")
 QUANTIZE = typer.Option(None, "--quantize/--no-quantize", help="int8 dynamic quantisation of summarizer and reranker.")
+RERANK_FUSION = typer.Option(
+    None, "--rerank-fusion", help="replace: order by the cross-encoder; rrf: RRF of retrieval and cross-encoder ranks."
+)
 
 
 def open_pipeline(index: Path, flags: StageFlags, **changes: Any) -> Pipeline:
@@ -90,6 +95,7 @@ def search(
     threshold: float | None = THRESHOLD,
     beams: int | None = BEAMS,
     quantize: bool | None = QUANTIZE,
+    rerank_fusion: str | None = RERANK_FUSION,
 ) -> None:
     """Search an index with one question (table or --json), or a query file (--queries Q.jsonl --output RUN).
 
@@ -100,7 +106,9 @@ def search(
         raise MedfaqError("--queries needs --output RUN (the run file to write)")
     if format not in RUN_FORMATS:
         raise MedfaqError(f"unknown run format {format!r}; choose one of {', '.join(RUN_FORMATS)}")
-    flags = StageFlags(summarize, query, rerank, abstain, summarizer, reranker, threshold, beams, quantize)
+    flags = StageFlags(
+        summarize, query, rerank, abstain, summarizer, reranker, threshold, beams, quantize, rerank_fusion
+    )
     pipeline = open_pipeline(index, flags, mode=mode, top_k=top_k)
     if question is not None:
         response = pipeline.run(question)
@@ -134,6 +142,7 @@ def bench(
     reranker: str | None = RERANKER,
     beams: int | None = BEAMS,
     quantize: bool | None = QUANTIZE,
+    rerank_fusion: str | None = RERANK_FUSION,
 ) -> None:
     """p50/p95 latency per search mode, per pipeline stage and end to end; batch throughput, peak memory, index
     size; peers as ratios (rank-bm25 vs bm25s, util.semantic_search vs FAISS, Flat vs IVF vs HNSW)."""
@@ -141,7 +150,7 @@ def bench(
 
     if queries < 1:
         raise MedfaqError("--queries must be at least 1")
-    flags = StageFlags(summarize, query, rerank, False, summarizer, reranker, None, beams, quantize)
+    flags = StageFlags(summarize, query, rerank, False, summarizer, reranker, None, beams, quantize, rerank_fusion)
     pipeline = open_pipeline(index, flags, top_k=top_k, log_unanswered=False)
     faq_index = pipeline.index
     texts = read_queries(query_file).questions[:queries] if query_file else speed.sample_queries(faq_index, queries)

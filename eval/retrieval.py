@@ -181,6 +181,9 @@ VARIANTS: list[tuple[str, dict[str, Any]]] = [  # summary-* search with the summ
     ("dense", {"mode": "dense"}),
     ("hybrid", {"mode": "hybrid"}),
     ("hybrid+rerank", {"mode": "hybrid", "rerank": True}),
+    ("hybrid+rerank-rrf", {"mode": "hybrid", "rerank": True, "rerank_fusion": "rrf"}),
+    ("dense+rerank", {"mode": "dense", "rerank": True}),
+    ("dense+rerank-rrf", {"mode": "dense", "rerank": True, "rerank_fusion": "rrf"}),
     ("summary-bm25", {"mode": "bm25", "summarize": True, "query_source": "summary"}),
     ("summary-dense", {"mode": "dense", "summarize": True, "query_source": "summary"}),
     ("summary-hybrid", {"mode": "hybrid", "summarize": True, "query_source": "summary"}),
@@ -214,7 +217,7 @@ def compare_variants(
     for name, changes in VARIANTS:
         if systems and name not in systems:
             continue
-        settings = {"summarize": False, "query_source": "raw", "rerank": False, **changes}
+        settings = {"summarize": False, "query_source": "raw", "rerank": False, "rerank_fusion": "replace", **changes}
         if (settings["summarize"] and rewriter is None) or (settings["rerank"] and reranker is None):
             skipped.append(name)
             continue

@@ -29,6 +29,7 @@ from retriever.unanswered import UnansweredLog
 PIPELINE_FILE = "pipeline.json"
 QUERY_SOURCES = ("raw", "summary", "both")
 RERANK_QUERIES = ("auto", "raw", "summary")
+RERANK_FUSIONS = ("replace", "rrf")
 STAGE_KINDS = ("rewrite", "rerank", "entities")
 STEM_CHARS = 5  # key terms are compared on their first characters: a cheap stemmer ("diabetes" ~ "diabetic")
 
@@ -61,7 +62,9 @@ class PipelineConfig:
     `summary_beams` / `summary_max_length`: generation settings (None = those the summarizer was validated with).
     `candidates`: hits per list before hybrid/raw+summary fusion. `rerank_depth`: how many fused hits the
     cross-encoder rescores (the rest keep their order below them). `rerank_query`: what the cross-encoder reads,
-    ``auto`` = the summary when one is made, else the question. `quantize`: int8 dynamic quantisation of the
+    ``auto`` = the summary when the search used the summary alone, else the question. `rerank_fusion`: ``replace``
+    orders the rescored hits by the cross-encoder alone, ``rrf`` by RRF of their retrieval and cross-encoder
+    ranks (a weak reranker then cannot bury a strong retrieval hit). `quantize`: int8 dynamic quantisation of the
     summarizer and reranker. `key_terms`: drop hits sharing no key term (entities, else content words) with the
     query (precision bias). `threshold`: abstain when the confidence (top rerank score, else the best dense cosine)
     is below it. Abstained questions are appended to `unanswered_log` (default ``$MEDFAQ_HOME/unanswered.jsonl``)
@@ -80,6 +83,7 @@ class PipelineConfig:
     reranker: str | None = None
     rerank_depth: int = 20
     rerank_query: str = "auto"
+    rerank_fusion: str = "replace"
     quantize: bool = False
     entities: bool = True
     key_terms: bool = False
@@ -91,7 +95,12 @@ class PipelineConfig:
     rrf_k: int = RRF_K
 
     def __post_init__(self) -> None:
-        choices = {"mode": MODES, "query_source": QUERY_SOURCES, "rerank_query": RERANK_QUERIES}
+        choices = {
+            "mode": MODES,
+            "query_source": QUERY_SOURCES,
+            "rerank_query": RERANK_QUERIES,
+            "rerank_fusion": RERANK_FUSIONS,
+        }
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 label = name.replace("_", " ")
@@ -325,7 +334,7 @@ class Pipeline:
     def _rerank_text(self, query: str, summary: str | None) -> str:
         wanted = self.config.rerank_query
         if wanted == "auto":
-            wanted = "summary" if summary else "raw"
+            wanted = "summary" if summary and self.config.query_source == "summary" else "raw"
         return (summary or query) if wanted == "summary" else query
 
     def _rerank(self, query: str, hits: list[Hit]) -> list[Hit]:
@@ -334,8 +343,16 @@ class Pipeline:
         if not head:
             return hits
         scores = self.reranker.score(query, [hit.question for hit in head])
-        order = sorted(zip(scores, head, strict=True), key=lambda pair: -pair[0])
-        reranked = [_rescored(hit, float(score), rank, "rerank") for rank, (score, hit) in enumerate(order, 1)]
+        rescored = {
+            hit.id: _rescored(hit, float(score), hit.rank, "rerank") for hit, score in zip(head, scores, strict=True)
+        }
+        by_model = sorted(rescored.values(), key=lambda hit: -hit.score)
+        if self.config.rerank_fusion == "rrf":
+            retrieval_ranking = [(hit.id, hit.score) for hit in head]
+            model_ranking = [(hit.id, hit.score) for hit in by_model]
+            fused = reciprocal_rank_fusion([retrieval_ranking, model_ranking], self.config.rrf_k)
+            by_model = [_rescored(rescored[doc_id], score, 0, "rerank_rrf") for doc_id, score in fused]
+        reranked = [_rescored(hit, hit.score, rank, None) for rank, hit in enumerate(by_model, 1)]
         return reranked + [_rescored(hit, hit.score, rank, None) for rank, hit in enumerate(tail, len(head) + 1)]
 
     def _key_term_filter(self, query: str, summary: str | None, entities: list[Any], hits: list[Hit]) -> list[Hit]:

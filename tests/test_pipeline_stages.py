@@ -90,6 +90,43 @@ def test_raw_and_summary_fusion_keeps_both_stage_scores(index):
     )
 
 
+class ReverseReranker:
+    """Scores candidates in the reverse of the order it is given them, and records the queries it reads."""
+
+    def __init__(self):
+        self.queries = []
+
+    def score(self, query, candidates):
+        self.queries.append(query)
+        return [float(position) for position in range(len(candidates))]
+
+
+def test_rrf_rerank_fusion_combines_retrieval_and_reranker_ranks(index):
+    question = "treatment of shingles rash"
+    retrieved = [h.id for h in Pipeline(index, PipelineConfig(mode="dense", top_k=5)).run(question).hits]
+    replace = PipelineConfig(mode="dense", top_k=5, rerank=True, rerank_depth=5)
+    by_model = Pipeline(index, replace, reranker=ReverseReranker()).run(question).hits
+    assert [h.id for h in by_model] == retrieved[::-1]
+    fused = Pipeline(index, replace.updated(rerank_fusion="rrf"), reranker=ReverseReranker()).run(question).hits
+    # every hit gets 1/(k + r) + 1/(k + 6 - r): the ends (r = 1, 5) tie above the middle, ties keep retrieval order
+    assert [h.id for h in fused] == [retrieved[0], retrieved[4], retrieved[1], retrieved[3], retrieved[2]]
+    assert [h.rank for h in fused] == [1, 2, 3, 4, 5]
+    assert [h.stage_scores["rerank"] for h in fused[:2]] == [0.0, 4.0]
+    assert fused[0].score == fused[0].stage_scores["rerank_rrf"]
+    assert fused[0].score == pytest.approx(1 / 61 + 1 / 65)
+    with pytest.raises(MedfaqError, match="rerank fusion"):
+        replace.updated(rerank_fusion="mean")
+
+
+@pytest.mark.parametrize(("source", "reads"), [("summary", "summary"), ("both", "raw"), ("raw", "raw")])
+def test_auto_rerank_query_reads_the_summary_only_when_the_search_used_it_alone(index, source, reads):
+    question = "my neighbour has a painful rash, they said shingles. what do doctors do?"
+    reranker = ReverseReranker()
+    config = PipelineConfig(mode="bm25", summarize=source != "raw", query_source=source, rerank=True)
+    response = Pipeline(index, config, rewriter=KeywordSummary(), reranker=reranker).run(question)
+    assert reranker.queries == [response.summary if reads == "summary" else question]
+
+
 def test_key_term_filter_prefers_precision(index):
     loose = Pipeline(index, PipelineConfig(mode="dense", top_k=6)).run("treatment of shingles")
     strict = Pipeline(index, PipelineConfig(mode="dense", top_k=6, key_terms=True), entity_finder=WordEntities())
