@@ -56,7 +56,7 @@ def negative_similarity_plot(history_files: Sequence[Path], out_png: Path, title
         raise MedfaqError("the history files have no anchor/negative similarities (train an ECL variant)")
     ax.set_xlabel("epoch")
     ax.set_ylabel("mean cosine similarity to the CHQ")
-    runs = f" (mean of {len(histories)} runs, min-max band)" if len(histories) > 1 else ""
+    runs = f"\n(mean of {len(histories)} runs, min-max band)" if len(histories) > 1 else ""
     ax.set_title(title or f"CHQ vs. negatives during ECL training{runs}", fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
