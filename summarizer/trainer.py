@@ -107,8 +107,9 @@ class SummarizerTrainConfig:
 
 PRESETS: dict[str, dict] = {
     # Up to 8 epochs over MeQSum train (400 pairs), 96 source tokens, validation on 50 pairs, early stopping after
-    # 3 epochs without gain: about 8 CPU-core minutes for an ECL run with the MiniLM backbone. With 2 epochs (the
-    # dataclass default) every variant collapsed to a few generic questions (docs/results.md).
+    # 3 epochs without gain: about 12 CPU-core minutes for an ECL run with the MiniLM backbone. With 2 epochs (the
+    # dataclass default) every variant wrote a few generic questions; with 8 the contrastive ones do not
+    # (docs/results.md).
     "quick": {"epochs": 8, "patience": 3, "eval_examples": 50},
     # The paper's setting for a GPU: longer inputs, more epochs, beam search for validation.
     "full": {
