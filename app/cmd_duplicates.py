@@ -94,7 +94,8 @@ def eval_duplicates(
     """Cross-validate a duplicate detector on MQP (one model per fold, dev-tuned thresholds), or score a trained
     model on a labelled pairs file."""
     from eval.duplicates import CV_FOLDS, DuplicateEvaluator, PairsEvaluator, save_fold
-    from retriever.encoder_training import make_config, quantize_linear, subsample
+    from index.runtime import quantize_linear
+    from retriever.encoder_training import make_config, subsample
     from retriever.pair_data import mqp_pairs, read_pairs_file
     from retriever.pair_models import as_scorer, load_pair_scorer, saved_threshold, train_pair_model
 

@@ -57,6 +57,7 @@ def eval_summarizer(
     limit: int | None = typer.Option(None, "--limit", help="Evaluate the first N pairs only."),
     ner: str = typer.Option("auto", "--ner", help="Entity recogniser for FIR/consistency: auto|dictionary|stanza."),
     device: str | None = typer.Option(None, "--device", help="cpu or cuda (default: cuda when visible)."),
+    quantize: bool = typer.Option(False, "--quantize", help="int8 dynamic quantisation of the summarizer (CPU)."),
 ) -> None:
     """Generate summaries for a summarization split and report ROUGE-1/2/L, FIR and entity consistency (percent)."""
     from eval.summarization import SummarizationEvaluator
@@ -69,7 +70,7 @@ def eval_summarizer(
     if not pairs:
         raise MedfaqError(f"{data} has no pairs")
     resolve_model(model)  # a missing model fails here, before anything is loaded
-    summarizer = _summarizer_class().load(model, device=device)
+    summarizer = _summarizer_class().load(model, device=device, quantize=quantize)
     evaluator = SummarizationEvaluator.from_pairs(
         pairs, recognizer=load_recognizer(ner), name=f"{model} on {data}", stream=sys.stderr if as_json else None
     )

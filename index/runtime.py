@@ -9,7 +9,9 @@ from __future__ import annotations
 import logging
 import os
 import random
+import warnings
 from pathlib import Path
+from typing import Any
 
 logger = logging.getLogger("medfaq")
 
@@ -122,3 +124,13 @@ def configure_logging(verbose: bool = False) -> None:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     logger.setLevel(logging.INFO if verbose else logging.WARNING)
+
+
+def quantize_linear(module: Any) -> Any:
+    """int8 dynamic quantisation of every ``nn.Linear`` (CPU inference only), in place."""
+    import torch
+    from torch.ao.quantization import quantize_dynamic
+
+    with warnings.catch_warnings():  # torch.ao.quantization is deprecated in favour of torchao; it still works
+        warnings.simplefilter("ignore")
+        return quantize_dynamic(module, {torch.nn.Linear}, dtype=torch.qint8, inplace=True)

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
-from index.runtime import choose_device, resolve_model
-from retriever.encoder_training import EncoderTrainConfig, quantize_linear, train_loop
+from index.runtime import choose_device, quantize_linear, resolve_model
+from retriever.encoder_training import EncoderTrainConfig, train_loop
 from retriever.pair_data import Pair, mnrl_triplets
 
 

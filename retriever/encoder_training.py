@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import logging
 import random
-import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
@@ -174,16 +173,6 @@ def train_loop(
     model.eval()
     logger.info("trained %d steps, final loss %.4f", total, losses[-1])
     return losses
-
-
-def quantize_linear(module: Any) -> Any:
-    """int8 dynamic quantisation of every ``nn.Linear`` (CPU inference only), in place."""
-    import torch
-    from torch.ao.quantization import quantize_dynamic
-
-    with warnings.catch_warnings():  # torch.ao.quantization is deprecated in favour of torchao; it still works
-        warnings.simplefilter("ignore")
-        return quantize_dynamic(module, {torch.nn.Linear}, dtype=torch.qint8, inplace=True)
 
 
 def save_trained(model: Any, config: EncoderTrainConfig, out: str | Path) -> Path:

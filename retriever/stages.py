@@ -7,7 +7,7 @@
   offline dictionaries).
 
 With ``quantize`` in the config, the summarizer's and the reranker's linear layers are converted to int8 with
-PyTorch dynamic quantisation (CPU only, `retriever.encoder_training.quantize_linear`).
+PyTorch dynamic quantisation (CPU only, `index.runtime.quantize_linear`).
 Import this module (the CLI does) before :meth:`Pipeline.from_config`.
 """
 
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from retriever.encoder_training import quantize_linear
 from retriever.pipeline import PipelineConfig, register_stage_loader
 
 DEFAULT_SUMMARIZER = "summarizer-ecl-quick"
@@ -38,9 +37,7 @@ class SummarizerRewriter:
 def load_rewriter(name: str | None, config: PipelineConfig) -> SummarizerRewriter:
     from summarizer.generation import Summarizer
 
-    summarizer = Summarizer.load(name or DEFAULT_SUMMARIZER, device="cpu" if config.quantize else None)
-    if config.quantize:
-        quantize_linear(summarizer.model)
+    summarizer = Summarizer.load(name or DEFAULT_SUMMARIZER, quantize=config.quantize)
     return SummarizerRewriter(summarizer, config.summary_beams, config.summary_max_length)
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from index.runtime import MedfaqError, choose_device, resolve_model
+from index.runtime import MedfaqError, choose_device, quantize_linear, resolve_model
 from summarizer.modeling import load_backbone
 
 CONFIG_FILE = "train_config.json"
@@ -60,8 +60,9 @@ class Summarizer:
         self.num_beams, self.max_length, self.max_source_len = num_beams, max_length, max_source_len
 
     @classmethod
-    def load(cls, model: str | Path, device: str | None = None) -> Summarizer:
-        """Load a summarizer directory (or any seq2seq model) resolved by `index.runtime.resolve_model`."""
+    def load(cls, model: str | Path, device: str | None = None, quantize: bool = False) -> Summarizer:
+        """Load a summarizer directory (or any seq2seq model) resolved by `index.runtime.resolve_model`;
+        `quantize`: int8 dynamic quantisation of its linear layers (CPU only)."""
         path = Path(resolve_model(model))
         config_file = path / CONFIG_FILE
         if not config_file.is_file():
@@ -69,8 +70,10 @@ class Summarizer:
                 f"{path} is not a trained summarizer (no {CONFIG_FILE}); train one with `medfaq train summarizer`"
             )
         saved = json.loads(config_file.read_text(encoding="utf-8"))
-        device = choose_device(device)
+        device = "cpu" if quantize else choose_device(device)
         network, tokenizer = load_backbone(path)
+        if quantize:
+            quantize_linear(network)
         return cls(
             network.to(device),
             tokenizer,

@@ -60,7 +60,7 @@ class FakeSummarizer:
     loaded: list = []
 
     @classmethod
-    def load(cls, model, device=None):
+    def load(cls, model, device=None, quantize=False):
         cls.loaded.append(str(model))
         return cls()
 

@@ -100,6 +100,19 @@ def test_each_variant_trains_saves_reloads_and_generates(variant, tiny_bert_dir,
     assert len(summaries) == 3 and all(isinstance(s, str) for s in summaries)
 
 
+def test_quantized_summarizer_has_int8_linear_layers_and_generates(tiny_bert_dir, tmp_path):
+    from torch.ao.nn.quantized.dynamic import Linear as DynamicQuantizedLinear
+
+    out = tmp_path / "mle"
+    train_summarizer(tiny_config("mle", backbone=str(tiny_bert_dir)), PAIRS[:4], PAIRS[4:], out)
+    quantized = Summarizer.load(out, quantize=True)
+    layers = list(quantized.model.modules())
+    assert quantized.device == "cpu" and any(isinstance(m, DynamicQuantizedLinear) for m in layers)
+    assert not any(type(m) is torch.nn.Linear for m in layers)
+    summaries = quantized.summarize([PAIRS[0][0], "short"], max_length=5)
+    assert len(summaries) == 2 and all(isinstance(s, str) for s in summaries)
+
+
 def test_resumed_run_continues_with_the_same_losses(tiny_bert_dir, tmp_path):
     def run(out, max_steps, resume=False):
         losses = {}
