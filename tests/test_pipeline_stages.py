@@ -210,20 +210,23 @@ def test_real_stage_loaders_are_registered_and_pass_settings(monkeypatch, index)
 
     import retriever.stages as stages
     import summarizer.generation as generation
+    from index.runtime import quantize_linear
     from retriever.pipeline import _STAGE_LOADERS
 
     assert {"rewrite", "rerank", "entities"} <= set(_STAGE_LOADERS)
 
     class FakeSummarizer:
-        def __init__(self):
+        def __init__(self, quantize):
             self.model = torch.nn.Sequential(torch.nn.Linear(4, 4))
+            if quantize:
+                quantize_linear(self.model)
             self.calls = []
             self.num_beams, self.max_length = 1, 32
 
         @classmethod
-        def load(cls, name, device=None):
+        def load(cls, name, device=None, quantize=False):
             assert name == stages.DEFAULT_SUMMARIZER
-            return cls()
+            return cls(quantize)
 
         def summarize(self, texts, num_beams=1, max_length=64):
             self.calls.append((num_beams, max_length))
