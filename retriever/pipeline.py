@@ -83,7 +83,7 @@ class PipelineConfig:
     reranker: str | None = None
     rerank_depth: int = 20
     rerank_query: str = "auto"
-    rerank_fusion: str = "replace"
+    rerank_fusion: str = "rrf"
     quantize: bool = False
     entities: bool = True
     key_terms: bool = False

@@ -62,7 +62,14 @@ class WordEntities:
 def test_stages_run_in_order_and_report(index):
     reranker = CountingReranker()
     config = PipelineConfig(
-        mode="bm25", top_k=2, summarize=True, query_source="summary", rerank=True, rerank_depth=3, candidates=5
+        mode="bm25",
+        top_k=2,
+        summarize=True,
+        query_source="summary",
+        rerank=True,
+        rerank_depth=3,
+        rerank_fusion="replace",
+        candidates=5,
     )
     pipeline = Pipeline(index, config, rewriter=KeywordSummary(), reranker=reranker, entity_finder=WordEntities())
     question = "my neighbour has a painful rash, they said shingles. what do doctors do?"
@@ -104,7 +111,8 @@ class ReverseReranker:
 def test_rrf_rerank_fusion_combines_retrieval_and_reranker_ranks(index):
     question = "treatment of shingles rash"
     retrieved = [h.id for h in Pipeline(index, PipelineConfig(mode="dense", top_k=5)).run(question).hits]
-    replace = PipelineConfig(mode="dense", top_k=5, rerank=True, rerank_depth=5)
+    replace = PipelineConfig(mode="dense", top_k=5, rerank=True, rerank_depth=5, rerank_fusion="replace")
+    assert PipelineConfig().rerank_fusion == "rrf"  # the default: better than replace on all five benchmarks
     by_model = Pipeline(index, replace, reranker=ReverseReranker()).run(question).hits
     assert [h.id for h in by_model] == retrieved[::-1]
     fused = Pipeline(index, replace.updated(rerank_fusion="rrf"), reranker=ReverseReranker()).run(question).hits

@@ -70,7 +70,9 @@ def test_pipeline_without_stages_is_plain_retrieval(index):
 
 
 def test_pipeline_runs_rewrite_and_rerank_stages(index):
-    config = PipelineConfig(mode="hybrid", top_k=2, summarize=True, query_source="summary", rerank=True)
+    config = PipelineConfig(
+        mode="hybrid", top_k=2, summarize=True, query_source="summary", rerank=True, rerank_fusion="replace"
+    )
     response = Pipeline(index, config, rewriter=Shorten(), reranker=PreferMigraine()).run("long messy story ...")
     assert response.summary == "shingles treatment"
     assert response.hits[0].id == "f5" and response.hits[0].stage_scores["rerank"] == 1.0
