@@ -121,18 +121,20 @@ def eval_duplicates(
             _check_out(save_models, force=False)
         evaluator = DuplicateEvaluator(mqp_pairs(), split, folds or CV_FOLDS[preset], seed, print_fn=echo)
 
-        def fit(train, fold):
+        fold_configs = []
+
+        def fit(train, dev, fold):
             train = subsample(train, max_pairs, seed)
-            trained = train_pair_model(train, replace(config, n_train_pairs=len(train)), device)
+            fold_configs.append(replace(config, n_train_pairs=len(train)))
+            trained = train_pair_model(train, fold_configs[-1], device, dev)
             if quantize:
                 quantize_linear(trained.cpu())
-            return as_scorer(trained, config)
+            return as_scorer(trained, fold_configs[-1])
 
-        after_fold = None
-        if save_models is not None:
-
-            def after_fold(fold, scorer, metrics, test_pairs):
-                save_fold(save_models / f"fold-{fold + 1}", scorer.model, config, metrics, test_pairs)
+        def after_fold(fold, scorer, metrics, test_pairs):
+            metrics.update(fold_configs[fold].extra.get("history", {}))
+            if save_models is not None:
+                save_fold(save_models / f"fold-{fold + 1}", scorer.model, fold_configs[fold], metrics, test_pairs)
 
         result = evaluator(fit, after_fold=after_fold)
         result.update(model_type=model_type, init=init, preset=preset, quantized=quantize)

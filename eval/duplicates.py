@@ -127,9 +127,11 @@ def fold_metrics(
 
 
 def summarise(per_fold: list[dict[str, float]]) -> dict[str, float]:
-    """Mean and sample standard deviation (``<metric>_std``; 0 for one fold) of every metric over folds."""
+    """Mean and sample standard deviation (``<metric>_std``; 0 for one fold) of every number over folds."""
     summary: dict[str, float] = {}
-    for key in per_fold[0]:
+    for key, first in per_fold[0].items():
+        if not isinstance(first, int | float):
+            continue
         values = np.array([fold[key] for fold in per_fold], dtype=float)
         summary[key] = float(values.mean())
         summary[f"{key}_std"] = float(values.std(ddof=1)) if len(values) > 1 else 0.0
@@ -161,8 +163,9 @@ def _labels(pairs: Sequence[Pair]) -> np.ndarray:
 
 class DuplicateEvaluator:
     """Cross-validation of a duplicate detector: ``evaluator(fit)`` trains one model per fold with
-    ``fit(train_pairs, fold_index) -> PairScorer``, tunes thresholds on the fold's dev part, scores its test part,
-    prints a table and returns mean/std metrics (fractions) plus ``per_fold``."""
+    ``fit(train_pairs, dev_pairs, fold_index) -> PairScorer`` (dev may select epochs; test is never seen), tunes
+    thresholds on the fold's dev part, scores its test part, prints a table and returns mean/std metrics (fractions)
+    plus ``per_fold``."""
 
     def __init__(
         self,
@@ -180,7 +183,7 @@ class DuplicateEvaluator:
 
     def __call__(
         self,
-        fit: Callable[[list[Pair], int], PairScorer],
+        fit: Callable[[list[Pair], list[Pair], int], PairScorer],
         after_fold: Callable[[int, PairScorer, dict[str, float], list[Pair]], Any] | None = None,
     ) -> dict[str, Any]:
         """`after_fold(fold_index, scorer, fold_metrics, test_pairs)` runs after each fold (e.g. to save it)."""
@@ -189,7 +192,7 @@ class DuplicateEvaluator:
         for i, fold in enumerate(self.folds):
             fold_start = time.perf_counter()
             train, dev, test = ([self.pairs[j] for j in part] for part in (fold.train, fold.dev, fold.test))
-            scorer = fit(train, i)
+            scorer = fit(train, dev, i)
             dev_scores = scorer.score_pairs(_texts(dev), progress=True)
             test_scores = scorer.score_pairs(_texts(test), progress=True)
             metrics = fold_metrics(dev_scores, _labels(dev), test_scores, _labels(test))

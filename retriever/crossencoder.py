@@ -1,88 +1,186 @@
-"""The cross-encoder: MiniLM (or any BERT-like model) with a one-logit classification head over a text pair,
-trained with binary cross-entropy; :class:`CrossEncoderReranker` scores (query, FAQ) pairs for the pipeline."""
+"""The cross-encoder: MiniLM (or any BERT-like model) with a one-logit head over a text pair, trained with binary
+cross-entropy; :class:`CrossEncoderReranker` scores (query, FAQ) pairs for the pipeline.
+
+The head reads the encoder the way its checkpoint was trained to be read (``head``): ``mean`` = mean pooling of the
+token vectors (what all-MiniLM-L6-v2 was trained with) then a linear layer; ``cls`` = the [CLS] vector then a linear
+layer; ``pooler`` = the stock ``*ForSequenceClassification`` head over the checkpoint's BERT pooler (untrained in
+mean-pooling checkpoints). A pair longer than the model's max length loses tokens from the end of its first text
+(the query); the second text (the FAQ) is kept whole while it fits.
+"""
 
 from __future__ import annotations
 
 import json
 import logging
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
-from index.runtime import choose_device, quantize_linear, resolve_model
-from retriever.encoder_training import EncoderTrainConfig, train_loop
+from index.runtime import MedfaqError, choose_device, quantize_linear, resolve_model, seed_everything
+from retriever.encoder_training import CONFIG_FILE, HEADS, EncoderTrainConfig, split_dev, train_loop
 from retriever.pair_data import Pair
 
 logger = logging.getLogger("medfaq.crossencoder")
 
+LENGTH_PERCENTILE = 99  # the automatic max length covers this percentile of the training pairs' token counts
+
 
 def has_classifier_head(path: str) -> bool:
-    """True for a saved sequence-classification model (a trained cross-encoder), False for a plain encoder."""
-    config = Path(path) / "config.json"
+    """True for a saved cross-encoder (a sequence-classification model, or a sentence-transformers CrossEncoder
+    directory), False for a plain encoder."""
+    directory = Path(path)
+    config = directory / "config.json"
+    st_config = directory / "config_sentence_transformers.json"
+    if st_config.is_file() and json.loads(st_config.read_text(encoding="utf-8")).get("model_type") == "CrossEncoder":
+        return True
     if not config.is_file():
         return False
     architectures = json.loads(config.read_text(encoding="utf-8")).get("architectures") or []
     return any(name.endswith("ForSequenceClassification") for name in architectures)
 
 
-def load_crossencoder(model: str | Path, device: str | None = None, max_length: int | None = None):
-    """A trained cross-encoder, or a plain encoder (e.g. ``minilm``) with a new, randomly initialised one-logit head."""
+def load_crossencoder(model: str | Path, device: str | None = None, max_length: int | None = None, head: str = "mean"):
+    """A trained cross-encoder, or a plain encoder (e.g. ``minilm``) with a new, randomly initialised one-logit
+    `head` (seed first for a repeatable head)."""
     from sentence_transformers import CrossEncoder
-    from sentence_transformers.base.modules import Transformer
+    from sentence_transformers.base.modules import Dense, Transformer
+    from sentence_transformers.sentence_transformer.modules import Pooling
 
+    if head not in HEADS:
+        raise MedfaqError(f"unknown head {head!r}; choose one of {', '.join(HEADS)}")
     path = resolve_model(model)
     device = choose_device(device)
     if has_classifier_head(path):
         return CrossEncoder(path, device=device, max_length=max_length)
     processor = {"model_max_length": max_length} if max_length else None
-    transformer = Transformer(
-        path, transformer_task="sequence-classification", config_kwargs={"num_labels": 1}, processor_kwargs=processor
-    )
-    return CrossEncoder(modules=[transformer], device=device)
+    if head == "pooler":
+        transformer = Transformer(
+            path,
+            transformer_task="sequence-classification",
+            config_kwargs={"num_labels": 1},
+            processor_kwargs=processor,
+        )
+        return CrossEncoder(modules=[transformer], device=device)
+    transformer = Transformer(path, transformer_task="feature-extraction", processor_kwargs=processor)
+    dim = transformer.get_embedding_dimension()
+    pooling = Pooling(dim, pooling_mode=head)
+    score = Dense(dim, 1, activation_function=None, module_output_name="scores")
+    return CrossEncoder(modules=[transformer, pooling, score], device=device)
+
+
+def truncate_first(tokenizer, pairs: Sequence[tuple[str, str]], max_length: int) -> list[tuple[str, str]]:
+    """Cut each pair's first text (at a token boundary of the original string) so the pair fits `max_length`
+    tokens with its second text whole; a second text too long to fit alone is left to the tokenizer's truncation."""
+    firsts = tokenizer([a for a, _ in pairs], add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+    seconds = tokenizer([b for _, b in pairs], add_special_tokens=False)["input_ids"]
+    special = tokenizer.num_special_tokens_to_add(pair=True)
+    fitted = []
+    for (a, b), offsets, second in zip(pairs, firsts, seconds, strict=True):
+        keep = max_length - special - len(second)
+        if len(offsets) > keep > 0:
+            a = a[: offsets[keep - 1][1]]
+        fitted.append((a, b))
+    return fitted
+
+
+def measure_max_length(tokenizer, pairs: Sequence[Pair], percentile: float = LENGTH_PERCENTILE) -> int:
+    """The `percentile` of the pairs' token counts (with special tokens), rounded up to a multiple of 8, <= 512."""
+    sample = list(pairs)[:5000]
+    encoded = tokenizer([p.text_a for p in sample], [p.text_b for p in sample])["input_ids"]
+    length = float(np.percentile([len(ids) for ids in encoded], percentile))
+    return int(min(512, max(16, 8 * np.ceil(length / 8))))
 
 
 class CrossEncoderReranker:
-    """Scores text pairs with a cross-encoder: probabilities in [0, 1], higher = the same question / a match."""
+    """Scores text pairs with a cross-encoder: probabilities in [0, 1], higher = the same question / a match.
 
-    def __init__(self, model, batch_size: int = 32, name: str = "") -> None:
+    `symmetric` (a task where the pair order carries no meaning, e.g. MQP) scores both orders and averages them."""
+
+    def __init__(self, model, batch_size: int = 32, name: str = "", symmetric: bool = False) -> None:
         self.model = model
         self.batch_size = batch_size
         self.name = name
+        self.symmetric = symmetric
 
     @classmethod
     def load(
         cls, model: str | Path, device: str | None = None, quantize: bool = False, batch_size: int = 32
     ) -> CrossEncoderReranker:
         """Load a trained cross-encoder (any name `resolve_model` accepts); `quantize` = int8 dynamic (CPU only)."""
-        encoder = load_crossencoder(model, device="cpu" if quantize else device)
+        path = Path(resolve_model(model))
+        encoder = load_crossencoder(path, device="cpu" if quantize else device)
         if quantize:
             quantize_linear(encoder)
-        return cls(encoder, batch_size=batch_size, name=str(model))
+        symmetric = (path / CONFIG_FILE).is_file() and EncoderTrainConfig.load(path).symmetric
+        return cls(encoder, batch_size=batch_size, name=str(model), symmetric=symmetric)
 
     def score(self, query: str, candidates: list[str]) -> list[float]:
         """Probability that each candidate matches `query` (pipeline `Reranker` protocol)."""
         return self.score_pairs([(query, candidate) for candidate in candidates]).tolist()
 
+    def _predict(self, pairs: Sequence[tuple[str, str]], progress: bool) -> np.ndarray:
+        fitted = truncate_first(self.model.tokenizer, pairs, self.model.max_seq_length)
+        scores = self.model.predict(fitted, batch_size=self.batch_size, show_progress_bar=progress)
+        return np.asarray(scores, dtype=np.float32).reshape(-1)
+
     def score_pairs(self, pairs: Sequence[tuple[str, str]], progress: bool = False) -> np.ndarray:
         """Probabilities for many (text_a, text_b) pairs."""
         if not pairs:
             return np.zeros(0, dtype=np.float32)
-        scores = self.model.predict(list(pairs), batch_size=self.batch_size, show_progress_bar=progress)
-        return np.asarray(scores, dtype=np.float32).reshape(-1)
+        scores = self._predict(pairs, progress)
+        if self.symmetric:
+            scores = (scores + self._predict([(b, a) for a, b in pairs], progress)) / 2
+        return scores
 
 
-def train_crossencoder(pairs: Sequence[Pair], config: EncoderTrainConfig, device: str | None = None):
-    """Fine-tune `config.init` on `pairs` with binary cross-entropy; returns the CrossEncoder (eval mode)."""
+def both_orders(pairs: Sequence[Pair]) -> list[Pair]:
+    """Every pair as given and swapped (for symmetric tasks)."""
+    return [*pairs, *(replace(pair, text_a=pair.text_b, text_b=pair.text_a) for pair in pairs)]
+
+
+def train_crossencoder(
+    pairs: Sequence[Pair], config: EncoderTrainConfig, device: str | None = None, dev: Sequence[Pair] | None = None
+):
+    """Fine-tune `config.init` on `pairs` with binary cross-entropy; returns the CrossEncoder (eval mode).
+
+    The seed is set before the head is created. `config.max_length` None = measured on the training pairs (and
+    written back into `config`). With `config.dev_fraction` > 0 and no `dev`, a group-disjoint dev part is carved
+    from `pairs`; the epoch with the best dev ROC AUC is kept."""
     import torch
     from sentence_transformers.cross_encoder.losses import BinaryCrossEntropyLoss
+    from sklearn.metrics import roc_auc_score
 
-    model = load_crossencoder(config.init, device, config.max_length)
+    if dev is None and config.dev_fraction > 0:
+        pairs, dev = split_dev(pairs, config.dev_fraction, config.seed)
+    seed_everything(config.seed)
+    model = load_crossencoder(config.init, device, config.max_length, config.head)
+    if config.max_length is None:
+        config.max_length = measure_max_length(model.tokenizer, pairs)
+        model.max_seq_length = config.max_length
+        logger.info(
+            "max length %d tokens (%dth percentile of the training pairs)", config.max_length, LENGTH_PERCENTILE
+        )
     loss = BinaryCrossEntropyLoss(model)
+    examples = both_orders(pairs) if config.symmetric else list(pairs)
 
     def step(batch: list[Pair]):
         labels = torch.tensor([pair.label for pair in batch], dtype=torch.float32, device=model.device)
-        return loss([[pair.text_a for pair in batch], [pair.text_b for pair in batch]], labels)
+        fitted = truncate_first(model.tokenizer, [(p.text_a, p.text_b) for p in batch], config.max_length)
+        return loss([[a for a, _ in fitted], [b for _, b in fitted]], labels)
 
-    train_loop(model, step, pairs, config, desc="cross-encoder")
+    dev_score = None
+    if dev:
+        dev_texts = [(p.text_a, p.text_b) for p in dev]
+        dev_labels = [p.label for p in dev]
+        scorer = CrossEncoderReranker(model, symmetric=config.symmetric)
+
+        def dev_score() -> float:
+            return float(roc_auc_score(dev_labels, scorer.score_pairs(dev_texts)))
+
+    history = train_loop(
+        model, step, examples, config, desc="cross-encoder", dev_score=dev_score, label=lambda pair: pair.label
+    )
+    config.extra = {**config.extra, "history": history}
     return model

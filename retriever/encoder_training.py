@@ -25,6 +25,7 @@ MODEL_TYPES = ("biencoder", "crossencoder")
 TASKS = ("mqp", "qa", "faq")
 PRESETS = ("quick", "full")
 LOSSES = ("contrastive", "mnrl", "bce")
+HEADS = ("mean", "cls", "pooler")
 
 T = TypeVar("T")
 
@@ -46,7 +47,7 @@ class EncoderTrainConfig:
     epochs: int = 2
     batch_size: int = 16
     lr: float = 3e-5
-    max_length: int = 64
+    max_length: int | None = 64  # None: measured on the training pairs (cross-encoder)
     loss: str = "bce"  # crossencoder: bce; biencoder: contrastive | mnrl
     margin: float = 0.3  # ContrastiveLoss margin (cosine distance)
     warmup_ratio: float = 0.1
@@ -56,6 +57,9 @@ class EncoderTrainConfig:
     faq_sources: tuple[str, ...] = ("quebec", "rqe", "meqsum")  # task faq
     faq_negatives: int = 3  # task faq: hard negatives mined per query
     negatives_encoder: str = "minilm"  # bi-encoder that mines hard negatives
+    head: str = "mean"  # cross-encoder head: mean | cls | pooler (see retriever.crossencoder)
+    symmetric: bool = False  # train on both pair orders and score both (tasks where order carries no meaning)
+    dev_fraction: float = 0.0  # group-disjoint dev part carved from the training pairs for best-epoch selection
     n_train_pairs: int = 0  # filled in by training
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -64,11 +68,14 @@ class EncoderTrainConfig:
         _check_choice("task", self.task, TASKS)
         _check_choice("preset", self.preset, PRESETS)
         _check_choice("loss", self.loss, LOSSES)
+        _check_choice("head", self.head, HEADS)
         if (self.loss == "bce") != (self.model_type == "crossencoder"):
             wanted = "bce" if self.model_type == "crossencoder" else "contrastive or mnrl"
             raise MedfaqError(f"loss {self.loss!r} does not fit a {self.model_type}; use {wanted}")
-        if self.epochs < 1 or self.batch_size < 1 or self.max_length < 8 or self.lr <= 0:
+        if self.epochs < 1 or self.batch_size < 1 or (self.max_length or 8) < 8 or self.lr <= 0:
             raise MedfaqError("epochs and batch size must be >= 1, max length >= 8 and the learning rate > 0")
+        if not 0 <= self.dev_fraction < 1:
+            raise MedfaqError("the dev fraction must be in [0, 1)")
         self.faq_sources = tuple(self.faq_sources)
 
     def save(self, directory: str | Path) -> Path:
@@ -99,6 +106,13 @@ PRESET_SETTINGS: dict[tuple[str, str], dict[str, Any]] = {
     ("full", "faq"): {"epochs": 2, "max_length": 128, "lr": 2e-5, "faq_negatives": 4},
 }
 BIENCODER_SETTINGS = {"loss": "contrastive", "lr_scale": 2.0, "batch_size": 32}
+# Cross-encoder settings over the preset's (chosen on MQP doctor-disjoint dev parts, see docs/results.md): mean-pooling
+# head, max length measured on the training pairs, label-balanced batches, best epoch by dev ROC AUC.
+CROSSENCODER_SETTINGS: dict[str, Any] = {"max_length": None, "dev_fraction": 0.1, "head": "mean"}
+CROSSENCODER_PRESETS: dict[tuple[str, str], dict[str, Any]] = {
+    ("quick", "mqp"): {"epochs": 2, "lr": 3e-5, "symmetric": True},
+    ("full", "mqp"): {"epochs": 4, "lr": 3e-5, "symmetric": True},
+}
 
 
 def make_config(model_type: str, task: str, preset: str, **overrides: Any) -> EncoderTrainConfig:
@@ -111,6 +125,9 @@ def make_config(model_type: str, task: str, preset: str, **overrides: Any) -> En
         settings["lr"] = settings["lr"] * BIENCODER_SETTINGS["lr_scale"]
         settings["loss"] = BIENCODER_SETTINGS["loss"]
         settings["batch_size"] = BIENCODER_SETTINGS["batch_size"]
+    else:
+        settings.update(CROSSENCODER_SETTINGS)
+        settings.update(CROSSENCODER_PRESETS.get((preset, task), {}))
     settings.update({key: value for key, value in overrides.items() if value is not None})
     return EncoderTrainConfig(model_type=model_type, task=task, preset=preset, **settings)
 
@@ -126,17 +143,39 @@ def subsample(items: Sequence[T], limit: int | None, seed: int) -> list[T]:
     return order[:limit] if limit else order
 
 
+def balanced_order(examples: Sequence[T], label: Callable[[T], int], rng: random.Random) -> list[T]:
+    """`examples` shuffled so that every stretch of the order (hence every batch) holds the labels in about their
+    overall proportion: each label's examples are shuffled and spread evenly over the order."""
+    by_label: dict[int, list[T]] = {}
+    for example in examples:
+        by_label.setdefault(label(example), []).append(example)
+    keyed = []
+    for members in by_label.values():
+        rng.shuffle(members)
+        keyed.extend(((i + rng.random()) / len(members), example) for i, example in enumerate(members))
+    keyed.sort(key=lambda item: item[0])
+    return [example for _, example in keyed]
+
+
 def train_loop(
     model: Any,
     loss_fn: Callable[[list[T]], Any],
     examples: Sequence[T],
     config: EncoderTrainConfig,
     desc: str = "training",
-) -> list[float]:
+    dev_score: Callable[[], float] | None = None,
+    label: Callable[[T], int] | None = None,
+) -> dict[str, Any]:
     """Minimise ``loss_fn(batch)`` over shuffled batches of `examples` with AdamW and linear warm-up/decay.
 
-    Returns the loss of every step. `model` is a torch module (put into train mode here, eval mode at the end).
+    `label` makes every batch label-balanced (:func:`balanced_order`). `dev_score` (higher = better) runs after
+    every epoch; the weights of the best epoch are restored at the end. Returns the history: mean loss and dev score
+    per epoch, the best epoch (1-based) and the training seconds. `model` is a torch module (put into train mode
+    here, eval mode at the end).
     """
+    import copy
+    import time
+
     import torch
     from transformers import get_linear_schedule_with_warmup
 
@@ -154,12 +193,18 @@ def train_loop(
     )
     scheduler = get_linear_schedule_with_warmup(optimizer, int(total * config.warmup_ratio), total)
     rng = random.Random(config.seed)
-    losses: list[float] = []
-    model.train()
+    history: dict[str, Any] = {"epoch_loss": [], "dev_score": [], "best_epoch": config.epochs}
+    best_state, best_score = None, float("-inf")
+    started = time.perf_counter()
     with tqdm(total=total, desc=desc, unit="step") as bar:
-        for _ in range(config.epochs):
-            order = list(examples)
-            rng.shuffle(order)
+        for epoch in range(config.epochs):
+            model.train()
+            if label is None:
+                order = list(examples)
+                rng.shuffle(order)
+            else:
+                order = balanced_order(examples, label, rng)
+            losses: list[float] = []
             for start in range(0, len(order), config.batch_size):
                 loss = loss_fn(order[start : start + config.batch_size])
                 loss.backward()
@@ -170,9 +215,36 @@ def train_loop(
                 losses.append(float(loss.item()))
                 bar.update(1)
                 bar.set_postfix(loss=f"{sum(losses[-20:]) / len(losses[-20:]):.4f}")
+            history["epoch_loss"].append(sum(losses) / len(losses))
+            if dev_score is not None:
+                model.eval()
+                score = dev_score()
+                history["dev_score"].append(score)
+                logger.info("epoch %d: loss %.4f, dev %.4f", epoch + 1, history["epoch_loss"][-1], score)
+                if score > best_score:
+                    best_score, history["best_epoch"] = score, epoch + 1
+                    if epoch + 1 < config.epochs:
+                        best_state = copy.deepcopy(model.state_dict())
+                    else:
+                        best_state = None  # the current weights are the best
+    if best_state is not None:
+        model.load_state_dict(best_state)
     model.eval()
-    logger.info("trained %d steps, final loss %.4f", total, losses[-1])
-    return losses
+    history["train_s"] = time.perf_counter() - started
+    logger.info("trained %d steps; best epoch %d", total, history["best_epoch"])
+    return history
+
+
+def split_dev(pairs: Sequence[T], fraction: float, seed: int) -> tuple[list[T], list[T]]:
+    """(train, dev): about `fraction` of the pairs' groups (``group``, else ``text_a``) as a dev part."""
+    from sklearn.model_selection import GroupShuffleSplit
+
+    pairs = list(pairs)
+    groups = [getattr(p, "group", "") or getattr(p, "text_a", "") for p in pairs]
+    if len(set(groups)) < 2:
+        raise MedfaqError("carving a dev part needs pairs from at least two groups")
+    train, dev = next(GroupShuffleSplit(n_splits=1, test_size=fraction, random_state=seed).split(pairs, groups=groups))
+    return [pairs[i] for i in train], [pairs[i] for i in dev]
 
 
 def save_trained(model: Any, config: EncoderTrainConfig, out: str | Path) -> Path:

@@ -20,15 +20,21 @@ class PairScorer(Protocol):
     def score_pairs(self, pairs: Sequence[tuple[str, str]], progress: bool = False) -> np.ndarray: ...
 
 
-def train_pair_model(pairs: Sequence[Pair], config: EncoderTrainConfig, device: str | None = None):
-    """Train the model `config.model_type` names; returns the sentence-transformers model object."""
-    train = train_crossencoder if config.model_type == "crossencoder" else train_biencoder
-    return train(pairs, config, device)
+def train_pair_model(
+    pairs: Sequence[Pair], config: EncoderTrainConfig, device: str | None = None, dev: Sequence[Pair] | None = None
+):
+    """Train the model `config.model_type` names; returns the sentence-transformers model object. A cross-encoder
+    keeps its best epoch on `dev` (else on a dev part carved from `pairs`, see `config.dev_fraction`)."""
+    if config.model_type == "crossencoder":
+        return train_crossencoder(pairs, config, device, dev)
+    return train_biencoder(pairs, config, device)
 
 
 def as_scorer(model, config: EncoderTrainConfig) -> PairScorer:
     """Wrap a freshly trained model as a pair scorer."""
-    return CrossEncoderReranker(model) if config.model_type == "crossencoder" else BiEncoderScorer(model)
+    if config.model_type == "crossencoder":
+        return CrossEncoderReranker(model, symmetric=config.symmetric)
+    return BiEncoderScorer(model)
 
 
 def model_type_of(model: str | Path) -> str:

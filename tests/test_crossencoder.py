@@ -1,11 +1,20 @@
-"""Cross-encoder: a tiny model trained a few steps, saved and reloaded, scores the same; the reranker protocol."""
+"""Cross-encoder: seeded training repeats, both pair orders, query-side truncation, balanced batches, best-epoch
+selection, save/reload, the reranker protocol."""
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
+import torch
 
-from retriever.crossencoder import CrossEncoderReranker, train_crossencoder
-from retriever.encoder_training import EncoderTrainConfig, make_config, save_trained
+from retriever.crossencoder import (
+    CrossEncoderReranker,
+    both_orders,
+    load_crossencoder,
+    train_crossencoder,
+    truncate_first,
+)
+from retriever.encoder_training import EncoderTrainConfig, balanced_order, make_config, save_trained, train_loop
 from retriever.pair_data import Pair
 from retriever.pipeline import Reranker
 
@@ -15,24 +24,98 @@ PAIRS = [
     Pair("Is shingles contagious?", "Can I catch shingles from someone?", 1, "g2"),
     Pair("Is shingles contagious?", "How is type 2 diabetes treated?", 0, "g2"),
 ]
+TEXTS = [(p.text_a, p.text_b) for p in PAIRS]
+
+
+def _config(tiny_bert_dir, **overrides) -> EncoderTrainConfig:
+    settings = {"init": str(tiny_bert_dir), "epochs": 2, "batch_size": 2, "lr": 1e-3, "dev_fraction": 0.0}
+    return make_config("crossencoder", "mqp", "quick", **{**settings, **overrides})
 
 
 def test_train_save_reload_gives_same_scores(tmp_path, tiny_bert_dir):
-    config = make_config("crossencoder", "mqp", "quick", init=str(tiny_bert_dir), epochs=2, batch_size=2, lr=1e-3)
+    config = _config(tiny_bert_dir)
     model = train_crossencoder(PAIRS, config, device="cpu")
-    before = CrossEncoderReranker(model).score_pairs([(p.text_a, p.text_b) for p in PAIRS])
+    before = CrossEncoderReranker(model, symmetric=config.symmetric).score_pairs(TEXTS)
     save_trained(model, config, tmp_path / "ce")
 
     reranker = CrossEncoderReranker.load(tmp_path / "ce", device="cpu")
-    after = reranker.score_pairs([(p.text_a, p.text_b) for p in PAIRS])
+    after = reranker.score_pairs(TEXTS)
     np.testing.assert_allclose(before, after, rtol=1e-5, atol=1e-6)
     assert ((after >= 0) & (after <= 1)).all()
     assert EncoderTrainConfig.load(tmp_path / "ce") == config
-    assert reranker.model.max_seq_length == config.max_length
+    assert config.max_length is not None and reranker.model.max_seq_length == config.max_length
+    assert reranker.symmetric
+
+
+@pytest.mark.parametrize("head", ["mean", "cls", "pooler"])
+def test_same_seed_same_scores_other_seed_other_scores(tiny_bert_dir, head):
+    def scores(seed: int) -> np.ndarray:
+        model = train_crossencoder(PAIRS, _config(tiny_bert_dir, seed=seed, head=head), device="cpu")
+        return CrossEncoderReranker(model).score_pairs(TEXTS)
+
+    first = scores(1)
+    np.testing.assert_array_equal(first, scores(1))
+    assert not np.allclose(first, scores(2))
+
+
+def test_both_orders_trained_and_scored(tiny_bert_dir):
+    doubled = both_orders(PAIRS)
+    assert len(doubled) == 2 * len(PAIRS)
+    assert {(p.text_b, p.text_a, p.label) for p in PAIRS} <= {(p.text_a, p.text_b, p.label) for p in doubled}
+
+    model = train_crossencoder(PAIRS, _config(tiny_bert_dir, symmetric=True), device="cpu")
+    symmetric = CrossEncoderReranker(model, symmetric=True)
+    np.testing.assert_allclose(
+        symmetric.score_pairs(TEXTS), symmetric.score_pairs([(b, a) for a, b in TEXTS]), atol=1e-6
+    )
+
+
+def test_truncation_cuts_the_query_and_keeps_the_faq_whole(tiny_bert_dir):
+    model = load_crossencoder(tiny_bert_dir, device="cpu", max_length=24)
+    tokenizer = model.tokenizer
+    query = "I have had a sore throat and a mild fever for three days and now my ears hurt as well " * 3
+    faq = "What are the symptoms of strep throat?"
+    [(cut, kept)] = truncate_first(tokenizer, [(query, faq)], 24)
+    assert kept == faq and query.startswith(cut) and len(cut) < len(query)
+    assert len(tokenizer(cut, faq)["input_ids"]) <= 24
+    assert truncate_first(tokenizer, [("short?", faq)], 24) == [("short?", faq)]
+    # the FAQ's tokens survive tokenisation at the model's max length
+    features = model.preprocess([(cut, kept)])
+    decoded = tokenizer.decode(features["input_ids"][0], skip_special_tokens=True)
+    assert decoded.endswith(faq.lower())
+
+
+def test_balanced_order_mixes_labels_in_every_batch():
+    import random
+
+    examples = [(i, 1) for i in range(20)] + [(i, 0) for i in range(20, 80)]
+    order = balanced_order(examples, lambda e: e[1], random.Random(0))
+    assert sorted(order) == sorted(examples)
+    for start in range(0, len(order), 8):
+        assert 1 <= sum(label for _, label in order[start : start + 8]) <= 3
+
+
+def test_best_epoch_weights_are_restored():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(2, 1)
+    seen: list[torch.Tensor] = []
+    dev = iter([0.5, 0.9, 0.7])
+
+    def dev_score() -> float:
+        seen.append(model.weight.detach().clone())
+        return next(dev)
+
+    config = EncoderTrainConfig(epochs=3, batch_size=2, lr=0.1)
+    examples = [torch.randn(2) for _ in range(4)]
+    history = train_loop(
+        model, lambda batch: model(torch.stack(batch)).pow(2).mean(), examples, config, dev_score=dev_score
+    )
+    assert history["best_epoch"] == 2 and history["dev_score"] == [0.5, 0.9, 0.7]
+    assert torch.equal(model.weight, seen[1]) and not torch.equal(seen[1], seen[2])
 
 
 def test_reranker_protocol_and_quantized_scores(tmp_path, tiny_bert_dir):
-    config = make_config("crossencoder", "mqp", "quick", init=str(tiny_bert_dir), epochs=1, batch_size=4)
+    config = _config(tiny_bert_dir, epochs=1, batch_size=4, lr=None)
     save_trained(train_crossencoder(PAIRS, config, device="cpu"), config, tmp_path / "ce")
     reranker = CrossEncoderReranker.load(tmp_path / "ce", device="cpu")
     quantized = CrossEncoderReranker.load(tmp_path / "ce", quantize=True)

@@ -98,7 +98,7 @@ def test_thresholds_come_from_dev_only():
 
 def test_evaluator_thresholds_ignore_test_labels():
     pairs = synthetic_pairs()
-    result = DuplicateEvaluator(pairs, "doctor", folds=3, print_fn=lambda _: None)(lambda train, k: RuleScorer())
+    result = DuplicateEvaluator(pairs, "doctor", folds=3, print_fn=lambda _: None)(lambda train, dev, k: RuleScorer())
     assert result["accuracy"] == 1.0 and result["accuracy_std"] == 0.0 and result["folds"] == 3
     folds = make_folds(pairs, "doctor", 3)
     for k, fold in enumerate(folds):  # flip the labels of fold k's test pairs: fold k's thresholds stay
@@ -107,7 +107,7 @@ def test_evaluator_thresholds_ignore_test_labels():
             for i, p in enumerate(pairs)
         ]
         evaluator = DuplicateEvaluator(flipped, "doctor", folds=3, print_fn=lambda _: None)
-        after = evaluator(lambda train, k: RuleScorer())["per_fold"][k]
+        after = evaluator(lambda train, dev, k: RuleScorer())["per_fold"][k]
         assert after["threshold_f1"] == result["per_fold"][k]["threshold_f1"]
         assert after["threshold_accuracy"] == result["per_fold"][k]["threshold_accuracy"]
         assert after["accuracy"] == 0.0
