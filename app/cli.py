@@ -3,22 +3,59 @@
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import typer
 from typer.core import TyperGroup
 
 from index.runtime import MedfaqError, configure_logging
 
+try:  # typer >= 0.26 carries its own copy of click
+    from typer._click import exceptions as click_errors
+except ImportError:  # pragma: no cover - older typer on click itself
+    from click import exceptions as click_errors
+
 
 class OneLineErrors(TyperGroup):
-    """Turns a MedfaqError raised by any command into `error: ...` on stderr and exit code 2 (also under CliRunner)."""
+    """Every user error is one line on stderr, never a box or a traceback (also under CliRunner): a MedfaqError
+    raised by a command or a click usage error (bad option value, unknown option, missing argument) prints
+    `error: ...` and exits 2; Ctrl-C prints `interrupted` and exits 130."""
 
-    def invoke(self, ctx):
+    def invoke(self, ctx: typer.Context) -> Any:
         try:
             return super().invoke(ctx)
         except MedfaqError as error:
-            typer.echo(f"error: {error}", err=True)
+            typer.echo(f"error: {one_line(str(error))}", err=True)
             raise typer.Exit(2) from None
+        except KeyboardInterrupt:
+            typer.echo("interrupted", err=True)
+            raise typer.Exit(130) from None
+
+    def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
+        try:
+            result = super().main(*args, standalone_mode=False, **kwargs)
+        except getattr(click_errors, "NoArgsIsHelpError", ()) as error:
+            error.show()
+            result = error.exit_code
+        except click_errors.UsageError as error:
+            hint = f" (see '{error.ctx.command_path} --help')" if error.ctx is not None else ""
+            typer.echo(f"error: {one_line(error.format_message())}{hint}", err=True)
+            result = error.exit_code
+        except click_errors.ClickException as error:
+            typer.echo(f"error: {one_line(error.format_message())}", err=True)
+            result = error.exit_code
+        except click_errors.Abort:
+            typer.echo("interrupted", err=True)
+            result = 130
+        code = result if isinstance(result, int) else 0
+        if not standalone_mode:
+            return code
+        sys.exit(code)
+
+
+def one_line(message: str) -> str:
+    """`message` with its lines joined: an error is always one line."""
+    return " ".join(part.strip() for part in message.splitlines() if part.strip())
 
 
 app = typer.Typer(
@@ -76,7 +113,7 @@ def main() -> None:
     try:
         app()
     except MedfaqError as error:
-        typer.echo(f"error: {error}", err=True)
+        typer.echo(f"error: {one_line(str(error))}", err=True)
         sys.exit(2)
     except KeyboardInterrupt:
         typer.echo("interrupted", err=True)

@@ -6,8 +6,6 @@ from pathlib import Path
 
 import typer
 
-from index.datasets import DATASETS, dataset_dir, fetch_dataset, is_fetched
-
 
 def fetch(
     name: str = typer.Argument(..., help="Dataset name (see `medfaq data list`)."),
@@ -17,12 +15,16 @@ def fetch(
     force: bool = typer.Option(False, "--force", help="Fetch again even when the files are present."),
 ) -> None:
     """Download a public dataset from its original source (or copy it with --from) into the data directory."""
+    from index.datasets import DATASETS, fetch_dataset
+
     target = fetch_dataset(name, from_dir, force=force)
     typer.echo(f"{name}: {', '.join(DATASETS[name].files)} in {target}")
 
 
 def list_datasets() -> None:
     """List the datasets `medfaq data fetch` knows, with their licenses and whether they are fetched."""
+    from index.datasets import DATASETS, dataset_dir, is_fetched
+
     for spec in DATASETS.values():
         state = f"fetched in {dataset_dir(spec.name)}" if is_fetched(spec.name) else "not fetched"
         typer.echo(f"{spec.name:<10} {spec.description}\n{'':<10} license: {spec.license}\n{'':<10} {state}")

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import textwrap
+from typing import TYPE_CHECKING
 
-from retriever.pipeline import SearchResponse
+if TYPE_CHECKING:
+    from retriever.pipeline import SearchResponse
 
 QUESTION_WIDTH = 70
 QUERY_SHOWN = 200

@@ -1,27 +1,32 @@
-"""Latency benchmarks: p50/p95 of single-query search modes and pipeline stages, batch throughput, peak memory,
-index size, and peers side by side (rank-bm25 vs bm25s, sentence-transformers `util.semantic_search` vs our FAISS
-search, and the ANN comparison of `eval.ann_bench` when present).
+"""Latency benchmarks: p50/p95 of the pipeline end to end and per stage, of single-query search modes, batch
+throughput, peak memory, index size; optionally peers side by side (rank-bm25 vs bm25s, sentence-transformers
+`util.semantic_search` vs our FAISS search) and the ANN comparison of `eval.ann_bench` on synthetic vectors.
+
+:func:`run_bench` collects raw timings into a :class:`BenchRun` with one progress bar; Ctrl-C stops it and keeps
+what was measured so far, which :func:`bench_result` turns into the report.
 
 Add a search mode by putting a factory in `STAGES`: it receives the loaded FaqIndex and returns ``fn(query) -> Any``.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import random
 import resource
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from tqdm.auto import tqdm
 
-from index.bm25_store import tokenize
-from index.faq_index import FaqIndex, record_text
-from retriever.pipeline import Pipeline
 from retriever.search import Retriever
+
+if TYPE_CHECKING:
+    from index.faq_index import FaqIndex
+    from retriever.pipeline import Pipeline
 
 StageFactory = Callable[[FaqIndex, int], Callable[[str], Any]]
 
@@ -49,29 +54,41 @@ class LatencyStats:
         return asdict(self)
 
 
-def measure(stage: str, fn: Callable[[str], Any], queries: list[str], warmup: int = 3) -> LatencyStats:
-    """Time `fn` on each query, one at a time, after `warmup` untimed calls."""
+def _timed_loop(
+    fn: Callable[[str], Any],
+    queries: list[str],
+    times: list[float],
+    warmup: int = 3,
+    bar: tqdm | None = None,
+    on_result: Callable[[Any], None] | None = None,
+) -> None:
+    """Call `fn` on `warmup` untimed queries, then on each query, appending its milliseconds to `times` as it goes
+    (so an interrupted loop keeps what it measured); `on_result` sees each timed call's result."""
     for query in queries[:warmup]:
         fn(query)
-    times = []
+        if bar is not None:
+            bar.update()
     for query in queries:
         start = time.perf_counter()
-        fn(query)
+        result = fn(query)
         times.append((time.perf_counter() - start) * 1000.0)
-    values = np.array(times)
-    return LatencyStats(stage, len(times), *np.percentile(values, [50, 95]).tolist(), float(values.mean()))
+        if on_result is not None:
+            on_result(result)
+        if bar is not None:
+            bar.update()
+
+
+def measure(stage: str, fn: Callable[[str], Any], queries: list[str], warmup: int = 3) -> LatencyStats:
+    """Time `fn` on each query, one at a time, after `warmup` untimed calls."""
+    times: list[float] = []
+    _timed_loop(fn, queries, times, warmup)
+    return percentiles(stage, times)
 
 
 def sample_queries(index: FaqIndex, n: int = 100, seed: int = 0) -> list[str]:
     """`n` FAQ questions of the index, lower-cased, chosen with a fixed seed (latency barely depends on wording)."""
     questions = [record.question.lower() for record in index.records()]
     return random.Random(seed).sample(questions, min(n, len(questions)))
-
-
-def benchmark(
-    index: FaqIndex, queries: list[str], stages: list[str] | None = None, top_k: int = 10
-) -> list[LatencyStats]:
-    return [measure(name, STAGES[name](index, top_k), queries) for name in stages or list(STAGES)]
 
 
 def format_table(stats: list[LatencyStats]) -> str:
@@ -85,31 +102,92 @@ def percentiles(stage: str, times_ms: list[float]) -> LatencyStats:
     return LatencyStats(stage, len(values), *np.percentile(values, [50, 95]).tolist(), float(values.mean()))
 
 
-def pipeline_latency(pipeline: Pipeline, queries: list[str], warmup: int = 3) -> dict[str, Any]:
-    """Single-query latency of the whole pipeline and of each stage it reports:
-    ``{"end_to_end": {p50_ms, p95_ms, ...}, "stages": {name: {p50_ms, p95_ms, ...}}}``."""
-    for query in queries[:warmup]:
-        pipeline.run(query)
-    total: list[float] = []
-    stages: dict[str, list[float]] = {}
-    for query in queries:
-        start = time.perf_counter()
-        response = pipeline.run(query)
-        total.append((time.perf_counter() - start) * 1000.0)
+@dataclass
+class BenchRun:
+    """Raw milliseconds per single search, collected so far (partial when `interrupted`)."""
+
+    queries: int
+    total_ms: list[float] = field(default_factory=list)
+    stage_ms: dict[str, list[float]] = field(default_factory=dict)
+    mode_ms: dict[str, list[float]] = field(default_factory=dict)
+    throughput: dict[str, float] | None = None
+    peers: dict[str, Any] = field(default_factory=lambda: {"bm25": None, "dense": None, "ann": None})
+    interrupted: bool = False
+
+
+def run_bench(
+    pipeline: Pipeline,
+    queries: list[str],
+    batch_size: int = 32,
+    peers: bool = False,
+    ann_vectors: int = 0,
+    progress: bool = True,
+    warmup: int = 3,
+) -> BenchRun:
+    """Time the pipeline end to end (and each stage it reports), each search mode of `STAGES`, batch throughput;
+    with `peers` rank-bm25 and `util.semantic_search` on the first 20 queries; with `ann_vectors` > 0 the ANN
+    comparison on that many synthetic vectors. Ctrl-C stops the run and returns what was measured."""
+    run = BenchRun(len(queries))
+    index, top_k = pipeline.index, pipeline.config.top_k
+    per_loop = len(queries) + min(warmup, len(queries))
+    bar = tqdm(total=per_loop * (1 + len(STAGES)) + len(queries), desc="bench", unit="search", disable=not progress)
+
+    def record_stages(response: Any) -> None:
         for name, value in response.timings_ms.items():
             if name != "total":
-                stages.setdefault(name, []).append(value)
+                run.stage_ms.setdefault(name, []).append(value)
+
+    try:
+        bar.set_description("bench pipeline")
+        _timed_loop(pipeline.run, queries, run.total_ms, warmup, bar, record_stages)
+        for name, factory in STAGES.items():
+            bar.set_description(f"bench {name}")
+            _timed_loop(factory(index, top_k), queries, run.mode_ms.setdefault(name, []), warmup, bar)
+        bar.set_description("bench batches")
+        run.throughput = batch_throughput(pipeline, queries, batch_size, bar)
+        bar.close()
+        if peers:
+            run.peers["bm25"] = bm25_peers(index, queries[:20], top_k)
+            run.peers["dense"] = dense_peers(index, queries[:20], top_k)
+        if ann_vectors > 0:
+            from eval.ann_bench import ann_comparison
+
+            run.peers["ann"] = ann_comparison(n_vectors=ann_vectors, progress=progress)
+    except KeyboardInterrupt:
+        run.interrupted = True
+    finally:
+        bar.close()
+    return run
+
+
+def bench_result(run: BenchRun, pipeline: Pipeline, index_dir: str | Path) -> dict[str, Any]:
+    """The `medfaq bench --json` object: ``queries``, ``config``, ``end_to_end`` and ``stages.<name>`` (p50_ms,
+    p95_ms, mean_ms, queries), ``modes``, ``throughput``, ``index_size_mb``, ``peers``, ``peak_memory_mb``,
+    ``interrupted``; parts not measured before an interruption are None (or left out of `stages`/`modes`)."""
     return {
-        "end_to_end": percentiles("end_to_end", total).to_dict(),
-        "stages": {name: percentiles(name, values).to_dict() for name, values in stages.items()},
+        "queries": run.queries,
+        "config": pipeline.config.to_dict(),
+        "end_to_end": percentiles("end_to_end", run.total_ms).to_dict() if run.total_ms else None,
+        "stages": {name: percentiles(name, values).to_dict() for name, values in run.stage_ms.items() if values},
+        "modes": [percentiles(name, values).to_dict() for name, values in run.mode_ms.items() if values],
+        "throughput": run.throughput,
+        "index_size_mb": directory_size_mb(index_dir),
+        "peers": run.peers,
+        "peak_memory_mb": peak_memory_mb(),
+        "interrupted": run.interrupted,
     }
 
 
-def batch_throughput(pipeline: Pipeline, queries: list[str], batch_size: int = 32) -> dict[str, float]:
+def batch_throughput(
+    pipeline: Pipeline, queries: list[str], batch_size: int = 32, bar: tqdm | None = None
+) -> dict[str, float]:
     """Questions per second when the pipeline gets `batch_size` questions at a time."""
     start = time.perf_counter()
     for offset in range(0, len(queries), batch_size):
-        pipeline.run_batch(queries[offset : offset + batch_size])
+        batch = queries[offset : offset + batch_size]
+        pipeline.run_batch(batch)
+        if bar is not None:
+            bar.update(len(batch))
     seconds = time.perf_counter() - start
     return {"batch_size": batch_size, "queries": len(queries), "queries_per_s": len(queries) / seconds}
 
@@ -120,9 +198,7 @@ def peak_memory_mb() -> float:
     return peak / (1024 * 1024) if sys.platform == "darwin" else peak / 1024
 
 
-def directory_size_mb(path: str) -> float:
-    from pathlib import Path
-
+def directory_size_mb(path: str | Path) -> float:
     return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file()) / (1024 * 1024)
 
 
@@ -134,6 +210,9 @@ def _timed_ms(fn: Callable[[str], Any], queries: list[str]) -> float:
 def bm25_peers(index: FaqIndex, queries: list[str], top_k: int = 10) -> dict[str, float]:
     """rank-bm25 (BM25Okapi, same tokens) against our bm25s index: median query time and build time."""
     from rank_bm25 import BM25Okapi
+
+    from index.bm25_store import tokenize
+    from index.faq_index import record_text
 
     texts = [record_text(r, index.manifest.fields) for r in index.records()]
     start = time.perf_counter()
@@ -169,43 +248,35 @@ def dense_peers(index: FaqIndex, queries: list[str], top_k: int = 10) -> dict[st
     return {"faiss_p50_ms": ours, "semantic_search_p50_ms": theirs, "ratio": theirs / ours}
 
 
-def ann_peers(n_vectors: int) -> list[dict] | None:
-    """`eval.ann_bench.ann_comparison(n_vectors)` when that module is installed and `n_vectors` > 0."""
-    if n_vectors <= 0 or importlib.util.find_spec("eval.ann_bench") is None:
-        return None
-    from eval.ann_bench import ann_comparison
-
-    return ann_comparison(n_vectors=n_vectors)
-
-
-def format_report(result: dict[str, Any], modes: list[LatencyStats]) -> str:
-    """The `medfaq bench` report as text: search modes, pipeline stages, throughput, memory, size, peers."""
+def format_report(result: dict[str, Any]) -> str:
+    """The `medfaq bench` report as text: pipeline stages, search modes, throughput, memory, size, peers."""
     stages = [LatencyStats(**values) for values in result["stages"].values()]
-    lines = [
-        f"search modes ({result['queries']} single queries):",
-        format_table(modes),
-        "",
-        "pipeline stages and end to end:",
-        format_table([*stages, LatencyStats(**result["end_to_end"])]),
-        "",
-        f"batch throughput: {result['throughput']['queries_per_s']:.1f} questions/s "
-        f"(batches of {result['throughput']['batch_size']})",
-        f"peak memory: {result['peak_memory_mb']:.0f} MB   index size: {result['index_size_mb']:.1f} MB",
-    ]
-    peers = result.get("peers") or {}
-    if peers.get("bm25"):
+    if result["end_to_end"]:
+        stages.append(LatencyStats(**result["end_to_end"]))
+    lines = [f"pipeline stages and end to end ({result['queries']} single questions):", format_table(stages)]
+    if result["modes"]:
+        lines += ["", "search modes:", format_table([LatencyStats(**values) for values in result["modes"]])]
+    lines.append("")
+    if result["throughput"]:
+        throughput = result["throughput"]
+        lines.append(
+            f"batch throughput: {throughput['queries_per_s']:.1f} questions/s (batches of {throughput['batch_size']})"
+        )
+    lines.append(f"peak memory: {result['peak_memory_mb']:.0f} MB   index size: {result['index_size_mb']:.1f} MB")
+    peers = result["peers"]
+    if peers["bm25"]:
         bm25 = peers["bm25"]
         lines.append(
             f"rank-bm25 vs bm25s: {bm25['rank_bm25_p50_ms']:.2f} ms vs {bm25['bm25s_p50_ms']:.2f} ms p50 "
             f"({bm25['ratio']:.1f}x)"
         )
-    if peers.get("dense"):
+    if peers["dense"]:
         dense = peers["dense"]
         lines.append(
             f"util.semantic_search vs FAISS: {dense['semantic_search_p50_ms']:.2f} ms vs {dense['faiss_p50_ms']:.2f} ms"
             f" p50 ({dense['ratio']:.1f}x)"
         )
-    ann = [row for row in peers.get("ann") or [] if row.get("chosen")]
+    ann = [row for row in peers["ann"] or [] if row.get("chosen")]
     flat = next((row for row in ann if row["index"] == "flat"), None)
     for row in ann:
         speedup = f", {flat['p50_ms'] / row['p50_ms']:.0f}x faster than flat" if flat and row is not flat else ""
@@ -213,4 +284,6 @@ def format_report(result: dict[str, Any], modes: list[LatencyStats]) -> str:
             f"ANN {row['index']} ({row['params']}, {row['n_vectors']:,} vectors): recall@10 {row['recall_at_k']:.3f}, "
             f"p50 {row['p50_ms']:.3f} ms{speedup}, build {row['build_s']:.1f} s, {row['memory_mb']:.0f} MB"
         )
+    if result["interrupted"]:
+        lines.append("interrupted: the figures above cover what was measured before Ctrl-C")
     return "\n".join(lines)

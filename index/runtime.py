@@ -117,13 +117,33 @@ def choose_device(device: str | None = None) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+class _StderrHandler(logging.StreamHandler):
+    """The handler `configure_logging` installs (replaced, not duplicated, when it is called again)."""
+
+
+class _OneLineFormatter(logging.Formatter):
+    """``warning: message`` on one line (no timestamp, no logger name); a traceback is left out."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        message = " ".join(line.strip() for line in record.getMessage().splitlines() if line.strip())
+        return f"{record.levelname.lower()}: {message}"
+
+
 def configure_logging(verbose: bool = False) -> None:
-    """Log medfaq's messages to stderr: INFO with `verbose`, WARNING otherwise."""
-    logging.basicConfig(
-        level=logging.INFO if verbose else logging.WARNING,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    """Log medfaq's messages to stderr: WARNING and above as one ``warning: ...`` line each; with `verbose` also
+    INFO, with timestamps and logger names. Python warnings (``warnings.warn``) go through the same handler."""
+    handler = _StderrHandler()
+    if verbose:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    else:
+        handler.setFormatter(_OneLineFormatter())
+    root = logging.getLogger()
+    for old in [h for h in root.handlers if isinstance(h, _StderrHandler)]:
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(logging.INFO if verbose else logging.WARNING)
     logger.setLevel(logging.INFO if verbose else logging.WARNING)
+    logging.captureWarnings(True)
 
 
 def quantize_linear(module: Any) -> Any:

@@ -13,18 +13,20 @@ still overlap; pipelines built per request around the same cached stage objects 
 from __future__ import annotations
 
 import json
+import math
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from index.bm25_store import tokenize
-from index.faq_index import FaqIndex
 from index.runtime import MedfaqError
 from retriever.search import MAX_QUERY_CHARS, MODES, RRF_K, Hit, Retriever, clean_queries, reciprocal_rank_fusion
 from retriever.unanswered import UnansweredLog
+
+if TYPE_CHECKING:
+    from index.faq_index import FaqIndex
 
 PIPELINE_FILE = "pipeline.json"
 QUERY_SOURCES = ("raw", "summary", "both")
@@ -111,6 +113,8 @@ class PipelineConfig:
             raise MedfaqError("top_k, candidates and rerank_depth must be at least 1")
         if (self.summary_beams or 1) < 1 or (self.summary_max_length or 1) < 1:
             raise MedfaqError("summary_beams and summary_max_length must be at least 1")
+        if not math.isfinite(self.threshold):
+            raise MedfaqError(f"threshold must be a finite number, got {self.threshold}")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -224,6 +228,8 @@ def confidence(hits: list[Hit]) -> float | None:
 
 def key_stems(texts: list[str]) -> set[str]:
     """Lower-cased content words (no stopwords) of `texts`, cut to their first `STEM_CHARS` characters."""
+    from index.bm25_store import tokenize
+
     return {token[:STEM_CHARS] for tokens in tokenize(texts) for token in tokens if len(token) > 2}
 
 
@@ -272,6 +278,8 @@ class Pipeline:
     @classmethod
     def from_index_dir(cls, directory: str | Path, config: PipelineConfig | None = None) -> Pipeline:
         """Open the index in `directory` with its saved ``pipeline.json`` (or `config`)."""
+        from index.faq_index import FaqIndex
+
         index = FaqIndex.load(directory)
         return cls.from_config(index, config or PipelineConfig.load(directory))
 

@@ -4,15 +4,22 @@ or TREC run files out."""
 from __future__ import annotations
 
 import json
+import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from index.collections import LoadReport, iter_jsonl
+from index.collections import LoadReport
 from index.runtime import MedfaqError
-from retriever.pipeline import SearchResponse
+from retriever.search import invalid_text_position
+
+if TYPE_CHECKING:
+    from retriever.pipeline import SearchResponse
 
 RUN_FORMATS = ("jsonl", "trec")
 RESULT_FIELDS = ("id", "score", "rank", "question", "stage_scores")
+STDIO_NAMES = ("-", "/dev/stdin", "/dev/stdout")
 
 
 @dataclass
@@ -24,57 +31,119 @@ class QueryFile:
     report: LoadReport
 
 
+def is_stdio(path: str | Path) -> bool:
+    """True for ``-`` (and /dev/stdin, /dev/stdout): read stdin or write stdout instead of a file."""
+    return str(path) in STDIO_NAMES
+
+
+def _raw_lines(path: Path) -> Iterator[bytes]:
+    if is_stdio(path):
+        yield from sys.stdin.buffer
+        return
+    try:
+        handle = path.open("rb")
+    except FileNotFoundError:
+        raise MedfaqError(f"file not found: {path}") from None
+    except OSError as error:
+        raise MedfaqError(f"cannot read {path}: {error.strerror}") from None
+    with handle:
+        yield from handle
+
+
+def _parse_query(raw: bytes, line_no: int) -> tuple[dict[str, Any] | None, str | None]:
+    """The query object of one line (None for a blank line), or the problem with it."""
+    try:
+        line = raw.decode("utf-8-sig" if line_no == 1 else "utf-8")
+    except UnicodeDecodeError as error:
+        return None, f"not UTF-8 (byte 0x{raw[error.start]:02x} at column {error.start + 1})"
+    if not line.strip():
+        return None, None
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as error:
+        return None, f"malformed JSON ({error.msg} at column {error.colno})"
+    if not isinstance(row, dict):
+        return None, "expected a JSON object"
+    if "_id" in row and "text" in row and "id" not in row and "question" not in row:
+        row = {"id": row["_id"], "question": row["text"]}
+    if "id" not in row or "question" not in row:
+        return None, "missing 'id' or 'question'"
+    if not isinstance(row["question"], str) or not row["question"].strip():
+        return None, "empty question"
+    for field in ("id", "question"):
+        invalid = invalid_text_position(str(row[field]))
+        if invalid:
+            return None, f"{field} is not valid UTF-8 ({invalid})"
+    return row, None
+
+
 def read_queries(path: str | Path, skip_bad: bool = False) -> QueryFile:
-    """Read a query file; malformed lines, missing fields, empty questions and duplicate ids are one-line errors
-    naming the line (malformed lines and empty questions are skipped and counted with `skip_bad`)."""
+    """Read a query file (``-`` or /dev/stdin: standard input). Bytes that are not UTF-8, lone surrogates (JSON
+    ``\\udce9`` escapes), malformed lines, missing fields, empty questions and duplicate ids are one-line errors
+    naming the line; with `skip_bad` all but duplicate ids are skipped and counted instead."""
     path = Path(path)
-    report = LoadReport(str(path), "queries")
+    name = "<stdin>" if is_stdio(path) else str(path)
+    report = LoadReport(name, "queries")
     ids: list[str] = []
     questions: list[str] = []
     seen: dict[str, int] = {}
-    for line_no, row in iter_jsonl(path, report, skip_bad):
-        if "_id" in row and "text" in row and "id" not in row and "question" not in row:
-            row = {"id": row["_id"], "question": row["text"]}
-        if "id" not in row or "question" not in row:
-            problem = "missing 'id' or 'question'"
-        elif not isinstance(row["question"], str) or not row["question"].strip():
-            problem = "empty question"
-        elif str(row["id"]) in seen:
+    for line_no, raw in enumerate(_raw_lines(path), start=1):
+        row, problem = _parse_query(raw, line_no)
+        if row is not None and str(row["id"]) in seen:
             raise MedfaqError(
-                f"{path}:{line_no}: duplicate query id {row['id']!r} (first on line {seen[str(row['id'])]})"
+                f"{name}:{line_no}: duplicate query id {row['id']!r} (first on line {seen[str(row['id'])]})"
             )
-        else:
+        if row is not None:
             seen[str(row["id"])] = line_no
             ids.append(str(row["id"]))
             questions.append(row["question"])
-            continue
-        if not skip_bad:
-            raise MedfaqError(f"{path}:{line_no}: {problem} (use --skip-bad to skip such lines)")
-        report.skipped_bad += 1
-        report.bad_lines.append(line_no)
+        elif problem is not None:
+            if not skip_bad:
+                raise MedfaqError(f"{name}:{line_no}: {problem} (use --skip-bad to skip such lines)")
+            report.skipped_bad += 1
+            report.bad_lines.append(line_no)
     if not ids:
-        raise MedfaqError(f"{path}: no queries")
+        raise MedfaqError(f"{name}: no queries")
     report.loaded = len(ids)
     return QueryFile(ids, questions, report)
+
+
+def _run_lines(query_ids: list[str], responses: list[SearchResponse], fmt: str, name: str) -> Iterator[str]:
+    for query_id, response in zip(query_ids, responses, strict=True):
+        if fmt == "trec":
+            for hit in response.hits:
+                yield f"{query_id} Q0 {hit.id} {hit.rank} {hit.score:.6f} {name}\n"
+            continue
+        data = response.to_dict()
+        results = [{key: hit[key] for key in RESULT_FIELDS} for hit in data.pop("hits")]
+        line = {"id": query_id, "query": data.pop("query"), **data, "results": results}
+        yield json.dumps(line, ensure_ascii=False) + "\n"
 
 
 def write_run(path: str | Path, query_ids: list[str], responses: list[SearchResponse], fmt: str, name: str) -> None:
     """Write responses as JSONL (``{"id", "query", "summary", "entities", "abstained", "confidence", "timings_ms",
     "results": [{"id", "score", "rank", "question", "stage_scores"}]}``) or as a TREC run (all hits, also of
-    abstained questions)."""
+    abstained questions), to `path` (atomically) or to stdout when `path` is ``-``."""
     if fmt not in RUN_FORMATS:
         raise MedfaqError(f"unknown run format {fmt!r}; choose one of {', '.join(RUN_FORMATS)}")
+    lines = _run_lines(query_ids, responses, fmt, name)
+    if is_stdio(path):
+        sys.stdout.writelines(lines)
+        sys.stdout.flush()
+        return
+    write_text_atomic(path, lines)
+
+
+def write_text_atomic(path: str | Path, lines: Iterator[str] | list[str]) -> None:
+    """Write `lines` to a temporary file beside `path`, then rename it over `path` (readers never see half)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    with tmp.open("w", encoding="utf-8") as out:
-        for query_id, response in zip(query_ids, responses, strict=True):
-            if fmt == "trec":
-                for hit in response.hits:
-                    out.write(f"{query_id} Q0 {hit.id} {hit.rank} {hit.score:.6f} {name}\n")
-                continue
-            data = response.to_dict()
-            results = [{key: hit[key] for key in RESULT_FIELDS} for hit in data.pop("hits")]
-            line = {"id": query_id, "query": data.pop("query"), **data, "results": results}
-            out.write(json.dumps(line, ensure_ascii=False) + "\n")
+    if path.is_dir():
+        raise MedfaqError(f"{path} is a directory; pass a file name")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        with tmp.open("w", encoding="utf-8") as out:
+            out.writelines(lines)
+    except OSError as error:
+        raise MedfaqError(f"cannot write {path}: {error.strerror}") from None
     tmp.replace(path)

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import logging
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from index.faq_index import FaqIndex, ScoredIds
 from index.runtime import MedfaqError
+
+if TYPE_CHECKING:
+    from index.faq_index import FaqIndex, ScoredIds
 
 logger = logging.getLogger("medfaq.search")
 
@@ -34,17 +36,36 @@ class Hit:
         return asdict(self)
 
 
+def invalid_text_position(text: str) -> str | None:
+    """Where `text` stops being valid Unicode, e.g. ``"byte 0xe9 at character 4"`` for an undecodable byte
+    (Python keeps it as a lone surrogate, \\udce9) or ``"\\ud800 at character 1"`` for a lone surrogate from a
+    JSON escape; None when the text is valid."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        char = text[error.start]
+        code = ord(char)
+        shown = f"byte 0x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"\\u{code:04x}"
+        return f"{shown} at character {error.start + 1}"
+    return None
+
+
 def clean_queries(queries: list[str], max_chars: int = MAX_QUERY_CHARS) -> list[str]:
-    """Strip queries; empty or whitespace-only ones are an error, over-long ones are truncated with a warning."""
+    """Strip queries; empty, whitespace-only and invalid-UTF-8 ones are an error (nothing downstream, the tokenizers
+    least of all, sees such text), over-long ones are truncated with a warning."""
     cleaned = []
     for position, query in enumerate(queries):
+        name = "query" if len(queries) == 1 else f"query {position + 1}"
         text = (query or "").strip() if isinstance(query, str) or query is None else None
         if text is None:
-            raise MedfaqError(f"query {position + 1} is not text")
+            raise MedfaqError(f"{name} is not text")
         if not text:
-            raise MedfaqError("empty query" if len(queries) == 1 else f"query {position + 1} is empty")
+            raise MedfaqError("empty query" if len(queries) == 1 else f"{name} is empty")
+        invalid = invalid_text_position(query)
+        if invalid:
+            raise MedfaqError(f"{name} is not valid UTF-8 ({invalid})")
         if len(text) > max_chars:
-            logger.warning("query %d has %d characters; truncated to %d", position + 1, len(text), max_chars)
+            logger.warning("%s has %d characters; truncated to %d", name, len(text), max_chars)
             text = text[:max_chars]
         cleaned.append(text)
     return cleaned

@@ -102,7 +102,7 @@ def test_batch_query_file_errors_and_skip_bad(tmp_path, faq_jsonl, tiny_encoder_
     args = ("search", "--index", out, "--queries", queries, "--output", tmp_path / "run.jsonl")
     assert_one_line_error(medfaq(*args), "q.jsonl:2: empty question")
     result = medfaq(*args, "--skip-bad")
-    assert result.exit_code == 0 and "2 malformed lines skipped" in result.stderr
+    assert result.exit_code == 0 and "warning: 2 bad lines" in result.stderr
     assert len((tmp_path / "run.jsonl").read_text().splitlines()) == 1
 
 
