@@ -180,7 +180,14 @@ def train_crossencoder(
             return float(roc_auc_score(dev_labels, scorer.score_pairs(dev_texts)))
 
     history = train_loop(
-        model, step, examples, config, desc="cross-encoder", dev_score=dev_score, label=lambda pair: pair.label
+        model,
+        step,
+        examples,
+        config,
+        desc="cross-encoder",
+        dev_score=dev_score,
+        label=lambda pair: pair.label,
+        length=lambda pair: len(pair.text_a) + len(pair.text_b),
     )
     config.extra = {**config.extra, "history": history}
     return model

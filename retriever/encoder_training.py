@@ -143,18 +143,40 @@ def subsample(items: Sequence[T], limit: int | None, seed: int) -> list[T]:
     return order[:limit] if limit else order
 
 
-def balanced_order(examples: Sequence[T], label: Callable[[T], int], rng: random.Random) -> list[T]:
-    """`examples` shuffled so that every stretch of the order (hence every batch) holds the labels in about their
-    overall proportion: each label's examples are shuffled and spread evenly over the order."""
+def _spread(groups: list[list[T]]) -> list[T]:
+    """Merge lists so that each is spread evenly over the result (its i-th item at about i / len)."""
+    keyed = [((i + 0.5) / len(group), g, example) for g, group in enumerate(groups) for i, example in enumerate(group)]
+    keyed.sort(key=lambda item: item[:2])
+    return [example for *_, example in keyed]
+
+
+def make_batches(
+    examples: Sequence[T],
+    batch_size: int,
+    rng: random.Random,
+    label: Callable[[T], int] | None = None,
+    length: Callable[[T], int] | None = None,
+    pool: int = 32,
+) -> list[list[T]]:
+    """One epoch of batches in random order. `label`: every batch holds the labels in about their overall proportion.
+    `length`: within pools of `pool` batches, examples of similar length share a batch (less padding)."""
+    order = list(examples)
+    rng.shuffle(order)
     by_label: dict[int, list[T]] = {}
-    for example in examples:
-        by_label.setdefault(label(example), []).append(example)
-    keyed = []
-    for members in by_label.values():
-        rng.shuffle(members)
-        keyed.extend(((i + rng.random()) / len(members), example) for i, example in enumerate(members))
-    keyed.sort(key=lambda item: item[0])
-    return [example for _, example in keyed]
+    for example in order:
+        by_label.setdefault(label(example) if label else 0, []).append(example)
+    order = _spread(list(by_label.values()))
+    batches = []
+    for start in range(0, len(order), batch_size * pool):
+        chunk = order[start : start + batch_size * pool]
+        if length is not None:
+            groups: dict[int, list[T]] = {}
+            for example in chunk:
+                groups.setdefault(label(example) if label else 0, []).append(example)
+            chunk = _spread([sorted(group, key=length) for group in groups.values()])
+        batches.extend(chunk[i : i + batch_size] for i in range(0, len(chunk), batch_size))
+    rng.shuffle(batches)
+    return batches
 
 
 def train_loop(
@@ -165,13 +187,14 @@ def train_loop(
     desc: str = "training",
     dev_score: Callable[[], float] | None = None,
     label: Callable[[T], int] | None = None,
+    length: Callable[[T], int] | None = None,
 ) -> dict[str, Any]:
     """Minimise ``loss_fn(batch)`` over shuffled batches of `examples` with AdamW and linear warm-up/decay.
 
-    `label` makes every batch label-balanced (:func:`balanced_order`). `dev_score` (higher = better) runs after
-    every epoch; the weights of the best epoch are restored at the end. Returns the history: mean loss and dev score
-    per epoch, the best epoch (1-based) and the training seconds. `model` is a torch module (put into train mode
-    here, eval mode at the end).
+    `label` and `length` shape the batches (:func:`make_batches`: label-balanced, similar lengths). `dev_score`
+    (higher = better) runs after every epoch; the weights of the best epoch are restored at the end. Returns the
+    history: mean loss and dev score per epoch, the best epoch (1-based) and the training seconds. `model` is a torch
+    module (put into train mode here, eval mode at the end).
     """
     import copy
     import time
@@ -199,14 +222,9 @@ def train_loop(
     with tqdm(total=total, desc=desc, unit="step") as bar:
         for epoch in range(config.epochs):
             model.train()
-            if label is None:
-                order = list(examples)
-                rng.shuffle(order)
-            else:
-                order = balanced_order(examples, label, rng)
             losses: list[float] = []
-            for start in range(0, len(order), config.batch_size):
-                loss = loss_fn(order[start : start + config.batch_size])
+            for batch in make_batches(examples, config.batch_size, rng, label, length):
+                loss = loss_fn(batch)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
                 optimizer.step()

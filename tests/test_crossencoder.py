@@ -14,7 +14,7 @@ from retriever.crossencoder import (
     train_crossencoder,
     truncate_first,
 )
-from retriever.encoder_training import EncoderTrainConfig, balanced_order, make_config, save_trained, train_loop
+from retriever.encoder_training import EncoderTrainConfig, make_batches, make_config, save_trained, train_loop
 from retriever.pair_data import Pair
 from retriever.pipeline import Reranker
 
@@ -85,14 +85,17 @@ def test_truncation_cuts_the_query_and_keeps_the_faq_whole(tiny_bert_dir):
     assert decoded.endswith(faq.lower())
 
 
-def test_balanced_order_mixes_labels_in_every_batch():
+def test_batches_are_label_balanced_and_length_sorted():
     import random
 
     examples = [(i, 1) for i in range(20)] + [(i, 0) for i in range(20, 80)]
-    order = balanced_order(examples, lambda e: e[1], random.Random(0))
-    assert sorted(order) == sorted(examples)
-    for start in range(0, len(order), 8):
-        assert 1 <= sum(label for _, label in order[start : start + 8]) <= 3
+    batches = make_batches(examples, 8, random.Random(0), label=lambda e: e[1])
+    assert sorted(e for batch in batches for e in batch) == sorted(examples)
+    assert all(1 <= sum(label for _, label in batch) <= 3 for batch in batches[:-1])
+    by_length = make_batches(examples, 8, random.Random(0), label=lambda e: e[1], length=lambda e: e[0] % 40)
+    spreads = [max(e[0] % 40 for e in b) - min(e[0] % 40 for e in b) for b in by_length]
+    assert sorted(e for batch in by_length for e in batch) == sorted(examples)
+    assert np.mean(spreads) < np.mean([max(e[0] % 40 for e in b) - min(e[0] % 40 for e in b) for b in batches])
 
 
 def test_best_epoch_weights_are_restored():
