@@ -87,14 +87,17 @@ LOG_UNANSWERED = typer.Option(
 )
 
 
-def open_pipeline(index: Path, flags: StageFlags, **changes: Any) -> Pipeline:
+def open_pipeline(index: Path, flags: StageFlags, shown_entities: bool = True, **changes: Any) -> Pipeline:
     """The index with its pipeline.json, overridden by the flags and `changes` (None values ignored); the config
-    is checked before the index and the models are loaded."""
+    is checked before the index and the models are loaded. Without `shown_entities` the entity recogniser (seconds
+    to load) is left out unless the key-term filter or the unanswered log needs it."""
     import retriever.stages  # noqa: F401  (registers the summarizer, reranker and NER stage loaders)
     from index.faq_index import FaqIndex
     from retriever.pipeline import Pipeline
 
     config = flags.apply(PipelineConfig.load(index), **changes)
+    if not shown_entities:
+        config = config.updated(entities=config.key_terms or (config.abstain and config.log_unanswered))
     return Pipeline.from_config(FaqIndex.load(index), config)
 
 
@@ -142,7 +145,9 @@ def search(
         from retriever.search import clean_queries
 
         clean_queries([question])  # invalid text fails before anything is loaded
-        pipeline = open_pipeline(index, flags, mode=mode, top_k=top_k, log_unanswered=log_unanswered or None)
+        pipeline = open_pipeline(
+            index, flags, shown_entities=as_json, mode=mode, top_k=top_k, log_unanswered=log_unanswered or None
+        )
         response = pipeline.run(question)
         text = json.dumps(response.to_dict(), indent=2, ensure_ascii=False) if as_json else hits_table(response)
         if output is None or is_stdio(output):

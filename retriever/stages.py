@@ -13,6 +13,7 @@ Import this module (the CLI does) before :meth:`Pipeline.from_config`.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from retriever.pipeline import PipelineConfig, register_stage_loader
@@ -42,8 +43,17 @@ def load_rewriter(name: str | None, config: PipelineConfig) -> SummarizerRewrite
 
 
 def load_reranker(name: str | None, config: PipelineConfig) -> Any:
-    from retriever.crossencoder import CrossEncoderReranker
+    from index.runtime import MedfaqError, resolve_model
+    from retriever.crossencoder import CrossEncoderReranker, has_classifier_head
 
+    path = Path(resolve_model(name or DEFAULT_RERANKER))
+    if path.is_dir() and not (path / "config.json").is_file():
+        raise MedfaqError(f"reranker {path} is not a model directory (no config.json)")
+    if path.is_dir() and not has_classifier_head(str(path)):
+        raise MedfaqError(
+            f"reranker {path} has no classification head (a bi-encoder or plain encoder?); "
+            "pass a cross-encoder, e.g. one trained with `medfaq train crossencoder --task faq`"
+        )
     return CrossEncoderReranker.load(name or DEFAULT_RERANKER, quantize=config.quantize)
 
 
