@@ -17,7 +17,7 @@ def dedup(
     datasets: list[str] = typer.Argument(..., help="Datasets (meqsum, chq_summ, healthcaremagic, mediqa2021, rqe)."),
     data_root: Path | None = typer.Option(None, "--data-root", help="Read data laid out like ../shared/data."),
     key_field: str = typer.Option("chq", "--field", help="Duplicate key: chq (as ECL) or pair (chq and faq)."),
-    examples: int = typer.Option(3, "--examples", help="Example groups shown per level."),
+    examples: int = typer.Option(3, "--examples", min=0, help="Example groups shown per level."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as one JSON object."),
     do_resplit: bool = typer.Option(False, "--resplit", help="Write a de-duplicated 8:1:1 re-split to --out."),
     out: Path | None = typer.Option(None, "--out", help="Directory for --resplit (shared/data layout)."),
@@ -50,11 +50,11 @@ def eval_summarizer(
     data: str = typer.Option("meqsum:test", "--data", help="<dataset>:<split>, e.g. meqsum:test."),
     as_json: bool = typer.Option(False, "--json", help="Print only one JSON object of the metrics on stdout."),
     output: Path | None = typer.Option(None, "--output", help="Predictions JSONL (default predictions_<data>.jsonl)."),
-    num_beams: int = typer.Option(4, "--num-beams", help="Beam size."),
-    max_length: int = typer.Option(64, "--max-length", help="Maximum generated tokens."),
-    batch_size: int = typer.Option(16, "--batch-size", help="Generation batch size."),
+    num_beams: int = typer.Option(4, "--num-beams", min=1, help="Beam size."),
+    max_length: int = typer.Option(64, "--max-length", min=1, help="Maximum generated tokens."),
+    batch_size: int = typer.Option(16, "--batch-size", min=1, help="Generation batch size."),
     data_root: Path | None = typer.Option(None, "--data-root", help="Read data laid out like ../shared/data."),
-    limit: int | None = typer.Option(None, "--limit", help="Evaluate the first N pairs only."),
+    limit: int | None = typer.Option(None, "--limit", min=1, help="Evaluate the first N pairs only."),
     ner: str = typer.Option("auto", "--ner", help="Entity recogniser for FIR/consistency: auto|dictionary|stanza."),
     device: str | None = typer.Option(None, "--device", help="cpu or cuda (default: cuda when visible)."),
     quantize: bool = typer.Option(False, "--quantize", help="int8 dynamic quantisation of the summarizer (CPU)."),
@@ -64,8 +64,6 @@ def eval_summarizer(
     from eval.summarization_data import load_pairs
     from summarizer.entities import load_recognizer
 
-    if limit is not None and limit < 1:
-        raise MedfaqError("--limit must be at least 1")
     pairs = load_pairs(data, data_root)[:limit]
     if not pairs:
         raise MedfaqError(f"{data} has no pairs")
