@@ -263,8 +263,11 @@ class Pipeline:
 
     @classmethod
     def from_config(cls, index: FaqIndex, config: PipelineConfig | None = None) -> Pipeline:
-        """Build the stages the config names through the registered stage loaders."""
+        """Build the stages the config names through the registered stage loaders; the index's encoder is loaded
+        now when the mode searches vectors, so no search's `timings_ms` counts loading a model."""
         config = config or PipelineConfig()
+        if config.mode != "bm25":
+            _ = index.encoder
         return cls(
             index,
             config,
