@@ -44,7 +44,7 @@ class OneLineErrors(TyperGroup):
         except click_errors.ClickException as error:
             typer.echo(f"error: {one_line(error.format_message())}", err=True)
             result = error.exit_code
-        except click_errors.Abort:
+        except typer.Abort:
             typer.echo("interrupted", err=True)
             result = 130
         code = result if isinstance(result, int) else 0

@@ -14,7 +14,7 @@ from app.render import hits_table
 from index.runtime import MedfaqError
 from retriever.pipeline import QUERY_SOURCES, PipelineConfig
 from retriever.runs import RUN_FORMATS, is_stdio, read_queries, write_run, write_text_atomic
-from retriever.search import MODES
+from retriever.search import MODES, check_query
 
 if TYPE_CHECKING:
     from retriever.pipeline import Pipeline
@@ -142,9 +142,7 @@ def search(
         summarize, query, rerank, abstain, summarizer, reranker, threshold, beams, quantize, rerank_fusion
     )
     if question is not None:
-        from retriever.search import clean_queries
-
-        clean_queries([question])  # invalid text fails before anything is loaded
+        check_query(question)  # invalid text fails before anything is loaded
         pipeline = open_pipeline(
             index, flags, shown_entities=as_json, mode=mode, top_k=top_k, log_unanswered=log_unanswered or None
         )

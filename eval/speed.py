@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from index.faq_index import FaqIndex
     from retriever.pipeline import Pipeline
 
-StageFactory = Callable[[FaqIndex, int], Callable[[str], Any]]
+    StageFactory = Callable[[FaqIndex, int], Callable[[str], Any]]
 
 
 def _mode(mode: str) -> StageFactory:

@@ -50,20 +50,26 @@ def invalid_text_position(text: str) -> str | None:
     return None
 
 
+def check_query(query: object, name: str = "query") -> str:
+    """`query` stripped; not text, empty or whitespace-only, and invalid UTF-8 are one-line errors naming it, so
+    nothing downstream (the tokenizers least of all) sees such text."""
+    if query is not None and not isinstance(query, str):
+        raise MedfaqError(f"{name} is not text")
+    text = (query or "").strip()
+    if not text:
+        raise MedfaqError("empty query" if name == "query" else f"{name} is empty")
+    invalid = invalid_text_position(query)
+    if invalid:
+        raise MedfaqError(f"{name} is not valid UTF-8 ({invalid})")
+    return text
+
+
 def clean_queries(queries: list[str], max_chars: int = MAX_QUERY_CHARS) -> list[str]:
-    """Strip queries; empty, whitespace-only and invalid-UTF-8 ones are an error (nothing downstream, the tokenizers
-    least of all, sees such text), over-long ones are truncated with a warning."""
+    """:func:`check_query` for each query; over-long ones are truncated with a warning."""
     cleaned = []
     for position, query in enumerate(queries):
         name = "query" if len(queries) == 1 else f"query {position + 1}"
-        text = (query or "").strip() if isinstance(query, str) or query is None else None
-        if text is None:
-            raise MedfaqError(f"{name} is not text")
-        if not text:
-            raise MedfaqError("empty query" if len(queries) == 1 else f"{name} is empty")
-        invalid = invalid_text_position(query)
-        if invalid:
-            raise MedfaqError(f"{name} is not valid UTF-8 ({invalid})")
+        text = check_query(query, name)
         if len(text) > max_chars:
             logger.warning("%s has %d characters; truncated to %d", name, len(text), max_chars)
             text = text[:max_chars]

@@ -1,0 +1,242 @@
+"""Every bad input is one `error: ...` line and exit code 2; stdin/stdout for batch runs; the experts' queue is left
+alone by batch runs; `bench` measures only the given index by default; the command line starts without torch."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from app.cli import app
+
+runner = CliRunner()
+REPO = Path(__file__).resolve().parents[1]
+HEAVY_MODULES = ("torch", "transformers", "sentence_transformers")
+
+
+def medfaq(*args: object, input: str | bytes | None = None):
+    return runner.invoke(app, [str(a) for a in args], input=input)
+
+
+def assert_one_line_error(result, pattern: str) -> None:
+    assert result.exit_code == 2, (result.stdout, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert pattern in lines[0], lines[0]
+    assert "Traceback" not in result.stderr and "╭" not in result.stderr
+
+
+@pytest.fixture(scope="module")
+def index_dir(tmp_path_factory, tiny_encoder_dir) -> Path:
+    from tests.conftest import FAQ_ROWS
+
+    faqs = tmp_path_factory.mktemp("guards") / "faqs.jsonl"
+    faqs.write_text("".join(json.dumps(row) + "\n" for row in FAQ_ROWS), encoding="utf-8")
+    out = faqs.parent / "idx"
+    result = medfaq("index", "build", faqs, "--out", out, "--encoder", tiny_encoder_dir)
+    assert result.exit_code == 0, result.output
+    return out
+
+
+@pytest.mark.parametrize(
+    ("args", "pattern"),
+    [
+        (("search", "--top-k", "ten", "flu"), "Invalid value for '--top-k'"),
+        (("search", "--top-k", "0", "flu"), "Invalid value for '--top-k'"),
+        (("search", "--no-such-option", "flu"), "No such option: --no-such-option"),
+        (("search", "--threshold", "nan", "--abstain", "flu"), "nan is not a finite number"),
+        (("search", "--threshold", "inf", "--abstain", "flu"), "inf is not a finite number"),
+        (("search", "--beams", "0", "flu"), "Invalid value for '--beams'"),
+        (("bench", "--batch-size", "0"), "Invalid value for '--batch-size'"),
+        (("bench", "--queries", "0"), "Invalid value for '--queries'"),
+        (("bench", "--ann-vectors", "-1"), "Invalid value for '--ann-vectors'"),
+        (("eval", "summarizer", "--model", "m", "--num-beams", "0"), "Invalid value for '--num-beams'"),
+        (("eval", "summarizer", "--model", "m", "--batch-size", "0"), "Invalid value for '--batch-size'"),
+        (("no-such-command",), "No such command"),
+    ],
+)
+def test_usage_errors_are_one_line(tmp_path, args, pattern):
+    command, *rest = args
+    index = ("--index", tmp_path) if command in {"search", "bench"} else ()
+    assert_one_line_error(medfaq(command, *index, *rest), pattern)
+
+
+def test_missing_option_is_one_line():
+    assert_one_line_error(medfaq("search", "flu"), "Missing option '--index'")
+
+
+def test_nan_threshold_refused_by_the_config_too():
+    from index.runtime import MedfaqError
+    from retriever.pipeline import PipelineConfig
+
+    with pytest.raises(MedfaqError, match="finite"):
+        PipelineConfig(threshold=float("nan"))
+
+
+def test_invalid_utf8_argument_is_an_input_error(index_dir):
+    # what Python makes of the bytes of $'caf\xe9': a lone surrogate the tokenizer must never see
+    result = medfaq("search", "--index", index_dir, "--mode", "bm25", "caf\udce9")
+    assert_one_line_error(result, "query is not valid UTF-8 (byte 0xe9 at character 4)")
+
+
+def test_real_entry_point_one_line_errors(index_dir):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    bad_bytes = [sys.executable, "-m", "app.cli", "search", "--index", str(index_dir), "--mode", "bm25"]
+    result = subprocess.run([*bad_bytes, b"caf\xe9"], capture_output=True, env=env, cwd=REPO, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.decode().strip().splitlines() == ["error: query is not valid UTF-8 (byte 0xe9 at character 4)"]
+    usage = subprocess.run([*bad_bytes, "--top-k", "ten", "flu"], capture_output=True, env=env, cwd=REPO, timeout=120)
+    lines = usage.stderr.decode().strip().splitlines()
+    assert usage.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: Invalid value for '--top-k'")
+
+
+def write_queries(path: Path, lines: list[bytes]) -> Path:
+    path.write_bytes(b"".join(line + b"\n" for line in lines))
+    return path
+
+
+GOOD = json.dumps({"id": "q1", "question": "how is shingles treated"}).encode()
+
+
+@pytest.mark.parametrize(
+    ("bad_line", "pattern"),
+    [
+        (b'{"id": "q2", "question": "caf\xe9"}', "q.jsonl:2: not UTF-8 (byte 0xe9 at column 30)"),
+        (
+            b'{"id": "q2", "question": "caf\\udce9"}',
+            "q.jsonl:2: question is not valid UTF-8 (byte 0xe9 at character 4)",
+        ),
+        (b'{"id": "q2", "question": "a \\ud800 b"}', "q.jsonl:2: question is not valid UTF-8 (\\ud800 at character 3)"),
+    ],
+)
+def test_invalid_utf8_in_a_query_file(tmp_path, index_dir, bad_line, pattern):
+    queries = write_queries(tmp_path / "q.jsonl", [GOOD, bad_line])
+    args = ("search", "--index", index_dir, "--mode", "bm25", "--queries", queries, "--output", tmp_path / "run.jsonl")
+    assert_one_line_error(medfaq(*args), pattern)
+    assert not (tmp_path / "run.jsonl").exists()
+    skipped = medfaq(*args, "--skip-bad")
+    assert skipped.exit_code == 0, skipped.stderr
+    assert "warning: 1 bad lines" in skipped.stderr and "(first: [2])" in skipped.stderr
+    assert [json.loads(line)["id"] for line in (tmp_path / "run.jsonl").read_text().splitlines()] == ["q1"]
+
+
+def test_queries_from_stdin_and_run_to_stdout(index_dir):
+    stdin = GOOD.decode() + "\n" + json.dumps({"id": "q2", "question": "migraine causes"}) + "\n"
+    for source in ("-", "/dev/stdin"):
+        result = medfaq(
+            "search", "--index", index_dir, "--mode", "bm25", "--queries", source, "--output", "-", input=stdin
+        )
+        assert result.exit_code == 0, result.stderr
+        assert [json.loads(line)["id"] for line in result.stdout.splitlines()] == ["q1", "q2"]
+        assert "wrote jsonl results for 2 queries to stdout" in result.stderr
+    trec = medfaq(
+        "search",
+        "--index",
+        index_dir,
+        "--mode",
+        "bm25",
+        "--queries",
+        "-",
+        "--output",
+        "-",
+        "--format",
+        "trec",
+        input=stdin,
+    )
+    assert trec.exit_code == 0 and trec.stdout.splitlines()[0].split()[:4] == ["q1", "Q0", "f3", "1"]
+
+
+def test_output_with_a_single_question_writes_the_file(tmp_path, index_dir):
+    out = tmp_path / "answer.json"
+    result = medfaq("search", "--index", index_dir, "--mode", "bm25", "--json", "--output", out, "shingles")
+    assert result.exit_code == 0 and result.stdout == ""
+    assert json.loads(out.read_text())["hits"][0]["id"] == "f3"
+    table = tmp_path / "answer.txt"
+    assert medfaq("search", "--index", index_dir, "--mode", "bm25", "--output", table, "shingles").exit_code == 0
+    assert "rank" in table.read_text()
+
+
+def test_batch_runs_leave_the_experts_queue_alone(tmp_path, index_dir):
+    queue = Path(os.environ["MEDFAQ_HOME"]) / "unanswered.jsonl"
+    queries = write_queries(tmp_path / "q.jsonl", [GOOD])
+    batch = ("search", "--index", index_dir, "--mode", "bm25", "--abstain", "--threshold", "1e9", "--queries", queries)
+    result = medfaq(*batch, "--output", tmp_path / "run.jsonl")
+    assert result.exit_code == 0, result.stderr
+    assert json.loads((tmp_path / "run.jsonl").read_text())["abstained"] is True
+    assert not queue.exists()
+    assert medfaq(*batch, "--output", tmp_path / "run.jsonl", "--log-unanswered").exit_code == 0
+    assert len(queue.read_text().splitlines()) == 1
+    single = medfaq("search", "--index", index_dir, "--mode", "bm25", "--abstain", "--threshold", "1e9", "shingles")
+    assert single.exit_code == 0 and "logged for an expert" in single.stdout
+    assert len(queue.read_text().splitlines()) == 2
+
+
+def test_reranker_of_the_wrong_kind(tmp_path, index_dir, tiny_encoder_dir):
+    search = ("search", "--index", index_dir, "--mode", "bm25", "--rerank")
+    assert_one_line_error(medfaq(*search, "--reranker", tiny_encoder_dir, "flu"), "has no classification head")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert_one_line_error(medfaq(*search, "--reranker", empty, "flu"), "is not a model directory")
+
+
+def test_warnings_are_one_line_without_timestamp(index_dir):
+    result = medfaq("search", "--index", index_dir, "--mode", "bm25", "flu " * 700)
+    assert result.exit_code == 0
+    assert result.stderr.splitlines() == ["warning: query has 2799 characters; truncated to 2000"]
+
+
+def test_bench_defaults_to_the_latency_table(index_dir):
+    result = medfaq("bench", "--index", index_dir, "--queries", "4", "--json")
+    assert result.exit_code == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["queries"] == 4 and report["end_to_end"]["queries"] == 4
+    assert report["stages"]["retrieve"]["p50_ms"] > 0
+    assert {row["stage"] for row in report["modes"]} == {"dense", "bm25", "hybrid"}
+    assert report["peers"] == {"bm25": None, "dense": None, "ann": None} and report["interrupted"] is False
+    text = medfaq("bench", "--index", index_dir, "--queries", "3")
+    assert text.exit_code == 0 and "pipeline stages and end to end (3 single questions)" in text.stdout
+
+
+def test_interrupted_bench_keeps_what_it_measured(index_dir):
+    from eval import speed
+    from index.faq_index import FaqIndex
+    from retriever.pipeline import Pipeline, PipelineConfig
+
+    pipeline = Pipeline(FaqIndex.load(index_dir), PipelineConfig(mode="bm25", entities=False))
+    real_run, calls = pipeline.run, []
+
+    def run_then_interrupt(query: str):
+        calls.append(query)
+        if len(calls) > 6:  # 3 warm-up + 3 timed searches, then Ctrl-C
+            raise KeyboardInterrupt
+        return real_run(query)
+
+    pipeline.run = run_then_interrupt
+    run = speed.run_bench(pipeline, ["shingles", "flu", "migraine", "diabetes", "asthma"], progress=False)
+    assert run.interrupted and len(run.total_ms) == 3 and run.throughput is None
+    result = speed.bench_result(run, pipeline, index_dir)
+    assert result["end_to_end"]["queries"] == 3 and result["modes"] == []
+    assert "interrupted" in speed.format_report(result)
+
+
+def test_start_up_imports_no_model_libraries(index_dir):
+    code = (
+        "import sys\n"
+        "from typer.testing import CliRunner\n"
+        "from app.cli import app\n"
+        f"heavy = {HEAVY_MODULES!r}\n"
+        "assert not [m for m in heavy if m in sys.modules], 'import app.cli'\n"
+        "for args in (['--help'], ['index', 'info', sys.argv[1]], "
+        "['search', '--index', sys.argv[1], '--mode', 'bm25', 'flu']):\n"
+        "    result = CliRunner().invoke(app, args)\n"
+        "    assert result.exit_code == 0, result.output\n"
+        "    assert not [m for m in heavy if m in sys.modules], args\n"
+    )
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    result = subprocess.run([sys.executable, "-c", code, str(index_dir)], capture_output=True, env=env, cwd=REPO)
+    assert result.returncode == 0, result.stderr.decode()
