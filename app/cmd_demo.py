@@ -9,14 +9,8 @@ from pathlib import Path
 
 import typer
 
-from app.render import hits_table
 from app.setup_state import DEMO_INDEX, ENV_NO_TRAIN, EXAMPLE_QUESTIONS, SHARED_DATA
-from index.collections import load_collection
-from index.datasets import fetch_dataset
-from index.encoder import Encoder
-from index.faq_index import MANIFEST, FaqIndex
 from index.runtime import DEFAULT_ENCODER, indexes_dir
-from retriever.pipeline import Pipeline, PipelineConfig
 
 APP_SCRIPT = Path(__file__).resolve().parent / "streamlit_app.py"
 THEME = {"primaryColor": "#0f766e", "backgroundColor": "#ffffff", "secondaryBackgroundColor": "#f1f5f9"}
@@ -67,6 +61,13 @@ def demo(
 
 def answer_examples(top_k: int, mode: str) -> None:
     """Fetch MedQuAD (from ../shared/data when present), build the default index if missing, run example questions."""
+    from app.render import hits_table
+    from index.collections import load_collection
+    from index.datasets import fetch_dataset
+    from index.encoder import Encoder
+    from index.faq_index import MANIFEST, FaqIndex
+    from retriever.pipeline import Pipeline, PipelineConfig
+
     fetch_dataset("medquad", SHARED_DATA if SHARED_DATA.is_dir() else None)
     directory = indexes_dir() / DEMO_INDEX
     if not (directory / MANIFEST).is_file():

@@ -18,7 +18,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TextIO
 
-from index.faq_index import MANIFEST
 from index.runtime import indexes_dir, medfaq_home, models_dir
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -72,10 +71,14 @@ class DemoSettings:
         )
 
     def index_ready(self) -> bool:
+        from index.faq_index import MANIFEST  # imported late: the command line starts without the index stack
+
         return (self.index_dir / MANIFEST).is_file()
 
     def index_stamp(self) -> float:
         """Changes whenever the index is rebuilt or edited (cache key for the loaded index)."""
+        from index.faq_index import MANIFEST
+
         return (self.index_dir / MANIFEST).stat().st_mtime
 
 
