@@ -256,18 +256,29 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _positive(text: str) -> int:
+    """argparse type: an integer of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not at least 1")
+    return value
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--n-vectors", type=int, default=1_000_000)
+    parser.add_argument("--n-vectors", type=_positive, default=1_000_000)
     parser.add_argument("--index", type=Path, default=None, help="measure a medfaq index's own vectors instead")
-    parser.add_argument("--dim", type=int, default=384)
-    parser.add_argument("--queries", type=int, default=200)
+    parser.add_argument("--dim", type=_positive, default=384)
+    parser.add_argument("--queries", type=_positive, default=200)
     parser.add_argument("--families", default=",".join(FAMILIES), help="comma-separated: flat,ivf,hnsw,milvus")
-    parser.add_argument("--nlist", type=int, default=None)
-    parser.add_argument("--hnsw-m", type=int, default=32)
-    parser.add_argument("--ef-construction", type=int, default=40)
+    parser.add_argument("--nlist", type=_positive, default=None)
+    parser.add_argument("--hnsw-m", type=_positive, default=32)
+    parser.add_argument("--ef-construction", type=_positive, default=40)
     parser.add_argument("--milvus-uri", default=None, help="a Milvus server to measure instead of Milvus Lite")
-    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--threads", type=_positive, default=None)
     parser.add_argument("--json", type=Path, default=None, help="also write the rows to this JSON file")
     args = parser.parse_args(argv)
     options = dict(
@@ -278,10 +289,13 @@ def main(argv: list[str] | None = None) -> None:
         milvus_uri=args.milvus_uri,
         threads=args.threads,
     )
-    if args.index:
-        rows = compare_indexes(*index_vectors(args.index, args.queries), **options)
-    else:
-        rows = ann_comparison(args.n_vectors, args.dim, n_queries=args.queries, **options)
+    try:
+        if args.index:
+            rows = compare_indexes(*index_vectors(args.index, args.queries), **options)
+        else:
+            rows = ann_comparison(args.n_vectors, args.dim, n_queries=args.queries, **options)
+    except MedfaqError as error:
+        parser.exit(2, f"error: {error}\n")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")
     print(format_table(rows))
