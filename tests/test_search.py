@@ -46,6 +46,10 @@ def test_bad_queries(index, caplog):
         Retriever(index, "fuzzy")
     with pytest.raises(MedfaqError, match="top-k"):
         Retriever(index).search_one("flu", top_k=0)
+    with pytest.raises(MedfaqError, match=r"query 2 is not valid UTF-8 \(byte 0xe9 at character 4\)"):
+        Retriever(index, "bm25").search(["flu", "caf\udce9"])
+    with pytest.raises(MedfaqError, match=r"query is not valid UTF-8 \(\\ud800 at character 3\)"):
+        clean_queries([" a\ud800"])
     with caplog.at_level(logging.WARNING, logger="medfaq"):
         assert clean_queries(["x" * 50], max_chars=10) == ["x" * 10]
     assert "truncated to 10" in caplog.text
