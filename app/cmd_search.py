@@ -80,6 +80,7 @@ RERANK_FUSION = typer.Option(
 )
 
 
+SEARCH_BATCH = 64  # questions per pipeline call in batch runs (the progress bar moves per batch)
 LOG_UNANSWERED = typer.Option(
     False,
     "--log-unanswered",
@@ -99,6 +100,18 @@ def open_pipeline(index: Path, flags: StageFlags, shown_entities: bool = True, *
     if not shown_entities:
         config = config.updated(entities=config.key_terms or (config.abstain and config.log_unanswered))
     return Pipeline.from_config(FaqIndex.load(index), config)
+
+
+def run_in_batches(pipeline: Pipeline, questions: list[str], batch_size: int = SEARCH_BATCH) -> list[Any]:
+    """`pipeline.run_batch` over `questions`, `batch_size` at a time, with a progress bar on stderr."""
+    from tqdm.auto import tqdm
+
+    responses = []
+    with tqdm(total=len(questions), desc="searching", unit="question", disable=len(questions) <= batch_size) as bar:
+        for offset in range(0, len(questions), batch_size):
+            responses += pipeline.run_batch(questions[offset : offset + batch_size])
+            bar.update(min(batch_size, len(questions) - offset))
+    return responses
 
 
 def search(
@@ -163,7 +176,7 @@ def search(
             err=True,
         )
     pipeline = open_pipeline(index, flags, mode=mode, top_k=top_k, log_unanswered=log_unanswered)
-    responses = pipeline.run_batch(query_file.questions)
+    responses = run_in_batches(pipeline, query_file.questions)
     write_run(output, query_file.ids, responses, format, run_name)
     where = "stdout" if is_stdio(output) else output
     typer.echo(f"wrote {format} results for {len(responses)} queries to {where}", err=is_stdio(output))
