@@ -9,15 +9,16 @@ from pathlib import Path
 
 import typer
 
+from app.cmd_search import finite, positive
 from index.runtime import MedfaqError, resolve_model
 
 TASK_HELP = "mqp (question pairs) | qa (MedQuAD question-answer, intermediate) | faq (query -> FAQ reranker)"
 
 
-EPOCHS = typer.Option(None, "--epochs", help="Override the preset.")
-BATCH_SIZE = typer.Option(None, "--batch-size", help="Override the preset.")
-LR = typer.Option(None, "--lr", help="Learning rate (override the preset).")
-MAX_LENGTH = typer.Option(None, "--max-length", help="Max tokens (override the preset).")
+EPOCHS = typer.Option(None, "--epochs", min=1, help="Override the preset.")
+BATCH_SIZE = typer.Option(None, "--batch-size", min=1, help="Override the preset.")
+LR = typer.Option(None, "--lr", callback=positive, help="Learning rate (override the preset).")
+MAX_LENGTH = typer.Option(None, "--max-length", min=1, help="Max tokens (override the preset).")
 LOSS = typer.Option(None, "--loss", help="Bi-encoder loss: contrastive | mnrl.")
 DEVICE = typer.Option(None, "--device", help="cpu | cuda (default: cuda when available).")
 
@@ -44,7 +45,7 @@ def _train_command(model_type: str) -> Callable[..., None]:
         lr: float | None = LR,
         max_length: int | None = MAX_LENGTH,
         loss: str | None = LOSS,
-        max_pairs: int | None = typer.Option(None, "--max-pairs", help="Train on at most this many pairs."),
+        max_pairs: int | None = typer.Option(None, "--max-pairs", min=1, help="Train on at most this many pairs."),
         device: str | None = DEVICE,
         force: bool = typer.Option(False, "--force", help="Overwrite a non-empty --out directory."),
     ) -> None:
@@ -71,12 +72,15 @@ def eval_duplicates(
     init: str = typer.Option("minilm", "--init", help="Cross-validation: starting weights of every fold's model."),
     split: str = typer.Option("doctor", "--split", help="Cross-validation folds: doctor | grouped."),
     preset: str = typer.Option("quick", "--preset", help="quick | full"),
-    folds: int | None = typer.Option(None, "--folds", help="Number of folds (default: 3 quick, 5 full)."),
+    folds: int | None = typer.Option(None, "--folds", min=2, help="Number of folds (default: 3 quick, 5 full)."),
     seed: int = typer.Option(0, "--seed"),
     model: str | None = typer.Option(None, "--model", help="Score a trained model on --pairs instead."),
     pairs: Path | None = typer.Option(None, "--pairs", help="Labelled pairs JSONL (text_a, text_b, label)."),
     threshold: float | None = typer.Option(
-        None, "--threshold", help="With --model: decision threshold (default: the model's dev-tuned one, else 0.5)."
+        None,
+        "--threshold",
+        callback=finite,
+        help="With --model: decision threshold (default: the model's dev-tuned one, else 0.5).",
     ),
     quantize: bool = typer.Option(False, "--quantize", help="Score with int8 dynamic quantisation (CPU)."),
     save_models: Path | None = typer.Option(
@@ -88,7 +92,9 @@ def eval_duplicates(
     lr: float | None = LR,
     max_length: int | None = MAX_LENGTH,
     loss: str | None = LOSS,
-    max_pairs: int | None = typer.Option(None, "--max-pairs", help="Train each fold on at most this many pairs."),
+    max_pairs: int | None = typer.Option(
+        None, "--max-pairs", min=1, help="Train each fold on at most this many pairs."
+    ),
     device: str | None = DEVICE,
 ) -> None:
     """Cross-validate a duplicate detector on MQP (one model per fold, dev-tuned thresholds), or score a trained

@@ -27,6 +27,13 @@ def finite(value: float | None) -> float | None:
     return value
 
 
+def positive(value: float | None) -> float | None:
+    """Option callback: a finite number above 0 (e.g. a learning rate)."""
+    if finite(value) is not None and value <= 0:
+        raise typer.BadParameter(f"{value} is not above 0")
+    return value
+
+
 @dataclass
 class StageFlags:
     """The pipeline flags `search`, `bench` and `eval retrieval` share; None = keep the index's pipeline.json."""

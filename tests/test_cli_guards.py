@@ -57,6 +57,11 @@ def index_dir(tmp_path_factory, tiny_encoder_dir) -> Path:
         (("bench", "--ann-vectors", "-1"), "Invalid value for '--ann-vectors'"),
         (("eval", "summarizer", "--model", "m", "--num-beams", "0"), "Invalid value for '--num-beams'"),
         (("eval", "summarizer", "--model", "m", "--batch-size", "0"), "Invalid value for '--batch-size'"),
+        (("train", "crossencoder", "--out", "m", "--epochs", "0"), "Invalid value for '--epochs'"),
+        (("train", "biencoder", "--out", "m", "--lr", "nan"), "nan is not a finite number"),
+        (("train", "biencoder", "--out", "m", "--lr", "-1"), "-1.0 is not above 0"),
+        (("eval", "duplicates", "--model-type", "biencoder", "--folds", "1"), "Invalid value for '--folds'"),
+        (("eval", "duplicates", "--model", "m", "--pairs", "p", "--threshold", "inf"), "inf is not a finite number"),
         (("no-such-command",), "No such command"),
     ],
 )
