@@ -13,7 +13,7 @@ import typer
 from app.render import hits_table
 from index.runtime import MedfaqError
 from retriever.pipeline import QUERY_SOURCES, PipelineConfig
-from retriever.runs import RUN_FORMATS, is_stdio, read_queries, write_run, write_text_atomic
+from retriever.runs import RUN_FORMATS, check_output, is_stdio, read_queries, write_run, write_text_atomic
 from retriever.search import MODES, check_query
 
 if TYPE_CHECKING:
@@ -158,6 +158,8 @@ def search(
         raise MedfaqError("--queries needs --output RUN (the run file to write, or - for stdout)")
     if format not in RUN_FORMATS:
         raise MedfaqError(f"unknown run format {format!r}; choose one of {', '.join(RUN_FORMATS)}")
+    if output is not None:
+        check_output(output)
     flags = StageFlags(
         summarize, query, rerank, abstain, summarizer, reranker, threshold, beams, quantize, rerank_fusion
     )

@@ -4,6 +4,7 @@ or TREC run files out."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -134,14 +135,28 @@ def write_run(path: str | Path, query_ids: list[str], responses: list[SearchResp
     write_text_atomic(path, lines)
 
 
-def write_text_atomic(path: str | Path, lines: Iterator[str] | list[str]) -> None:
-    """Write `lines` to a temporary file beside `path`, then rename it over `path` (readers never see half)."""
+def check_output(path: str | Path) -> None:
+    """Fail early, with one line, when `path` cannot be written (a directory, or a folder that cannot be made or
+    written to); ``-`` (stdout) always can."""
+    if is_stdio(path):
+        return
     path = Path(path)
     if path.is_dir():
         raise MedfaqError(f"{path} is a directory; pass a file name")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
+    except OSError as error:
+        raise MedfaqError(f"cannot write {path}: {error.strerror}") from None
+    if not os.access(path.parent, os.W_OK):
+        raise MedfaqError(f"cannot write {path}: permission denied")
+
+
+def write_text_atomic(path: str | Path, lines: Iterator[str] | list[str]) -> None:
+    """Write `lines` to a temporary file beside `path`, then rename it over `path` (readers never see half)."""
+    path = Path(path)
+    check_output(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
         with tmp.open("w", encoding="utf-8") as out:
             out.writelines(lines)
     except OSError as error:

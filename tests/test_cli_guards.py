@@ -166,6 +166,17 @@ def test_output_with_a_single_question_writes_the_file(tmp_path, index_dir):
     assert "rank" in table.read_text()
 
 
+def test_unwritable_output_fails_before_searching(tmp_path, index_dir):
+    queries = write_queries(tmp_path / "q.jsonl", [GOOD])
+    batch = medfaq("search", "--index", index_dir, "--queries", queries, "--output", tmp_path)
+    assert_one_line_error(batch, "is a directory; pass a file name")
+    assert "searching" not in batch.stderr
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    single = medfaq("search", "--index", index_dir, "--output", blocked / "answer.json", "flu")
+    assert_one_line_error(single, "cannot write")
+
+
 def test_batch_runs_leave_the_experts_queue_alone(tmp_path, index_dir):
     queue = Path(os.environ["MEDFAQ_HOME"]) / "unanswered.jsonl"
     queries = write_queries(tmp_path / "q.jsonl", [GOOD])
