@@ -68,9 +68,12 @@ class PipelineConfig:
     orders the rescored hits by the cross-encoder alone, ``rrf`` by RRF of their retrieval and cross-encoder
     ranks (a weak reranker then cannot bury a strong retrieval hit). `quantize`: int8 dynamic quantisation of the
     summarizer and reranker. `key_terms`: drop hits sharing no key term (entities, else content words) with the
-    query (precision bias). `threshold`: abstain when the confidence (top rerank score, else the best dense cosine)
-    is below it. Abstained questions are appended to `unanswered_log` (default ``$MEDFAQ_HOME/unanswered.jsonl``)
-    when `log_unanswered`.
+    query (precision bias). `dense_weight`: weight of the dense list against BM25's 1 in hybrid RRF.
+    `abstain`: abstain when the confidence (:func:`confidence`) is below the threshold of the configuration that
+    runs: `threshold` when given (a command-line override), else `thresholds[threshold_key]`, calibrated per
+    configuration (mode x rerank x query source) by ``medfaq eval retrieval --save-threshold``; a configuration
+    never calibrated answers every question. Abstained questions are appended to `unanswered_log` (default
+    ``$MEDFAQ_HOME/unanswered.jsonl``) when `log_unanswered`.
     """
 
     mode: str = "hybrid"
@@ -89,8 +92,10 @@ class PipelineConfig:
     quantize: bool = False
     entities: bool = True
     key_terms: bool = False
-    abstain: bool = False
-    threshold: float = 0.5
+    dense_weight: float = 1.0
+    abstain: bool = True
+    threshold: float | None = None
+    thresholds: dict[str, float] = field(default_factory=dict)
     log_unanswered: bool = True
     unanswered_log: str | None = None
     max_query_chars: int = MAX_QUERY_CHARS
@@ -113,18 +118,44 @@ class PipelineConfig:
             raise MedfaqError("top_k, candidates and rerank_depth must be at least 1")
         if (self.summary_beams or 1) < 1 or (self.summary_max_length or 1) < 1:
             raise MedfaqError("summary_beams and summary_max_length must be at least 1")
-        if not math.isfinite(self.threshold):
-            raise MedfaqError(f"threshold must be a finite number, got {self.threshold}")
+        values = [self.dense_weight, *([] if self.threshold is None else [self.threshold])]
+        if not all(isinstance(v, int | float) and math.isfinite(v) for v in [*values, *self.thresholds.values()]):
+            raise MedfaqError(f"dense_weight and thresholds must be finite numbers, got {values} {self.thresholds}")
+        if self.dense_weight <= 0:
+            raise MedfaqError(f"dense_weight must be above 0, got {self.dense_weight}")
+
+    @property
+    def threshold_key(self) -> str:
+        """The configuration a threshold belongs to: mode x rerank x query source, e.g. ``dense+rerank@raw``."""
+        return threshold_key(self.mode, self.rerank, self.query_source)
+
+    def active_threshold(self) -> float | None:
+        """The threshold this configuration abstains below: the override, else its calibrated one (or None)."""
+        return self.threshold if self.threshold is not None else self.thresholds.get(self.threshold_key)
+
+    def with_threshold(self, value: float) -> PipelineConfig:
+        """A copy with `value` stored as this configuration's calibrated threshold (abstention on, no override)."""
+        return self.replace(abstain=True, threshold=None, thresholds={**self.thresholds, self.threshold_key: float(value)})
+
+    def replace(self, **changes: Any) -> PipelineConfig:
+        """A copy with `changes` applied as given (None included), validated again."""
+        return PipelineConfig.from_dict({**self.to_dict(), **changes})
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> PipelineConfig:
+        """Validated settings; a file of the one-threshold format keeps its threshold for the configuration it was
+        saved with (when abstention was on; otherwise it was never calibrated and is dropped)."""
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
             raise MedfaqError(f"unknown pipeline setting(s): {', '.join(unknown)}")
+        if "thresholds" not in data and data.get("threshold") is not None:
+            legacy = cls(**{**data, "threshold": None})
+            calibrated = {legacy.threshold_key: float(data["threshold"])} if legacy.abstain else {}
+            return cls(**{**data, "threshold": None, "thresholds": calibrated})
         return cls(**data)
 
     def updated(self, **changes: Any) -> PipelineConfig:
@@ -215,15 +246,27 @@ def load_stage(kind: str, name: str | None, config: PipelineConfig) -> Any:
     return loader(name, config) if takes_config else loader(name)
 
 
+def threshold_key(mode: str, rerank: bool, query_source: str) -> str:
+    """``<mode>[+rerank]@<query source>``: the configurations whose confidences share a scale."""
+    return f"{mode}{'+rerank' if rerank else ''}@{query_source}"
+
+
 def confidence(hits: list[Hit]) -> float | None:
-    """How sure the pipeline is of its answer: the top hit's rerank score when reranked, else the best dense
-    cosine among the hits, else the top hit's score; None without hits."""
+    """How sure the pipeline is of its answer: the top hit's score from the last scoring stage that ran (rank
+    fusions only reorder): its cross-encoder score when reranked, else its dense cosine (the better of question and
+    summary), else its BM25 score. None without hits, or when a dense search ran but its top hit came from BM25
+    alone (the dense search did not find it: least confident)."""
     if not hits:
         return None
-    if "rerank" in hits[0].stage_scores:
-        return hits[0].stage_scores["rerank"]
-    dense = [v for h in hits for name, v in h.stage_scores.items() if name.endswith("dense")]
-    return max(dense) if dense else hits[0].score
+    top = hits[0].stage_scores
+    if "rerank" in top:
+        return top["rerank"]
+    dense = [value for name, value in top.items() if name.endswith("dense")]
+    if dense:
+        return max(dense)
+    if any(name.endswith("dense") for hit in hits for name in hit.stage_scores):
+        return None
+    return top.get("bm25", top.get("summary_bm25", hits[0].score))
 
 
 def key_stems(texts: list[str]) -> set[str]:
@@ -256,7 +299,12 @@ class Pipeline:
         self.entity_finder = entity_finder if self.config.entities else None
         self.unanswered = unanswered or UnansweredLog(self.config.unanswered_log)
         self.retriever = Retriever(
-            index, self.config.mode, self.config.candidates, self.config.rrf_k, self.config.max_query_chars
+            index,
+            self.config.mode,
+            self.config.candidates,
+            self.config.rrf_k,
+            self.config.max_query_chars,
+            self.config.dense_weight,
         )
         stage_objects = {"rewrite": rewriter, "entities": entity_finder, "retrieve": index, "rerank": reranker}
         self._locks = {name: _lock_for(obj) for name, obj in stage_objects.items()}
@@ -315,10 +363,11 @@ class Pipeline:
                 hits = [self._key_term_filter(q, s, e, h) for q, s, e, h in rows]
         timings["total"] = _ms_since(start)
         per_query = {name: value / len(queries) for name, value in timings.items()}
+        threshold = config.active_threshold() if config.abstain else None
         responses = []
         for query, summary, found, ranked in zip(queries, summaries, entities, hits, strict=True):
             sure = confidence(ranked)
-            abstained = config.abstain and (sure is None or sure < config.threshold)
+            abstained = threshold is not None and (sure is None or sure < threshold)
             response = SearchResponse(query, summary, found, ranked[: config.top_k], abstained, dict(per_query), sure)
             if abstained and config.log_unanswered:
                 best = ranked[0] if ranked else None

@@ -77,17 +77,20 @@ def clean_queries(queries: list[str], max_chars: int = MAX_QUERY_CHARS) -> list[
     return cleaned
 
 
-def reciprocal_rank_fusion(rankings: list[list[tuple[str, float]]], k: int = RRF_K) -> list[tuple[str, float]]:
-    """Fuse ranked (id, score) lists: score(id) = sum over lists of 1 / (k + rank), rank starting at 1."""
+def reciprocal_rank_fusion(
+    rankings: list[list[tuple[str, float]]], k: int = RRF_K, weights: list[float] | None = None
+) -> list[tuple[str, float]]:
+    """Fuse ranked (id, score) lists: score(id) = sum over lists of weight / (k + rank), rank starting at 1."""
     fused: dict[str, float] = {}
-    for ranking in rankings:
+    for ranking, weight in zip(rankings, weights or [1.0] * len(rankings), strict=True):
         for rank, (doc_id, _) in enumerate(ranking, start=1):
-            fused[doc_id] = fused.get(doc_id, 0.0) + 1.0 / (k + rank)
+            fused[doc_id] = fused.get(doc_id, 0.0) + weight / (k + rank)
     return sorted(fused.items(), key=lambda item: -item[1])
 
 
 class Retriever:
-    """Search a :class:`FaqIndex` in ``dense``, ``bm25`` or ``hybrid`` mode (RRF over both, `candidates` each)."""
+    """Search a :class:`FaqIndex` in ``dense``, ``bm25`` or ``hybrid`` mode (RRF over both, `candidates` each;
+    the dense list weighs `dense_weight` against BM25's 1)."""
 
     def __init__(
         self,
@@ -96,8 +99,10 @@ class Retriever:
         candidates: int = 100,
         rrf_k: int = RRF_K,
         max_query_chars: int = MAX_QUERY_CHARS,
+        dense_weight: float = 1.0,
     ) -> None:
         self.index = index
+        self.dense_weight = dense_weight
         self.mode = _check_mode(mode)
         self.candidates = candidates
         self.rrf_k = rrf_k
@@ -121,7 +126,9 @@ class Retriever:
         for row in range(len(queries)):
             per_stage = {name: dict(ranking[row]) for name, ranking in stages.items()}
             if mode == "hybrid":
-                ranked = reciprocal_rank_fusion([stages["dense"][row], stages["bm25"][row]], self.rrf_k)
+                ranked = reciprocal_rank_fusion(
+                    [stages["dense"][row], stages["bm25"][row]], self.rrf_k, [self.dense_weight, 1.0]
+                )
                 per_stage["rrf"] = dict(ranked)
             else:
                 ranked = stages[mode][row]
