@@ -21,11 +21,19 @@ LR = typer.Option(None, "--lr", callback=positive, help="Learning rate (override
 MAX_LENGTH = typer.Option(None, "--max-length", min=1, help="Max tokens (override the preset).")
 LOSS = typer.Option(None, "--loss", help="Bi-encoder loss: contrastive | mnrl.")
 DEVICE = typer.Option(None, "--device", help="cpu | cuda (default: cuda when available).")
+HEAD = typer.Option(None, "--head", help="Cross-encoder head: cosine (default) | mean | cls | pooler.")
 
 
-def _tuning(epochs: int | None, batch_size: int | None, lr: float | None, max_length: int | None, loss: str | None):
+def _tuning(
+    epochs: int | None,
+    batch_size: int | None,
+    lr: float | None,
+    max_length: int | None,
+    loss: str | None,
+    head: str | None = None,
+):
     """The preset overrides both commands share (None = keep the preset)."""
-    return {"epochs": epochs, "batch_size": batch_size, "lr": lr, "max_length": max_length, "loss": loss}
+    return {"epochs": epochs, "batch_size": batch_size, "lr": lr, "max_length": max_length, "loss": loss, "head": head}
 
 
 def _check_out(out: Path, force: bool) -> None:
@@ -45,6 +53,7 @@ def _train_command(model_type: str) -> Callable[..., None]:
         lr: float | None = LR,
         max_length: int | None = MAX_LENGTH,
         loss: str | None = LOSS,
+        head: str | None = HEAD,
         max_pairs: int | None = typer.Option(None, "--max-pairs", min=1, help="Train on at most this many pairs."),
         device: str | None = DEVICE,
         force: bool = typer.Option(False, "--force", help="Overwrite a non-empty --out directory."),
@@ -53,7 +62,7 @@ def _train_command(model_type: str) -> Callable[..., None]:
         from retriever.pair_data import task_pairs
         from retriever.pair_models import train_pair_model
 
-        tuning = _tuning(epochs, batch_size, lr, max_length, loss)
+        tuning = _tuning(epochs, batch_size, lr, max_length, loss, head)
         config = make_config(model_type, task, preset, init=init, seed=seed, max_pairs=max_pairs, **tuning)
         _check_out(out, force)
         resolve_model(init)  # a bad --init fails before the data is built
@@ -92,6 +101,7 @@ def eval_duplicates(
     lr: float | None = LR,
     max_length: int | None = MAX_LENGTH,
     loss: str | None = LOSS,
+    head: str | None = HEAD,
     max_pairs: int | None = typer.Option(
         None, "--max-pairs", min=1, help="Train each fold on at most this many pairs."
     ),
@@ -118,7 +128,7 @@ def eval_duplicates(
     else:
         if model_type is None:
             raise MedfaqError("give --model-type biencoder|crossencoder (cross-validation) or --model DIR --pairs FILE")
-        tuning = _tuning(epochs, batch_size, lr, max_length, loss)
+        tuning = _tuning(epochs, batch_size, lr, max_length, loss, head)
         config = make_config(model_type, "mqp", preset, init=init, seed=seed, **tuning)
         resolve_model(init)
         if save_models is not None:

@@ -1,11 +1,12 @@
 """The cross-encoder: MiniLM (or any BERT-like model) with a one-logit head over a text pair, trained with binary
 cross-entropy; :class:`CrossEncoderReranker` scores (query, FAQ) pairs for the pipeline.
 
-The head reads the encoder the way its checkpoint was trained to be read (``head``): ``mean`` = mean pooling of the
-token vectors (what all-MiniLM-L6-v2 was trained with) then a linear layer; ``cls`` = the [CLS] vector then a linear
-layer; ``pooler`` = the stock ``*ForSequenceClassification`` head over the checkpoint's BERT pooler (untrained in
-mean-pooling checkpoints). A pair longer than the model's max length loses tokens from the end of its first text
-(the query); the second text (the FAQ) is kept whole while it fits.
+The head (``head``): ``cosine`` = the cosine of the mean token vectors of the two texts' segments, scaled and shifted
+(all-MiniLM-L6-v2 was trained to make exactly these means similar for paraphrases, so training starts near the
+bi-encoder instead of at chance); ``mean`` = mean pooling of all token vectors then a linear layer; ``cls`` = the [CLS]
+vector then a linear layer; ``pooler`` = the stock ``*ForSequenceClassification`` head over the checkpoint's BERT
+pooler (untrained in mean-pooling checkpoints). A pair longer than the model's max length loses tokens from the end
+of its first text (the query); the second text (the FAQ) is kept whole while it fits.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+import torch
+from sentence_transformers.base.modules import Module
 
 from index.runtime import MedfaqError, choose_device, quantize_linear, resolve_model, seed_everything
 from retriever.encoder_training import CONFIG_FILE, HEADS, EncoderTrainConfig, split_dev, train_loop
@@ -41,9 +44,44 @@ def has_classifier_head(path: str) -> bool:
     return any(name.endswith("ForSequenceClassification") for name in architectures)
 
 
+class SegmentCosine(Module):
+    """Score = scale * (cosine(mean token vector of text 1, mean token vector of text 2) - shift); the segments come
+    from ``token_type_ids``."""
+
+    config_keys = ["scale", "shift"]
+
+    def __init__(self, scale: float = 10.0, shift: float = 0.5) -> None:
+        super().__init__()
+        self.scale = torch.nn.Parameter(torch.tensor(float(scale)))
+        self.shift = torch.nn.Parameter(torch.tensor(float(shift)))
+
+    def get_config_dict(self) -> dict[str, float]:
+        return {"scale": self.scale.detach().item(), "shift": self.shift.detach().item()}
+
+    def forward(self, features: dict, **kwargs) -> dict:
+        if "token_type_ids" not in features:
+            raise MedfaqError("the cosine head needs an encoder with token type ids (a BERT-like model)")
+        tokens, mask = features["token_embeddings"], features["attention_mask"].unsqueeze(-1).float()
+        second = features["token_type_ids"].unsqueeze(-1).float()
+        means = [(tokens * m).sum(1) / m.sum(1).clamp(min=1.0) for m in (mask * (1 - second), mask * second)]
+        cosine = torch.nn.functional.cosine_similarity(*means, dim=-1)
+        features["scores"] = (self.scale * (cosine - self.shift)).unsqueeze(1)
+        return features
+
+    def save(self, output_path: str, *args, safe_serialization: bool = True, **kwargs) -> None:
+        self.save_config(output_path)
+        self.save_torch_weights(output_path, safe_serialization=safe_serialization)
+
+    @classmethod
+    def load(cls, model_name_or_path: str, **kwargs) -> SegmentCosine:
+        hub = {key: kwargs[key] for key in ("subfolder", "token", "cache_folder", "revision") if key in kwargs}
+        model = cls(**cls.load_config(model_name_or_path=model_name_or_path, **hub))
+        return cls.load_torch_weights(model_name_or_path=model_name_or_path, model=model, **hub)
+
+
 def load_crossencoder(model: str | Path, device: str | None = None, max_length: int | None = None, head: str = "mean"):
-    """A trained cross-encoder, or a plain encoder (e.g. ``minilm``) with a new, randomly initialised one-logit
-    `head` (seed first for a repeatable head)."""
+    """A trained cross-encoder, or a plain encoder (e.g. ``minilm``) with a new one-logit `head` (randomly
+    initialised for mean/cls/pooler: seed first for a repeatable head)."""
     from sentence_transformers import CrossEncoder
     from sentence_transformers.base.modules import Dense, Transformer
     from sentence_transformers.sentence_transformer.modules import Pooling
@@ -53,7 +91,9 @@ def load_crossencoder(model: str | Path, device: str | None = None, max_length: 
     path = resolve_model(model)
     device = choose_device(device)
     if has_classifier_head(path):
-        return CrossEncoder(path, device=device, max_length=max_length)
+        # our own head class is resolved in memory, not imported by the name stored in the model directory
+        loader = CrossEncoder._load_with_module_classes
+        return loader(path, {f"{__name__}.SegmentCosine": SegmentCosine}, device=device, max_length=max_length)
     processor = {"model_max_length": max_length} if max_length else None
     if head == "pooler":
         transformer = Transformer(
@@ -64,6 +104,9 @@ def load_crossencoder(model: str | Path, device: str | None = None, max_length: 
         )
         return CrossEncoder(modules=[transformer], device=device)
     transformer = Transformer(path, transformer_task="feature-extraction", processor_kwargs=processor)
+    if head == "cosine":
+        transformer.model.config.num_labels = 1  # what CrossEncoder reads as its number of outputs
+        return CrossEncoder(modules=[transformer, SegmentCosine()], device=device)
     dim = transformer.get_embedding_dimension()
     pooling = Pooling(dim, pooling_mode=head)
     score = Dense(dim, 1, activation_function=None, module_output_name="scores")
@@ -135,6 +178,20 @@ class CrossEncoderReranker:
         return scores
 
 
+def calibrate_shift(model, pairs: Sequence[Pair], sample: int = 256) -> float:
+    """Set a new cosine head's shift to the median cosine of (up to `sample` of) the training pairs, so that
+    training starts with half the pairs on each side of the decision boundary; returns the shift."""
+    head = model[-1]
+    texts = truncate_first(model.tokenizer, [(p.text_a, p.text_b) for p in pairs[:sample]], model.max_seq_length)
+    with torch.no_grad():
+        head.shift.zero_()
+        cosines = model.predict(texts, batch_size=32, activation_fn=torch.nn.Identity()) / float(head.scale)
+        shift = float(np.median(cosines))
+        head.shift.fill_(shift)
+    logger.info("cosine head: shift %.3f", shift)
+    return shift
+
+
 def both_orders(pairs: Sequence[Pair]) -> list[Pair]:
     """Every pair as given and swapped (for symmetric tasks)."""
     return [*pairs, *(replace(pair, text_a=pair.text_b, text_b=pair.text_a) for pair in pairs)]
@@ -148,7 +205,6 @@ def train_crossencoder(
     The seed is set before the head is created. `config.max_length` None = measured on the training pairs (and
     written back into `config`). With `config.dev_fraction` > 0 and no `dev`, a group-disjoint dev part is carved
     from `pairs`; the epoch with the best dev ROC AUC is kept."""
-    import torch
     from sentence_transformers.cross_encoder.losses import BinaryCrossEntropyLoss
     from sklearn.metrics import roc_auc_score
 
@@ -162,6 +218,8 @@ def train_crossencoder(
         logger.info(
             "max length %d tokens (%dth percentile of the training pairs)", config.max_length, LENGTH_PERCENTILE
         )
+    if config.head == "cosine":
+        calibrate_shift(model, pairs)
     loss = BinaryCrossEntropyLoss(model)
     examples = both_orders(pairs) if config.symmetric else list(pairs)
 

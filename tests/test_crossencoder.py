@@ -47,7 +47,7 @@ def test_train_save_reload_gives_same_scores(tmp_path, tiny_bert_dir):
     assert reranker.symmetric
 
 
-@pytest.mark.parametrize("head", ["mean", "cls", "pooler"])
+@pytest.mark.parametrize("head", ["cosine", "mean", "cls", "pooler"])
 def test_same_seed_same_scores_other_seed_other_scores(tiny_bert_dir, head):
     def scores(seed: int) -> np.ndarray:
         model = train_crossencoder(PAIRS, _config(tiny_bert_dir, seed=seed, head=head), device="cpu")
