@@ -105,7 +105,8 @@ def open_pipeline(index: Path, flags: StageFlags, shown_entities: bool = True, *
 
     config = flags.apply(PipelineConfig.load(index), **changes)
     if not shown_entities:
-        config = config.updated(entities=config.key_terms or (config.abstain and config.log_unanswered))
+        may_log = config.abstain and config.log_unanswered and config.active_threshold() is not None
+        config = config.updated(entities=config.key_terms or may_log)
     return Pipeline.from_config(FaqIndex.load(index), config)
 
 
