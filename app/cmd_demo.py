@@ -45,10 +45,11 @@ def demo(
     port: int = typer.Option(8501, "--port", help="Port of the web page."),
     address: str = typer.Option("localhost", "--address", help="Address to serve on (0.0.0.0 for all interfaces)."),
     top_k: int = typer.Option(5, "--top-k", help="Results per question (--cli)."),
-    mode: str = typer.Option("hybrid", "--mode", help="dense|bm25|hybrid (--cli)."),
+    mode: str | None = typer.Option(None, "--mode", help="dense|bm25|hybrid (--cli; default: the pipeline default)."),
 ) -> None:
-    """Serve the demo at http://localhost:8501; on first run the page fetches MedQuAD, builds the index and trains
-    the quick summarizer and reranker (or, with --no-train, runs without them)."""
+    """Serve the demo at http://localhost:8501; on first run the page runs `medfaq setup` (fetches MedQuAD, builds
+    the index, trains the quick summarizers and reranker; or, with --no-train, runs without them), using the best
+    summarizer on disk while a better one trains."""
     if cli:
         answer_examples(top_k, mode)
         return
@@ -59,7 +60,7 @@ def demo(
         raise typer.Exit(code)
 
 
-def answer_examples(top_k: int, mode: str) -> None:
+def answer_examples(top_k: int, mode: str | None) -> None:
     """Fetch MedQuAD (from ../shared/data when present), build the default index if missing, run example questions."""
     from app.render import hits_table
     from index.collections import load_collection
@@ -75,6 +76,7 @@ def answer_examples(top_k: int, mode: str) -> None:
         records, report = load_collection("medquad")
         typer.echo(report.summary(), err=True)
         FaqIndex.build(records, Encoder(DEFAULT_ENCODER)).save(directory)
-    pipeline = Pipeline(FaqIndex.load(directory), PipelineConfig(mode=mode, top_k=top_k))
+    config = PipelineConfig.load(directory).updated(mode=mode, top_k=top_k, summarize=False, rerank=False)
+    pipeline = Pipeline(FaqIndex.load(directory), config)
     for question in EXAMPLE_QUESTIONS:
         typer.echo(hits_table(pipeline.run(question)) + "\n")

@@ -21,34 +21,43 @@ from app.cmd_search import (
     THRESHOLD,
     StageFlags,
 )
-from index.runtime import DEFAULT_ENCODER, MedfaqError
-from retriever.pipeline import Pipeline, PipelineConfig, load_stage
+from index.runtime import DEFAULT_ENCODER, MedfaqError, indexes_dir
+from retriever.pipeline import Pipeline, PipelineConfig, load_stage, store_threshold
 from retriever.search import MODES
 
 
 def make_benchmark(
-    name: str = typer.Argument(..., help="meqsum | mediqa2021 | rqe-valid | rqe-test | quebec"),
+    name: str = typer.Argument(..., help="meqsum | mediqa2021 | rqe-valid | rqe-test | quebec | medquad-chq"),
     out: Path = typer.Option(..., "--out", help="Directory for corpus.jsonl, queries.jsonl, qrels.tsv, ..."),
     data_from: Path | None = typer.Option(
         None, "--from", help="Read the datasets from DIR (the shared/data layout) instead of `medfaq data fetch`."
     ),
     build_index: bool = typer.Option(True, "--index/--no-index", help="Also index the corpus into OUT/index."),
     encoder: str = typer.Option(DEFAULT_ENCODER, "--encoder", help="Encoder of that index."),
+    bank: Path | None = typer.Option(
+        None, "--bank", help="medquad-chq: the MedQuAD index to add the gold FAQs to (default: indexes/medquad-minilm)."
+    ),
 ) -> None:
     """Write a retrieval benchmark in the BEIR layout (plus TREC qrels, ood.txt, dev.txt) and index its corpus."""
-    from eval.benchmarks import CORPUS_FIELDS
+    from eval.benchmarks import BANK_INDEX, CORPUS_FIELDS, index_over_bank
     from eval.benchmarks import make_benchmark as build
-    from index.collections import load_collection
+    from index.collections import load_collection, read_records
     from index.encoder import Encoder
-    from index.faq_index import FaqIndex, check_index_target
+    from index.faq_index import MANIFEST, RECORDS, FaqIndex, check_index_target
 
     if build_index:
         check_index_target(out / "index")
-    benchmark = build(name, data_from)
+    bank = bank or indexes_dir() / BANK_INDEX
+    if name == "medquad-chq" and not (bank / MANIFEST).is_file():
+        raise MedfaqError(f"no MedQuAD index at {bank}; build it with `medfaq index build medquad --out {bank}`")
+    benchmark = build(name, data_from, read_records(bank / RECORDS) if name == "medquad-chq" else None)
     benchmark.save(out)
     counts = ", ".join(f"{value} {key.replace('_', ' ')}" for key, value in benchmark.counts().items())
     typer.echo(f"{name}: {counts} -> {out}")
-    if build_index:
+    if build_index and name == "medquad-chq":
+        encoded = index_over_bank(benchmark, out / "index", bank)
+        typer.echo(f"copied the index {bank} and added {encoded} FAQs into {out / 'index'}")
+    elif build_index:
         records, _ = load_collection(out / "corpus.jsonl", "jsonl", CORPUS_FIELDS)
         FaqIndex.build(records, Encoder(encoder)).save(out / "index")
         typer.echo(f"indexed {len(records)} FAQs into {out / 'index'}")
@@ -66,7 +75,9 @@ def eval_retrieval(
     run_out: Path | None = typer.Option(None, "--run-out", help="Write the run as a TREC file (not with --compare)."),
     mode: str | None = typer.Option(None, "--mode", help=f"Retrieval mode: {'|'.join(MODES)}."),
     save_threshold: bool = typer.Option(
-        False, "--save-threshold", help="Store the dev-calibrated threshold (abstain on) in the index's pipeline.json."
+        False,
+        "--save-threshold",
+        help="Store this configuration's dev-calibrated threshold in the index's pipeline.json.",
     ),
     summarize: bool | None = SUMMARIZE,
     query: str | None = QUERY,
@@ -125,23 +136,8 @@ def eval_retrieval(
         if save_threshold:
             if "threshold" not in table[0][1]:
                 raise MedfaqError("--save-threshold needs out-of-scope and dev queries to calibrate on")
-            stage_settings = (
-                "mode",
-                "summarize",
-                "query_source",
-                "rerank",
-                "rerank_fusion",
-                "summarizer",
-                "reranker",
-                "quantize",
-            )
-            saved = PipelineConfig.load(index).updated(
-                **{name: getattr(config, name) for name in stage_settings},
-                summary_beams=config.summary_beams,
-                abstain=True,
-                threshold=table[0][1]["threshold"],
-            )
-            result["saved"] = str(saved.save(index))
+            result["saved"] = str(store_threshold(index, config, table[0][1]["threshold"]))
+            result["threshold_key"] = config.threshold_key
     if as_json:
         typer.echo(json.dumps(result, indent=2))
         return
@@ -151,7 +147,7 @@ def eval_retrieval(
         for reason in result["missing_stages"]:
             typer.echo(f"  {reason}")
     if "saved" in result:
-        typer.echo(f"threshold {table[0][1]['threshold']:.4f} saved to {result['saved']}")
+        typer.echo(f"threshold {table[0][1]['threshold']:.4f} of {result['threshold_key']} saved to {result['saved']}")
 
 
 def _optional_stages(config: PipelineConfig) -> tuple[dict[str, Any], list[str]]:

@@ -19,16 +19,13 @@ from pathlib import Path
 from typing import TextIO
 
 from index.runtime import indexes_dir, medfaq_home, models_dir
+from retriever.setup_plan import RERANKER, SUMMARIZERS, ModelStep, model_ready, steps_for
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
 DEMO_INDEX = "medquad-minilm"
-SUMMARIZER_MODEL = "summarizer-ecl-quick"
-RERANKER_MODEL = "reranker-faq-quick"
-RERANKER_INTERMEDIATE = "ce-qa-quick"  # the MedQuAD question-answer cross-encoder the reranker starts from
 OFF_VALUES = {"", "0", "off", "none", "false", "no"}
-SUMMARIZER_DATA = ("meqsum",)  # what `train summarizer --preset quick` reads
-RERANKER_DATA = ("medquad", "quebec", "rqe", "meqsum")  # what `train crossencoder --task qa` and `faq` read
+INDEX_MINUTES = 5  # `medfaq index build medquad`: 4 min 40 s on one core (docs/results.md)
 EXAMPLE_QUESTIONS = (
     "I've been on amoxicillin for a chest infection since Monday. Is it OK to have a glass of wine at my "
     "sister's wedding this weekend?",
@@ -50,25 +47,36 @@ class DemoSettings:
     """Where the demo's index and models are; every field can be set by an environment variable."""
 
     index_dir: Path
-    summarizer: Path | None
+    summarizers: tuple[Path, ...]
     reranker: Path | None
     train: bool
     shared_data: Path | None
+    fast: bool = False
 
     @classmethod
-    def from_env(cls) -> DemoSettings:
+    def from_env(cls, fast: bool = False) -> DemoSettings:
         """`MEDFAQ_DEMO_INDEX` (a directory), `MEDFAQ_DEMO_SUMMARIZER` / `MEDFAQ_DEMO_RERANKER` (a model directory,
-        a name under ``models_dir()``, or ``none``), `MEDFAQ_DEMO_NO_TRAIN=1`, `MEDFAQ_DEMO_DATA` (a copy of
-        the shared data, default ``../shared/data`` when present)."""
+        a name under ``models_dir()``, or ``none``; default: the set-up models), `MEDFAQ_DEMO_NO_TRAIN=1`,
+        `MEDFAQ_DEMO_DATA` (a copy of the shared data, default ``../shared/data`` when present). `fast`: leave
+        the slow set-up models (the Gemma summarizer) out."""
         data = os.environ.get(ENV_DATA)
         shared = Path(data).expanduser() if data else SHARED_DATA
+        chosen = os.environ.get(ENV_SUMMARIZER)
+        names = [chosen] if chosen is not None else [s.model for s in steps_for(fast) if s.stage == "rewrite"]
+        summarizers = sorted(filter(None, map(_model_path, names)), key=_summarizer_rank)
         return cls(
             index_dir=Path(os.environ.get(ENV_INDEX) or indexes_dir() / DEMO_INDEX).expanduser(),
-            summarizer=_model_path(os.environ.get(ENV_SUMMARIZER, SUMMARIZER_MODEL)),
-            reranker=_model_path(os.environ.get(ENV_RERANKER, RERANKER_MODEL)),
+            summarizers=tuple(summarizers),
+            reranker=_model_path(os.environ.get(ENV_RERANKER, RERANKER.model)),
             train=os.environ.get(ENV_NO_TRAIN, "0").strip().lower() in OFF_VALUES,
             shared_data=shared if shared.is_dir() else None,
+            fast=fast,
         )
+
+    @property
+    def summarizer(self) -> Path | None:
+        """The best summarizer on disk (so the demo uses it while a better one trains), else the best wanted."""
+        return next((path for path in self.summarizers if model_ready(path)), next(iter(self.summarizers), None))
 
     def index_ready(self) -> bool:
         from index.faq_index import MANIFEST  # imported late: the command line starts without the index stack
@@ -82,17 +90,17 @@ class DemoSettings:
         return (self.index_dir / MANIFEST).stat().st_mtime
 
 
+def _summarizer_rank(path: Path) -> int:
+    """Best first, as `SUMMARIZERS` orders them; other directories after them."""
+    return SUMMARIZERS.index(path.name) if path.name in SUMMARIZERS else len(SUMMARIZERS)
+
+
 def _model_path(value: str) -> Path | None:
     """A model directory: an existing path as given, else a name under ``models_dir()``; None when switched off."""
     if value.strip().lower() in OFF_VALUES:
         return None
     path = Path(value).expanduser()
     return path if path.is_absolute() or path.exists() else models_dir() / value
-
-
-def model_ready(path: Path | None) -> bool:
-    """A saved model directory is complete once its ``config.json`` is written."""
-    return path is not None and (path / "config.json").is_file()
 
 
 def model_stamp(path: Path) -> float:
@@ -107,6 +115,7 @@ class SetupStep:
     title: str
     commands: tuple[tuple[str, ...], ...] = ()
     model: Path | None = None  # the model directory the step must leave behind
+    minutes: float = 0.0  # measured wall time (retriever.setup_plan)
     status: str = "pending"  # pending | running | done | failed | skipped
     detail: str = ""
     started: float | None = None
@@ -122,56 +131,50 @@ class SetupStep:
         return (self.finished or time.time()) - self.started
 
 
+def model_targets(settings: DemoSettings) -> list[tuple[ModelStep, Path | None]]:
+    """Each set-up model step with the directory it must fill (None: switched off): summarizers by name, a
+    summarizer directory of another name filled by the first summarizer step; the reranker wherever it is set."""
+    plans = steps_for(settings.fast)
+    by_name = {path.name: path for path in settings.summarizers}
+    rewrite = [plan for plan in plans if plan.stage == "rewrite"]
+    custom = settings.summarizers[0] if settings.summarizers and not set(by_name) & set(SUMMARIZERS) else None
+    targets = []
+    for plan in plans:
+        if plan.stage == "rerank":
+            targets.append((plan, settings.reranker))
+        else:
+            targets.append(
+                (plan, custom if custom and plan is rewrite[0] else None if custom else by_name.get(plan.model))
+            )
+    return targets
+
+
 def default_steps(settings: DemoSettings) -> list[SetupStep]:
-    """Fetch MedQuAD and build the index when the index is missing; train the missing quick models (or skip them
-    when training is off). Steps with nothing to do are marked done."""
+    """The set-up steps of :mod:`retriever.setup_plan`: fetch MedQuAD and build the index when it is missing,
+    then train the missing models (or skip them when training is off). Steps with nothing to do are marked done."""
     source = ("--from", str(settings.shared_data)) if settings.shared_data else ()
-    intermediate = models_dir() / RERANKER_INTERMEDIATE
 
     def fetch(*names: str) -> tuple[tuple[str, ...], ...]:
         return tuple(("data", "fetch", name, *source) for name in names)
 
-    steps = [
-        SetupStep(
-            "index",
-            "Fetch MedQuAD and build the FAQ index",
-            (*fetch("medquad"), ("index", "build", "medquad", "--out", str(settings.index_dir))),
-        ),
-        SetupStep(
-            "summarizer",
-            "Train the question summarizer (quick preset)",
-            (*fetch(*SUMMARIZER_DATA), ("train", "summarizer", "--preset", "quick", "--out", str(settings.summarizer))),
-            settings.summarizer,
-        ),
-        SetupStep(
-            "reranker",
-            "Train the FAQ reranker (quick preset: MedQuAD question-answer task, then query -> FAQ)",
-            (
-                *fetch(*RERANKER_DATA),
-                ("train", "crossencoder", "--task", "qa", "--preset", "quick", "--out", str(intermediate), "--force"),
-                (
-                    "train",
-                    "crossencoder",
-                    "--task",
-                    "faq",
-                    "--preset",
-                    "quick",
-                    "--init",
-                    str(intermediate),
-                    "--out",
-                    str(settings.reranker),
-                ),
-            ),
-            settings.reranker,
-        ),
-    ]
-    for step in steps:
-        if step.key == "index" and settings.index_ready():
+    index = SetupStep(
+        "index",
+        "Fetch MedQuAD and build the FAQ index",
+        (*fetch("medquad"), ("index", "build", "medquad", "--out", str(settings.index_dir))),
+        minutes=INDEX_MINUTES,
+    )
+    index.status, index.detail = ("done", "ready") if settings.index_ready() else ("pending", "")
+    steps = [index]
+    for plan, target in model_targets(settings):
+        step = SetupStep(plan.key, plan.title, (*fetch(*plan.data), *map(tuple, plan.argv(target))), target)
+        step.minutes = plan.minutes
+        if target is None:
+            step.status, step.detail = "done", "switched off"
+        elif model_ready(target):
             step.status, step.detail = "done", "ready"
-        elif step.key != "index" and (step.model is None or model_ready(step.model)):
-            step.status, step.detail = "done", "ready" if step.model else "switched off"
-        elif step.key != "index" and not settings.train:
+        elif not settings.train:
             step.status, step.detail = "skipped", "not trained (training is switched off)"
+        steps.append(step)
     return steps
 
 

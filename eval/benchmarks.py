@@ -13,6 +13,11 @@ score`` with a header), the same judgements as TREC qrels (``qrels.trec``: ``qid
   (:func:`retriever.pair_data.quebec_query_split`), halved by a second hash into ``dev`` (threshold calibration)
   and ``test``; the HealthTap questions among them are out of scope (``ood``: no qrels; they test abstention).
 
+* ``medquad-chq``: long consumer questions against a bank of ~47k FAQs: the test CHQs of ``meqsum``,
+  ``rqe-test`` and ``mediqa2021``, their gold FAQs added to the full MedQuAD collection (the bank index, default
+  ``$MEDFAQ_HOME/indexes/medquad-minilm``), every MedQuAD FAQ a distractor. A gold FAQ whose text is already a
+  MedQuAD question is judged on those MedQuAD entries instead of being added twice.
+
 FAQ strings that occur more than once (case/space-normalised) become one corpus entry, so a duplicate never
 counts as a miss. Query ids and corpus ids are stable across runs.
 """
@@ -25,9 +30,12 @@ from pathlib import Path
 from typing import Any
 
 from index.collections import iter_jsonl, load_collection
+from index.records import FaqRecord
 from index.runtime import MedfaqError
 
-BENCHMARKS = ("meqsum", "mediqa2021", "rqe-valid", "rqe-test", "quebec")
+BENCHMARKS = ("meqsum", "mediqa2021", "rqe-valid", "rqe-test", "quebec", "medquad-chq")
+CHQ_PARTS = ("meqsum", "rqe-test", "mediqa2021")  # the CHQ sets of ``medquad-chq``
+BANK_INDEX = "medquad-minilm"  # under indexes_dir(): the bank ``medquad-chq`` adds its gold FAQs to
 CORPUS_FIELDS = {"id": "_id", "question": "text"}
 """How `medfaq index build` reads a benchmark corpus: ``--field id=_id --field question=text``."""
 QUEBEC_DEV_SEED = 1  # second hash that halves the Quebec held-out queries into dev and test
@@ -172,12 +180,17 @@ def read_trec_run(path: str | Path) -> Run:
 # ---- construction -------------------------------------------------------------------------------------------------
 
 
-def make_benchmark(name: str, data_root: Path | None = None) -> Benchmark:
-    """Build benchmark `name` (one of `BENCHMARKS`) from fetched datasets, or from `data_root` (shared/data layout)."""
+def make_benchmark(name: str, data_root: Path | None = None, bank: list[FaqRecord] | None = None) -> Benchmark:
+    """Build benchmark `name` (one of `BENCHMARKS`) from fetched datasets, or from `data_root` (shared/data layout);
+    ``medquad-chq`` needs the `bank` records (those of the MedQuAD index)."""
     if name not in BENCHMARKS:
         raise MedfaqError(f"unknown benchmark {name!r}; choose one of {', '.join(BENCHMARKS)}")
     if name == "quebec":
         return _quebec(data_root)
+    if name == "medquad-chq":
+        if not bank:
+            raise MedfaqError("medquad-chq needs the MedQuAD index (build it with `medfaq index build medquad`)")
+        return with_distractors(name, [make_benchmark(part, data_root) for part in CHQ_PARTS], bank)
     from eval.summarization_data import load_pairs
 
     dataset, _, split = name.partition("-")
@@ -221,6 +234,53 @@ def _pair_benchmark(name: str, query_pairs: list[Any], corpus_pairs: list[Any], 
             raise MedfaqError(f"{name}: the FAQ of pair {pair.id} is not in the corpus")
         qrels.setdefault(query["_id"], {})[faq["_id"]] = 1
     return Benchmark(name, list(corpus.values()), list(queries.values()), qrels, description)
+
+
+def with_distractors(name: str, parts: list[Benchmark], bank: list[FaqRecord]) -> Benchmark:
+    """The judged queries of `parts` searched against `bank` plus their gold FAQs: corpus = the bank's records
+    (ids kept) and the gold FAQs not already in it (``<part>:<id>``); query ids become ``<part>:<id>``."""
+    corpus = [{"_id": r.id, "title": "", "text": r.question, "metadata": {"source": r.source}} for r in bank]
+    in_bank: dict[str, list[str]] = {}
+    for record in bank:
+        in_bank.setdefault(_normalise(record.question), []).append(record.id)
+    added: dict[str, str] = {}
+    queries: list[dict[str, Any]] = []
+    qrels: Qrels = {}
+    for part in parts:
+        texts = {row["_id"]: row["text"] for row in part.corpus}
+        for query in part.queries:
+            gold = part.qrels.get(query["_id"])
+            if not gold:
+                continue
+            query_id = f"{part.name}:{query['_id']}"
+            metadata = {**query.get("metadata", {}), "part": part.name, "words": len(query["text"].split())}
+            queries.append({"_id": query_id, "text": query["text"], "metadata": metadata})
+            for doc_id, relevance in gold.items():
+                key = _normalise(texts[doc_id])
+                if key not in in_bank and key not in added:
+                    added[key] = f"{part.name}:{doc_id}"
+                    corpus.append(
+                        {"_id": added[key], "title": "", "text": texts[doc_id], "metadata": {"part": part.name}}
+                    )
+                for target in in_bank.get(key, [added.get(key)]):
+                    qrels.setdefault(query_id, {})[target] = relevance
+    description = (
+        f"test CHQs of {', '.join(p.name for p in parts)} -> {len(bank)} bank FAQs + {len(added)} gold FAQs added; "
+        "gold = the part's own judgements"
+    )
+    return Benchmark(name, corpus, queries, qrels, description, {"bank_size": len(bank), "added_gold": len(added)})
+
+
+def index_over_bank(benchmark: Benchmark, out: Path, bank_index: Path) -> int:
+    """Index a corpus made of a bank and a few additions into `out`: copy the bank's index (`bank_index`) and
+    encode only the corpus entries it lacks. Returns how many were encoded."""
+    from index.faq_index import FaqIndex
+
+    index = FaqIndex.load(bank_index)
+    rows = [row for row in benchmark.corpus if row["_id"] not in index]
+    index.add([FaqRecord(row["_id"], row["text"], metadata=row["metadata"]) for row in rows])
+    index.save(out)
+    return len(rows)
 
 
 def _quebec(data_root: Path | None) -> Benchmark:

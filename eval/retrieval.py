@@ -2,9 +2,11 @@
 comparison of pipeline variants (BM25 / dense / hybrid / + rerank / + summarizer / raw+summary fusion).
 
 Ranking metrics are computed on the judged ``test`` queries: Recall@1/5/10, MRR@10, nDCG@10 and P@5 (in percent).
-With out-of-scope queries, the pipeline's confidence (top rerank score, else best dense cosine) is the score of an
+With out-of-scope queries, the pipeline's confidence (:func:`retriever.pipeline.confidence`) is the score of an
 "in scope?" classifier: AUROC on the test queries, and accuracy at the threshold that maximises accuracy on the
-``dev`` queries (answer in-scope questions, abstain on out-of-scope ones).
+``dev`` queries (answer in-scope questions, abstain on out-of-scope ones). Beside that abstention accuracy,
+selective accuracy counts a test query right only when it is answered with a gold FAQ on top (or, out of scope,
+abstained on), and `precision` is the share of answered test queries whose top hit is a gold FAQ.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ METRICS = {
     "ndcg@10": "ndcg_cut_10",
     "p@5": "P_5",
 }
-ABSTAIN_METRICS = ("auroc", "threshold", "accuracy", "answered", "ood_abstained")
+ABSTAIN_METRICS = ("auroc", "threshold", "accuracy", "selective_acc", "precision", "answered", "ood_abstained")
 CUTOFF = 10
 BATCH = 32
 
@@ -76,9 +78,12 @@ def abstention_metrics(
     test_confidences: list[float | None],
     dev_in_scope: list[bool],
     dev_confidences: list[float | None],
+    test_correct: list[bool] | None = None,
 ) -> dict[str, float]:
     """AUROC of confidence as an in-scope score and accuracy at the dev-calibrated threshold (test), in percent;
-    `answered` = in-scope test queries answered, `ood_abstained` = out-of-scope test queries abstained on."""
+    `answered` = in-scope test queries answered, `ood_abstained` = out-of-scope test queries abstained on. With
+    `test_correct` (the top hit is a gold FAQ): `selective_acc` = test queries answered correctly or rightly
+    abstained on, `precision` = answered test queries whose top hit is gold."""
     from sklearn.metrics import roc_auc_score
 
     labels = np.array(test_in_scope, dtype=bool)
@@ -86,13 +91,18 @@ def abstention_metrics(
     finite = np.where(np.isfinite(scores), scores, np.nanmin(scores[np.isfinite(scores)], initial=0.0) - 1.0)
     threshold = calibrate_threshold(dev_in_scope, dev_confidences) if dev_in_scope else 0.0
     answered = scores >= threshold
-    return {
+    metrics = {
         "auroc": 100.0 * float(roc_auc_score(labels, finite)) if 0 < labels.sum() < len(labels) else math.nan,
         "threshold": threshold,
         "accuracy": 100.0 * float(np.mean(answered == labels)),
         "answered": 100.0 * float(answered[labels].mean()) if labels.any() else math.nan,
         "ood_abstained": 100.0 * float((~answered[~labels]).mean()) if (~labels).any() else math.nan,
     }
+    if test_correct is not None:
+        correct = np.array(test_correct, dtype=bool) & labels
+        metrics["selective_acc"] = 100.0 * float(np.mean(np.where(answered, correct, ~labels)))
+        metrics["precision"] = 100.0 * float(correct[answered].mean()) if answered.any() else math.nan
+    return metrics
 
 
 @dataclass
@@ -116,11 +126,16 @@ class RetrievalEvaluator:
         if self.ood_ids and confidences is not None:
             scoped = [q for q in confidences if q in self.qrels or q in self.ood_ids]
 
-            def part(dev: bool) -> tuple[list[bool], list[float | None]]:
-                ids = [q for q in scoped if (q in self.dev_ids) == dev]
+            def part(dev: bool) -> list[str]:
+                return [q for q in scoped if (q in self.dev_ids) == dev]
+
+            def labelled(ids: list[str]) -> tuple[list[bool], list[float | None]]:
                 return [q not in self.ood_ids for q in ids], [confidences[q] for q in ids]
 
-            metrics.update(abstention_metrics(*part(False), *part(True)))
+            test = part(False)
+            top = truncate_run({q: run.get(q, {}) for q in test}, 1)
+            correct = [any(doc in self.qrels.get(q, {}) for doc in top[q]) for q in test]
+            metrics.update(abstention_metrics(*labelled(test), *labelled(part(True)), correct))
         return metrics
 
 
@@ -176,12 +191,16 @@ class CachedReranker:
         return [self.cache[(query, c)] for c in candidates]
 
 
-VARIANTS: list[tuple[str, dict[str, Any]]] = [  # summary-* search with the summary; fusion = raw + summary by RRF
+# summary-* search with the summary; fusion = raw + summary by RRF; hybrid-wN: the dense list weighs N in hybrid RRF
+VARIANTS: list[tuple[str, dict[str, Any]]] = [
     ("bm25", {"mode": "bm25"}),
     ("dense", {"mode": "dense"}),
     ("hybrid", {"mode": "hybrid"}),
+    ("hybrid-w2", {"mode": "hybrid", "dense_weight": 2.0}),
+    ("hybrid-w3", {"mode": "hybrid", "dense_weight": 3.0}),
     ("hybrid+rerank", {"mode": "hybrid", "rerank": True}),
     ("hybrid+rerank-rrf", {"mode": "hybrid", "rerank": True, "rerank_fusion": "rrf"}),
+    ("hybrid-w2+rerank-rrf", {"mode": "hybrid", "dense_weight": 2.0, "rerank": True, "rerank_fusion": "rrf"}),
     ("dense+rerank", {"mode": "dense", "rerank": True}),
     ("dense+rerank-rrf", {"mode": "dense", "rerank": True, "rerank_fusion": "rrf"}),
     ("summary-bm25", {"mode": "bm25", "summarize": True, "query_source": "summary"}),
@@ -217,7 +236,14 @@ def compare_variants(
     for name, changes in VARIANTS:
         if systems and name not in systems:
             continue
-        settings = {"summarize": False, "query_source": "raw", "rerank": False, "rerank_fusion": "replace", **changes}
+        settings = {
+            "summarize": False,
+            "query_source": "raw",
+            "rerank": False,
+            "rerank_fusion": "replace",
+            "dense_weight": 1.0,
+            **changes,
+        }
         if (settings["summarize"] and rewriter is None) or (settings["rerank"] and reranker is None):
             skipped.append(name)
             continue

@@ -133,10 +133,6 @@ class PipelineConfig:
         """The threshold this configuration abstains below: the override, else its calibrated one (or None)."""
         return self.threshold if self.threshold is not None else self.thresholds.get(self.threshold_key)
 
-    def with_threshold(self, value: float) -> PipelineConfig:
-        """A copy with `value` stored as this configuration's calibrated threshold (abstention on, no override)."""
-        return self.replace(abstain=True, threshold=None, thresholds={**self.thresholds, self.threshold_key: float(value)})
-
     def replace(self, **changes: Any) -> PipelineConfig:
         """A copy with `changes` applied as given (None included), validated again."""
         return PipelineConfig.from_dict({**self.to_dict(), **changes})
@@ -193,6 +189,14 @@ class PipelineConfig:
             return cls.from_dict(json.loads(path.read_text(encoding="utf-8")))
         except (json.JSONDecodeError, TypeError) as error:
             raise MedfaqError(f"{path} is not a valid pipeline config: {error}") from None
+
+
+def store_threshold(directory: str | Path, config: PipelineConfig, value: float) -> Path:
+    """Save `value` as the calibrated threshold of `config`'s configuration in `directory`'s ``pipeline.json``
+    (abstention on); the file's other settings and other configurations' thresholds stay as they are."""
+    saved = PipelineConfig.load(directory)
+    thresholds = {**saved.thresholds, config.threshold_key: float(value)}
+    return saved.replace(abstain=True, thresholds=thresholds).save(directory)
 
 
 @dataclass

@@ -1,8 +1,10 @@
 """The real pipeline stages, registered with :func:`retriever.pipeline.register_stage_loader` on import.
 
-* ``rewrite``: :class:`summarizer.generation.Summarizer` (default model ``summarizer-ecl-quick`` under
-  ``$MEDFAQ_HOME/models``), generating with the config's beams and maximum length;
+* ``rewrite``: :class:`summarizer.generation.Summarizer` (default: the best summarizer `medfaq setup` trained
+  under ``$MEDFAQ_HOME/models``, see :mod:`retriever.setup_plan`), generating with the config's beams and length;
 * ``rerank``: :class:`retriever.crossencoder.CrossEncoderReranker` (default ``reranker-faq-quick``);
+
+A set-up model that is not trained yet is a one-line error naming `medfaq setup` and the exact train command.
 * ``entities``: :func:`summarizer.entities.load_recognizer` (stanza when its models are on disk, else the
   offline dictionaries).
 
@@ -16,10 +18,20 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from index.runtime import MedfaqError
 from retriever.pipeline import PipelineConfig, register_stage_loader
+from retriever.setup_plan import RERANKER, SUMMARIZER_ECL, best_summarizer, missing_model_hint, trained
 
-DEFAULT_SUMMARIZER = "summarizer-ecl-quick"
-DEFAULT_RERANKER = "reranker-faq-quick"
+DEFAULT_RERANKER = RERANKER.model
+
+
+def set_up_model(name: str | None, kind: str, default: str | None) -> str:
+    """`name` (or `default`), with a one-line error naming the fix when it is a set-up model not trained yet."""
+    chosen = name or default
+    if chosen is None or not trained(chosen):
+        missing = chosen or SUMMARIZER_ECL.model
+        raise MedfaqError(f"no {kind} model {missing!r} is trained yet: {missing_model_hint(missing)}")
+    return chosen
 
 
 class SummarizerRewriter:
@@ -38,15 +50,16 @@ class SummarizerRewriter:
 def load_rewriter(name: str | None, config: PipelineConfig) -> SummarizerRewriter:
     from summarizer.generation import Summarizer
 
-    summarizer = Summarizer.load(name or DEFAULT_SUMMARIZER, quantize=config.quantize)
+    summarizer = Summarizer.load(set_up_model(name, "summarizer", best_summarizer()), quantize=config.quantize)
     return SummarizerRewriter(summarizer, config.summary_beams, config.summary_max_length)
 
 
 def load_reranker(name: str | None, config: PipelineConfig) -> Any:
-    from index.runtime import MedfaqError, resolve_model
+    from index.runtime import resolve_model
     from retriever.crossencoder import CrossEncoderReranker, has_classifier_head
 
-    path = Path(resolve_model(name or DEFAULT_RERANKER))
+    name = set_up_model(name, "reranker", DEFAULT_RERANKER)
+    path = Path(resolve_model(name))
     if path.is_dir() and not (path / "config.json").is_file():
         raise MedfaqError(f"reranker {path} is not a model directory (no config.json)")
     if path.is_dir() and not has_classifier_head(str(path)):
@@ -54,7 +67,7 @@ def load_reranker(name: str | None, config: PipelineConfig) -> Any:
             f"reranker {path} has no classification head (a bi-encoder or plain encoder?); "
             "pass a cross-encoder, e.g. one trained with `medfaq train crossencoder --task faq`"
         )
-    return CrossEncoderReranker.load(name or DEFAULT_RERANKER, quantize=config.quantize)
+    return CrossEncoderReranker.load(name, quantize=config.quantize)
 
 
 def load_entities(name: str | None) -> Any:

@@ -92,9 +92,8 @@ def test_raw_and_summary_fusion_keeps_both_stage_scores(index):
     assert all("fusion" in hit.stage_scores for hit in response.hits)
     assert any("summary_dense" in hit.stage_scores for hit in response.hits)
     assert any("dense" in hit.stage_scores for hit in response.hits)
-    assert confidence(response.hits) == max(
-        v for h in response.hits for k, v in h.stage_scores.items() if k.endswith("dense")
-    )
+    top = response.hits[0].stage_scores
+    assert confidence(response.hits) == max(v for k, v in top.items() if k.endswith("dense"))
 
 
 class ReverseReranker:
@@ -216,9 +215,9 @@ def test_concurrent_searches_equal_serial_ones(index):
 def test_real_stage_loaders_are_registered_and_pass_settings(monkeypatch, index):
     import torch
 
-    import retriever.stages as stages
+    import retriever.stages  # noqa: F401  (registers the real loaders)
     import summarizer.generation as generation
-    from index.runtime import quantize_linear
+    from index.runtime import models_dir, quantize_linear
     from retriever.pipeline import _STAGE_LOADERS
 
     assert {"rewrite", "rerank", "entities"} <= set(_STAGE_LOADERS)
@@ -233,7 +232,7 @@ def test_real_stage_loaders_are_registered_and_pass_settings(monkeypatch, index)
 
         @classmethod
         def load(cls, name, device=None, quantize=False):
-            assert name == stages.DEFAULT_SUMMARIZER
+            assert name == "summarizer-ecl-quick"  # the best (only) summarizer on disk
             return cls(quantize)
 
         def summarize(self, texts, num_beams=1, max_length=64):
@@ -241,6 +240,9 @@ def test_real_stage_loaders_are_registered_and_pass_settings(monkeypatch, index)
             return [t.upper() for t in texts]
 
     monkeypatch.setattr(generation, "Summarizer", FakeSummarizer)
+    trained = models_dir() / "summarizer-ecl-quick"
+    trained.mkdir(parents=True)
+    (trained / "config.json").write_text("{}", encoding="utf-8")
     config = PipelineConfig(summarize=True, summary_beams=4, summary_max_length=20, quantize=True, entities=False)
     pipeline = Pipeline.from_config(index, config)
     assert pipeline.run("shingles?").summary == "SHINGLES?"
@@ -249,3 +251,74 @@ def test_real_stage_loaders_are_registered_and_pass_settings(monkeypatch, index)
     greedy.run("shingles?")
     assert greedy.rewriter.summarizer.calls == [(1, 32)]  # the model's validated settings
     assert "quantized" in type(pipeline.rewriter.summarizer.model[0]).__module__  # int8 dynamic Linear
+
+
+def test_confidence_is_the_top_hits_score_of_the_last_scoring_stage(index):
+    dense = Pipeline(index, PipelineConfig(mode="dense", top_k=5, entities=False)).run("shingles treatment")
+    assert dense.confidence == dense.hits[0].stage_scores["dense"]
+    assert dense.confidence >= dense.hits[1].stage_scores["dense"]
+    bm25 = Pipeline(index, PipelineConfig(mode="bm25", entities=False)).run("shingles treatment")
+    assert bm25.confidence == bm25.hits[0].stage_scores["bm25"]
+    config = PipelineConfig(mode="hybrid", rerank=True, rerank_fusion="rrf", entities=False)
+    reranked = Pipeline(index, config, reranker=CountingReranker()).run("How is shingles treated?")
+    assert reranked.confidence == reranked.hits[0].stage_scores["rerank"]
+
+
+def test_each_configuration_uses_its_own_threshold(index):
+    thresholds = {"dense@raw": 2.0, "bm25+rerank@raw": -1.0}
+    base = PipelineConfig(top_k=3, entities=False, log_unanswered=False, thresholds=thresholds)
+    assert base.abstain  # on by default, effective where a threshold was calibrated
+    dense = base.updated(mode="dense")
+    assert dense.threshold_key == "dense@raw" and dense.active_threshold() == 2.0
+    assert Pipeline(index, dense).run("shingles").abstained
+    hybrid = base.updated(mode="hybrid")  # never calibrated: the dense threshold must not leak into it
+    assert hybrid.active_threshold() is None and not Pipeline(index, hybrid).run("shingles").abstained
+    reranked = base.updated(mode="bm25", rerank=True)
+    assert not Pipeline(index, reranked, reranker=CountingReranker()).run("shingles").abstained
+    override = dense.updated(threshold=-5.0)  # --threshold on the command line applies to whatever runs
+    assert override.active_threshold() == -5.0 and not Pipeline(index, override).run("shingles").abstained
+
+
+def test_old_one_threshold_pipeline_json_still_loads(tmp_path):
+    old = {"mode": "dense", "rerank": True, "abstain": True, "threshold": 0.7, "top_k": 4}
+    (tmp_path / "pipeline.json").write_text(json.dumps(old), encoding="utf-8")
+    config = PipelineConfig.load(tmp_path)
+    assert config.threshold is None and config.thresholds == {"dense+rerank@raw": 0.7}
+    assert config.updated(rerank=False).active_threshold() is None
+    never_calibrated = {**old, "abstain": False, "threshold": 0.5}
+    (tmp_path / "pipeline.json").write_text(json.dumps(never_calibrated), encoding="utf-8")
+    assert PipelineConfig.load(tmp_path).thresholds == {}
+
+
+def test_store_threshold_keeps_other_configurations(tmp_path):
+    from retriever.pipeline import store_threshold
+
+    PipelineConfig(mode="bm25", top_k=3, thresholds={"bm25@raw": 4.0}).save(tmp_path)
+    store_threshold(tmp_path, PipelineConfig(mode="dense"), 0.42)
+    saved = PipelineConfig.load(tmp_path)
+    assert saved.mode == "bm25" and saved.top_k == 3 and saved.abstain
+    assert saved.thresholds == {"bm25@raw": 4.0, "dense@raw": 0.42}
+
+
+def test_weighted_hybrid_fusion_follows_the_dense_list(index):
+    heavy = Pipeline(index, PipelineConfig(mode="hybrid", top_k=6, dense_weight=1000.0, entities=False))
+    dense = Pipeline(index, PipelineConfig(mode="dense", top_k=6, entities=False)).run("shingles vaccine")
+    fused = heavy.run("shingles vaccine").hits
+    assert [h.id for h in fused][:3] == [h.id for h in dense.hits][:3] and "rrf" in fused[0].stage_scores
+    with pytest.raises(MedfaqError, match="dense_weight"):
+        PipelineConfig(dense_weight=0)
+
+
+def test_a_missing_set_up_model_names_the_fix(index):
+    import retriever.stages  # noqa: F401  (registers the real loaders)
+    from index.runtime import models_dir
+
+    for config, model in (
+        (PipelineConfig(summarize=True, entities=False), "summarizer-ecl-quick"),
+        (PipelineConfig(rerank=True, entities=False), "reranker-faq-quick"),
+    ):
+        with pytest.raises(MedfaqError) as error:
+            Pipeline.from_config(index, config)
+        message = str(error.value)
+        assert "\n" not in message and model in message and "`medfaq setup`" in message
+        assert "medfaq train " in message and f"--out {models_dir() / model}" in message

@@ -72,6 +72,8 @@ def in_use_panel(demo: DemoSettings, notes: dict[str, str]) -> None:
 def _step_line(step: SetupStep) -> str:
     minutes, seconds = divmod(int(step.elapsed()), 60)
     took = f" · {minutes}:{seconds:02d}" if step.started else ""
+    if step.status in {"pending", "running"} and step.minutes:
+        took += f" of about {step.minutes:g} min" if step.started else f" · about {step.minutes:g} min"
     return f"{STATUS_ICONS[step.status]} **{step.title}**{took} — {step.detail or step.status}"
 
 

@@ -93,12 +93,12 @@ def stage_switch(label: str, stage: str, notes: dict[str, str], ready: dict[str,
     )
 
 
-def controls(notes: dict[str, str], ready: dict[str, bool]) -> Controls:
+def controls(notes: dict[str, str], ready: dict[str, bool], default_mode: str) -> Controls:
     st.sidebar.markdown("**Search settings**")
     summarize = stage_switch("Summarize my question", "summarizer", notes, ready)
     rerank = stage_switch("Rerank with the cross-encoder", "reranker", notes, ready)
     mode = st.sidebar.selectbox(
-        "Search mode", MODES, index=MODES.index("hybrid"), key="ctl_mode", format_func=MODE_LABELS.get
+        "Search mode", MODES, index=MODES.index(default_mode), key="ctl_mode", format_func=MODE_LABELS.get
     )
     top_k = st.sidebar.slider("Results", 1, 20, 5, key="ctl_top_k")
     return Controls(summarize, rerank, mode, top_k)
@@ -249,9 +249,9 @@ def render() -> None:
         st.info("Search opens as soon as the FAQ index is built (see the progress above).")
         return
     ready = {"summarizer": stages.rewriter is not None, "reranker": stages.reranker is not None}
-    chosen = controls(stages.notes, ready)
-    common.in_use_panel(demo, stages.notes)
     base = resources.base_config(demo)
+    chosen = controls(stages.notes, ready, base.mode)
+    common.in_use_panel(demo, stages.notes)
 
     st.pills("Try an example", EXAMPLE_LABELS, key="example", on_change=_use_example)
     with st.form("ask", border=False):

@@ -1,0 +1,132 @@
+"""The models the default pipeline uses, and how `medfaq setup` (and the demo's first run) trains each one.
+
+This is the one place the set-up steps are listed: `app.cmd_setup`, `app.setup_state` (the demo) and the stage
+loaders' "model missing" errors all read it. Each step states its wall time as measured on 2 CPU cores shared with
+other jobs (docs/results.md), so the set-up can say up front how long it will take.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from index.runtime import models_dir
+
+INTERMEDIATE = "ce-qa-quick"  # the MedQuAD question-answer cross-encoder the FAQ reranker starts from
+
+
+@dataclass(frozen=True)
+class ModelStep:
+    """One model to train: `commands` are ``medfaq`` argument lists, ``{out}`` standing for the model's directory
+    and ``{intermediate}`` for the reranker's first-stage model under the models directory; `data` the datasets
+    they read (fetched first); `minutes` the measured wall time."""
+
+    key: str
+    model: str
+    title: str
+    stage: str
+    data: tuple[str, ...]
+    commands: tuple[tuple[str, ...], ...]
+    minutes: float
+    measured: str
+    slow: bool = False  # left out by ``medfaq setup --fast``
+
+    def argv(self, out: Path | None = None) -> list[list[str]]:
+        """The commands, saving the model to `out` (default: its name under the models directory)."""
+        where = {"{out}": str(out or models_dir() / self.model), "{intermediate}": str(models_dir() / INTERMEDIATE)}
+        return [[where.get(part, part) for part in command] for command in self.commands]
+
+    def shown(self, out: Path | None = None) -> str:
+        return " && ".join("medfaq " + " ".join(command) for command in self.argv(out))
+
+
+SUMMARIZER_ECL = ModelStep(
+    key="summarizer-ecl",
+    model="summarizer-ecl-quick",
+    title="Train the MiniLM ECL question summarizer (quick preset)",
+    stage="rewrite",
+    data=("meqsum",),
+    commands=(("train", "summarizer", "--preset", "quick", "--out", "{out}"),),
+    minutes=12,
+    measured="12 CPU-minutes for 8 epochs (docs/results.md, quick summarizer preset)",
+)
+RERANKER = ModelStep(
+    key="reranker",
+    model="reranker-faq-quick",
+    title="Train the FAQ reranker (MedQuAD question-answer task, then query -> FAQ; quick preset)",
+    stage="rerank",
+    data=("medquad", "quebec", "rqe", "meqsum"),
+    commands=(
+        ("train", "crossencoder", "--task", "qa", "--preset", "quick", "--out", "{intermediate}", "--force"),
+        (
+            "train",
+            "crossencoder",
+            "--task",
+            "faq",
+            "--preset",
+            "quick",
+            "--init",
+            "{intermediate}",
+            "--out",
+            "{out}",
+        ),
+    ),
+    minutes=9,
+    measured="176 s (qa) + 334 s (faq) wall (docs/results.md, FAQ reranker)",
+)
+SUMMARIZER_GEMMA = ModelStep(
+    key="summarizer-gemma",
+    model="summarizer-gemma-quick",
+    title="Fine-tune the Gemma 3 270M question summarizer (quick preset)",
+    stage="rewrite",
+    data=("meqsum",),
+    commands=(
+        (
+            "train",
+            "summarizer",
+            "--backbone",
+            "gemma-3-270m",
+            "--preset",
+            "quick",
+            "--out",
+            "{out}",
+        ),
+    ),
+    minutes=45,
+    measured="15 min on 2 free cores, 44 min on one shared core (issue 13, plain fine-tune of 2 epochs)",
+    slow=True,
+)
+MODEL_STEPS = (SUMMARIZER_ECL, RERANKER, SUMMARIZER_GEMMA)
+"""In the order they are trained: the quick models first, so the pipeline gains each stage as early as possible."""
+SUMMARIZERS = (SUMMARIZER_GEMMA.model, SUMMARIZER_ECL.model)
+"""Summarizer model names, best first (the Gemma fine-tune scores ROUGE-1 50.5 on MeQSum test against 35.3)."""
+
+
+def model_ready(path: Path | None) -> bool:
+    """A saved model directory is complete once its ``config.json`` is written."""
+    return path is not None and (path / "config.json").is_file()
+
+
+def trained(name: str, models: Path | None = None) -> bool:
+    """False only for a set-up model (by name) that is not saved yet; other names are left to the loaders."""
+    if name not in {step.model for step in MODEL_STEPS} or Path(name).expanduser().exists():
+        return True
+    return model_ready((models or models_dir()) / name)
+
+
+def steps_for(fast: bool = False) -> list[ModelStep]:
+    """The model steps of ``medfaq setup`` (without the slow ones when `fast`)."""
+    return [step for step in MODEL_STEPS if not (fast and step.slow)]
+
+
+def best_summarizer(models: Path | None = None) -> str | None:
+    """The best summarizer trained under the models directory, or None."""
+    where = models or models_dir()
+    return next((name for name in SUMMARIZERS if model_ready(where / name)), None)
+
+
+def missing_model_hint(model: str) -> str:
+    """What to run to get `model`: ``medfaq setup``, and the exact train command when the model is a set-up one."""
+    step = next((s for s in MODEL_STEPS if s.model == model), None)
+    exact = f" (or `{step.shown()}`)" if step else ""
+    return f"run `medfaq setup`{exact}"
