@@ -1,19 +1,23 @@
-"""`medfaq index build|add|delete|info`."""
+"""`medfaq index build|add|delete|info|migrate`.
+
+Every write holds the index's lock (waiting for another write with one line, failing after --lock-timeout); the
+index stack (numpy, FAISS, bm25s, the encoder) is imported inside the commands that use it.
+"""
 
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from pathlib import Path
 from typing import Any
 
 import typer
 
-from index.collections import FORMATS, load_collection, parse_field_map
-from index.encoder import Encoder
-from index.faiss_store import KINDS
-from index.faq_index import FIELDS, FaqIndex, check_index_target, staging_dir
+from index.collections import FORMATS
+from index.records import FIELDS
 from index.runtime import DEFAULT_ENCODER, MedfaqError
+from index.vector_store import INDEX_KINDS as KINDS
 from index.vector_store import VECTOR_BACKENDS
 
 BACKEND_FILE = "backend.json"  # in the staging directory: the options a resumed build must reuse
@@ -31,9 +35,19 @@ def check_choice(option: str, value: str, choices: tuple[str, ...]) -> None:
 BACKEND_OPTION = typer.Option("faiss", "--backend", help=f"Vector backend: {'|'.join(VECTOR_BACKENDS)}.")
 URI_OPTION = typer.Option("", "--uri", help="Milvus: a Milvus Lite file (NAME.db) or a server (http://host:19530).")
 COLLECTION_OPTION = typer.Option(None, "--collection", help="Milvus collection name (default: a new one).")
-SHARDS_OPTION = typer.Option(1, "--shards", help="FAISS: split the vectors over N shards searched in parallel.")
+SHARDS_OPTION = typer.Option(1, "--shards", min=1, help="FAISS: split the vectors over N shards searched in parallel.")
 GPU_OPTION = typer.Option(False, "--gpu", help="Require FAISS GPU search (default: used when a GPU is present).")
 CPU_OPTION = typer.Option(False, "--cpu", help="Force the CPU for encoding and FAISS even when a GPU is present.")
+LOCK_OPTION = typer.Option(
+    None,
+    "--lock-timeout",
+    help="Seconds to wait for another write of the index (default: $MEDFAQ_LOCK_TIMEOUT or 600).",
+)
+
+
+def check_lock_timeout(value: float | None) -> None:
+    if value is not None and not (value >= 0 and math.isfinite(value)):
+        raise MedfaqError(f"--lock-timeout must be a number of seconds >= 0, not {value}")
 
 
 def build(
@@ -48,26 +62,35 @@ def build(
     device: str | None = typer.Option(None, "--device", help="cpu or cuda (default: cuda when available)."),
     gpu: bool = GPU_OPTION,
     cpu: bool = CPU_OPTION,
-    batch_size: int = typer.Option(64, "--batch-size", help="Encoding batch size."),
+    batch_size: int = typer.Option(64, "--batch-size", min=1, help="Encoding batch size."),
     backend: str = BACKEND_OPTION,
     uri: str = URI_OPTION,
     collection_name: str | None = COLLECTION_OPTION,
     shards: int = SHARDS_OPTION,
-    workers: int = typer.Option(1, "--workers", help="Encode in N processes (on CUDA: one per GPU)."),
+    workers: int = typer.Option(1, "--workers", min=1, help="Encode in N processes (on CUDA: one per GPU)."),
     resume: bool = typer.Option(False, "--resume", help="Continue a killed build: encode only the missing chunks."),
+    lock_timeout: float | None = LOCK_OPTION,
 ) -> None:
-    """Build a dense (FAISS or Milvus) + BM25 index over an FAQ collection."""
+    """Build a dense (FAISS or Milvus) + BM25 index over an FAQ collection (an existing index is replaced
+    atomically, under its lock; a collection without a single FAQ is refused and changes nothing)."""
+    from index.collections import load_collection, parse_field_map
+    from index.encoder import Encoder
+    from index.faq_index import FaqIndex, check_index_target, staging_dir
+
     check_choice("--kind", kind, KINDS)
     check_choice("--fields", fields, FIELDS)
+    check_lock_timeout(lock_timeout)
     target = check_index_target(out)
     options = backend_options(backend, uri, collection_name, target.name, gpu, cpu, shards)
+    records, report = load_collection(collection, format, parse_field_map(field), skip_bad)
+    typer.echo(report.summary(), err=True)
+    if not records:
+        raise MedfaqError(f"{report.path} holds no FAQs to index ({_skipped(report)}); {target} was not written")
+    sentence_encoder = Encoder(encoder, device="cpu" if cpu else device, batch_size=batch_size)
     staging = staging_dir(target)
     if staging.exists() and not resume:
         shutil.rmtree(staging)
     options = _resumable(options, staging, collection_name)
-    sentence_encoder = Encoder(encoder, device="cpu" if cpu else device, batch_size=batch_size)
-    records, report = load_collection(collection, format, parse_field_map(field), skip_bad)
-    typer.echo(report.summary(), err=True)
     index = FaqIndex.build(
         records,
         sentence_encoder,
@@ -78,9 +101,15 @@ def build(
         staging=staging,
         workers=workers,
     )
-    target = index.save(out)
+    target = index.save(out, timeout=lock_timeout)
     shutil.rmtree(staging, ignore_errors=True)
     typer.echo(f"indexed {len(index)} FAQs into {target}")
+
+
+def _skipped(report: Any) -> str:
+    """What a load that found no FAQ skipped, for the refusal line."""
+    skipped = report.skipped_empty + report.skipped_bad + report.skipped_other
+    return f"{skipped} lines skipped" if skipped else "the file is empty"
 
 
 def backend_options(
@@ -126,18 +155,23 @@ def migrate(
     shards: int = SHARDS_OPTION,
     gpu: bool = GPU_OPTION,
     cpu: bool = CPU_OPTION,
+    lock_timeout: float | None = LOCK_OPTION,
 ) -> None:
     """Move an index to another vector backend (e.g. FAISS -> a Milvus cluster): vectors are copied, not re-encoded."""
+    from index.faq_index import FaqIndex, check_index_target, write_lock
+
     if kind is not None:
         check_choice("--kind", kind, KINDS)
-    index = FaqIndex.load(source)
+    check_lock_timeout(lock_timeout)
     target = check_index_target(out)
     options = backend_options(backend, uri, collection_name, target.name, gpu, cpu, shards)
-    moved = index.moved_to(backend, options, kind=kind)
-    moved.save(target)
-    for sidecar in Path(source).glob("*.json"):  # settings such as pipeline.json travel with the index
-        if not (target / sidecar.name).exists():
-            shutil.copy2(sidecar, target / sidecar.name)
+    with write_lock(target, lock_timeout):
+        index = FaqIndex.load(source)
+        moved = index.moved_to(backend, options, kind=kind)
+        moved.save(target)
+        for sidecar in Path(source).glob("*.json"):  # settings such as pipeline.json travel with the index
+            if not (target / sidecar.name).exists():
+                shutil.copy2(sidecar, target / sidecar.name)
     typer.echo(f"moved {len(moved)} FAQs to the {backend} backend; index at {target}")
 
 
@@ -147,24 +181,32 @@ def add(
     format: str = typer.Option("auto", "--format", help=FORMAT_HELP),
     field: list[str] = typer.Option([], "--field", help=FIELD_HELP),
     skip_bad: bool = typer.Option(False, "--skip-bad", help="Skip malformed lines (counted) instead of failing."),
+    lock_timeout: float | None = LOCK_OPTION,
 ) -> None:
-    """Add FAQs to an index (only the new ones are encoded); ids already in the index are an error."""
-    index = FaqIndex.load(directory)
+    """Add FAQs to an index (only the new ones are encoded); ids already in the index are an error.
+
+    The index is read under its lock, so adds and deletes running at the same time all keep their changes."""
+    from index.collections import load_collection, parse_field_map
+    from index.faq_index import FaqIndex, read_manifest
+
+    check_lock_timeout(lock_timeout)
+    read_manifest(directory.expanduser())  # a wrong directory fails before the collection is read
     records, report = load_collection(collection, format, parse_field_map(field), skip_bad)
     typer.echo(report.summary(), err=True)
-    added = index.add(records)
-    index.save(directory)
+    index, added = FaqIndex.add_to(directory, records, timeout=lock_timeout)
     typer.echo(f"added {added} FAQs; the index now holds {len(index)}")
 
 
 def delete(
     directory: Path = typer.Argument(..., help="Index directory."),
     ids: list[str] = typer.Argument(..., help="FAQ ids to remove."),
+    lock_timeout: float | None = LOCK_OPTION,
 ) -> None:
-    """Remove FAQs by id (no re-encoding, no rebuild)."""
-    index = FaqIndex.load(directory)
-    removed = index.delete(ids)
-    index.save(directory)
+    """Remove FAQs by id (no re-encoding, no rebuild), under the index's lock."""
+    from index.faq_index import FaqIndex
+
+    check_lock_timeout(lock_timeout)
+    index, removed = FaqIndex.delete_from(directory, ids, timeout=lock_timeout)
     typer.echo(f"deleted {removed} FAQs; the index now holds {len(index)}")
 
 
@@ -172,8 +214,10 @@ def info(
     directory: Path = typer.Argument(..., help="Index directory."),
     as_json: bool = typer.Option(False, "--json", help="Print the information as JSON."),
 ) -> None:
-    """Show an index's manifest: encoder, dimension, fields, kind, counts, sources."""
-    details = FaqIndex.load(directory).info()
+    """Show an index's manifest: encoder, dimension, fingerprint, fields, kind, counts, sources, version."""
+    from index.faq_index import index_info
+
+    details = index_info(directory)
     if as_json:
         typer.echo(json.dumps(details, indent=2))
         return

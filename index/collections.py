@@ -84,7 +84,9 @@ def detect_format(path: Path) -> str:
     """Guess the format from the file suffix and the keys of the first JSON line."""
     if path.suffix.lower() in {".csv", ".tsv"}:
         return "csv"
-    first = next((line for _, line in _read_lines(path) if line.strip()), "")
+    first = next(
+        (line for _, line in _read_lines(path, LoadReport(str(path), "auto"), True) if line and line.strip()), ""
+    )
     try:
         keys = set(json.loads(first)) if first else set()
     except (json.JSONDecodeError, TypeError):
@@ -180,8 +182,9 @@ def _bad_line(report: LoadReport, path: Path, line_no: int, reason: str, skip_ba
     report.bad_lines.append(line_no)
 
 
-def _read_lines(path: Path) -> Iterator[tuple[int, str]]:
-    """Yield (line number, decoded line); non-UTF-8 bytes become an error naming the line."""
+def _read_lines(path: Path, report: LoadReport, skip_bad: bool) -> Iterator[tuple[int, str | None]]:
+    """Yield (line number, decoded line); a line that is not UTF-8 is an error naming the line and column, or with
+    `skip_bad` a counted bad line, yielded as None."""
     try:
         handle = path.open("rb")
     except OSError as error:
@@ -191,10 +194,9 @@ def _read_lines(path: Path) -> Iterator[tuple[int, str]]:
             try:
                 yield line_no, raw.decode("utf-8-sig" if line_no == 1 else "utf-8")
             except UnicodeDecodeError as error:
-                raise MedfaqError(
-                    f"{path}:{line_no}: not UTF-8 (byte 0x{raw[error.start]:02x} at column {error.start + 1}); "
-                    "re-encode the file as UTF-8"
-                ) from None
+                reason = f"not UTF-8 (byte 0x{raw[error.start]:02x} at column {error.start + 1}; re-encode the file)"
+                _bad_line(report, path, line_no, reason, skip_bad)
+                yield line_no, None
 
 
 def iter_jsonl(
@@ -206,8 +208,8 @@ def iter_jsonl(
     if not path.is_file():
         raise MedfaqError(f"file not found: {path}")
     report = report or LoadReport(str(path), "jsonl")
-    for line_no, line in _read_lines(path):
-        if not line.strip():
+    for line_no, line in _read_lines(path, report, skip_bad):
+        if line is None or not line.strip():
             continue
         try:
             row = json.loads(line)
@@ -217,11 +219,27 @@ def iter_jsonl(
         if not isinstance(row, dict):
             _bad_line(report, path, line_no, "expected a JSON object", skip_bad)
             continue
+        surrogate = _lone_surrogate(line, row)
+        if surrogate:
+            _bad_line(report, path, line_no, surrogate, skip_bad)
+            continue
         yield line_no, row
 
 
+def _lone_surrogate(line: str, row: dict[str, Any]) -> str:
+    """Why `row` is not valid UTF-8 text (a JSON escape such as ``\\udce9`` that decodes to a lone surrogate), or ""."""
+    if "\\ud" not in line.lower():  # surrogates only come from such escapes
+        return ""
+    try:
+        json.dumps(row, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        column = line.lower().find("\\ud") + 1
+        return f"invalid UTF-8 (a lone surrogate escape such as \\udce9 near column {column})"
+    return ""
+
+
 def _csv_rows(path: Path, report: LoadReport, skip_bad: bool) -> Iterator[tuple[int, dict[str, Any]]]:
-    text = "".join(line for _, line in _read_lines(path))
+    text = "".join("\n" if line is None else line for _, line in _read_lines(path, report, skip_bad))
     delimiter = "\t" if path.suffix.lower() == ".tsv" else ","
     reader = csv.DictReader(io.StringIO(text, newline=""), delimiter=delimiter)
     if not reader.fieldnames:

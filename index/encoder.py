@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
+from functools import cached_property
+from pathlib import Path
 
 import numpy as np
 
-from index.runtime import DEFAULT_ENCODER, choose_device, resolve_model
+from index.runtime import DEFAULT_ENCODER, MedfaqError, choose_device, resolve_model
 
 logger = logging.getLogger("medfaq.encoder")
+
+FULL_HASH_PARAMETERS = 500_000_000  # above this many parameters the fingerprint hashes the configuration only
+MODEL_MARKERS = ("modules.json", "config.json")  # a sentence-transformers or Hugging Face model directory has one
 
 
 class Encoder:
@@ -27,9 +34,37 @@ class Encoder:
         self.name = str(name or DEFAULT_ENCODER)
         self.device = choose_device(device)
         self.batch_size = batch_size
-        self.model = SentenceTransformer(resolve_model(self.name), device=self.device)
-        self.dim = int(self.model.get_embedding_dimension())
+        location = resolve_model(self.name)
+        check_model_directory(location, self.name)
+        try:
+            self.model = SentenceTransformer(location, device=self.device)
+        except (OSError, ValueError, KeyError, TypeError, RuntimeError) as error:
+            reason = " ".join(str(error).split())[:200]
+            raise MedfaqError(f"cannot load encoder {self.name!r} ({type(error).__name__}: {reason})") from None
+        dim = self.model.get_embedding_dimension()
+        if not dim:
+            raise MedfaqError(f"encoder {self.name!r} does not say the dimension of its embeddings")
+        self.dim = int(dim)
         logger.info("encoder %s (dim %d) on %s", self.name, self.dim, self.device)
+
+    @cached_property
+    def fingerprint(self) -> str:
+        """sha256 of the model's weights (every tensor, in order), or of its configuration when the model is huge:
+        two encoders with the same fingerprint give the same vectors."""
+        import torch
+
+        digest = hashlib.sha256()
+        state = self.model.state_dict()
+        full = sum(tensor.numel() for tensor in state.values()) <= FULL_HASH_PARAMETERS
+        for name, tensor in state.items():
+            digest.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype}".encode())
+            if full:
+                digest.update(tensor.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+        if not full:
+            for module in self.model:
+                config = getattr(getattr(module, "auto_model", None), "config", None)
+                digest.update(json.dumps(config.to_dict() if config else {}, sort_keys=True, default=str).encode())
+        return digest.hexdigest()
 
     @property
     def max_seq_length(self) -> int:
@@ -47,3 +82,13 @@ class Encoder:
             normalize_embeddings=True,
         )
         return np.ascontiguousarray(vectors, dtype=np.float32)
+
+
+def check_model_directory(location: str, name: str) -> None:
+    """A one-line error when `location` is a local directory that holds no sentence-transformers or HF model."""
+    path = Path(location)
+    if path.is_dir() and not any((path / marker).is_file() for marker in MODEL_MARKERS):
+        raise MedfaqError(
+            f"{name!r} is not a sentence-transformers or Hugging Face model directory (it has no "
+            f"{' or '.join(MODEL_MARKERS)}); pass 'minilm', a trained model directory, or a hub id"
+        )

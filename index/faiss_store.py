@@ -23,11 +23,11 @@ import faiss
 import numpy as np
 
 from index.runtime import MedfaqError
-from index.vector_store import checked_rows
+from index.vector_store import INDEX_KINDS, checked_rows
 
 logger = logging.getLogger("medfaq.faiss")
 
-KINDS = ("flat", "ivf", "hnsw")
+KINDS = INDEX_KINDS
 # Default nprobe / efSearch: the most accurate settings of the measured recall/latency table on MiniLM vectors of
 # MedQuAD (recall@10 0.939 / 0.948 vs exact search, at 0.5 / 1.3 ms); the synthetic 1M table needs less for IVF.
 # See docs/results.md, "Scale: 1M vectors" (`python -m eval.ann_bench --index DIR`).
@@ -290,6 +290,11 @@ class FaissStore:
         files = [directory / (INDEX_FILE if store.shards == 1 else SHARD_FILE.format(n)) for n in range(store.shards)]
         if all(file.is_file() for file in files):
             store.parts = [faiss.read_index(str(file)) for file in files]
+            wrong = {part.d for part in store.parts} - {store.dim}
+            if wrong:
+                raise MedfaqError(
+                    f"{directory} holds {wrong.pop()}-d vectors, not the {store.dim}-d ones its manifest names"
+                )
             store.tune()
         store.tombstones = {int(key) for key in np.load(directory / TOMBSTONES_FILE, allow_pickle=False)}
         return store

@@ -10,7 +10,17 @@ Directory layout::
     *.json           sidecar settings of other packages (e.g. pipeline.json); kept across saves
 
 Saves write everything into a temporary directory beside the target and swap it in with renames, so a crash or
-Ctrl-C during `build`/`add`/`save` leaves the previous index as it was.
+Ctrl-C during `build`/`add`/`save` leaves the previous index as it was, and readers see the old or the new index,
+never a mix (a load that races a save reads again).
+
+Every write (a save over an existing index, :meth:`FaqIndex.add_to`, :meth:`FaqIndex.delete_from`, sidecar saves
+by other packages through :func:`write_lock`) holds an exclusive file lock, ``.NAME.lock`` beside the directory.
+`add_to`/`delete_from` read the index from disk inside the lock, so concurrent changes are all kept; a save of an
+index loaded before another write changed it is refused. :attr:`FaqIndex.version` and :func:`disk_version` tell a
+long-running reader that a newer index is on disk.
+
+The manifest records the encoder's dimension and fingerprint; every load with an encoder compares them with the
+encoder actually loaded.
 
 Large builds are resumable: with a `staging` directory, encoded vectors are written there chunk by chunk next to a
 progress record (`progress.json`), and a build that was killed encodes only the chunks still missing when it is
@@ -26,22 +36,25 @@ import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from tqdm.auto import tqdm
 
-from index.bm25_store import Bm25Index
 from index.collections import check_unique_ids, read_records, write_records
-from index.encoder import Encoder
-from index.records import FaqRecord
+from index.records import FIELDS, FaqRecord, record_text
 from index.runtime import MedfaqError, resolve_model
 from index.vector_store import VECTOR_BACKENDS, VectorStore, backend_class
+
+if TYPE_CHECKING:  # bm25s (scipy) and sentence-transformers (torch) are imported when an index needs them
+    from index.bm25_store import Bm25Index
+    from index.encoder import Encoder
 
 logger = logging.getLogger("medfaq.index")
 
@@ -51,10 +64,12 @@ RECORDS = "records.jsonl"
 KEYS = "keys.npy"
 VECTORS_DIR = "vectors"
 BM25_DIR = "bm25"
-FIELDS = ("question", "question+answer")
 ENCODE_CHUNK = 512  # texts per encode call (progress and resume granularity)
 PROGRESS = "progress.json"
 CHUNK_FILE = "chunk-{:07d}.npy"
+LOCK_TIMEOUT_ENV = "MEDFAQ_LOCK_TIMEOUT"
+DEFAULT_LOCK_TIMEOUT = 600.0  # seconds a write waits for another write to finish
+LOAD_ATTEMPTS = 3  # a load that races a save reads the new index again
 
 ScoredIds = list[list[tuple[str, float]]]
 """Per query, (FAQ id, score) pairs best first."""
@@ -62,7 +77,11 @@ ScoredIds = list[list[tuple[str, float]]]
 
 @dataclass
 class IndexManifest:
-    """What an index directory holds; written as manifest.json and checked on load."""
+    """What an index directory holds; written as manifest.json and checked on load.
+
+    `encoder_fingerprint` identifies the encoder's weights (empty in indexes built before it was recorded);
+    `generation` counts the saves of this directory; `sources` counts FAQs per source (for `index info`).
+    """
 
     encoder: str
     dimension: int
@@ -75,6 +94,9 @@ class IndexManifest:
     updated: str = ""
     next_key: int = 0
     format_version: int = FORMAT_VERSION
+    encoder_fingerprint: str = ""
+    generation: int = 0
+    sources: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -83,13 +105,6 @@ class IndexManifest:
     def from_dict(cls, data: dict[str, Any]) -> IndexManifest:
         names = set(cls.__dataclass_fields__)
         return cls(**{key: value for key, value in data.items() if key in names})
-
-
-def record_text(record: FaqRecord, fields: str) -> str:
-    """The text that is embedded and BM25-indexed for `record`."""
-    if fields == "question+answer" and record.answer:
-        return f"{record.question} {record.answer}"
-    return record.question
 
 
 class FaqIndex:
@@ -110,6 +125,8 @@ class FaqIndex:
         self._encoder = encoder
         self._records: dict[int, FaqRecord] = dict(zip((int(k) for k in keys), records, strict=True))
         self._key_of: dict[str, int] = {record.id: key for key, record in self._records.items()}
+        self._origin: Path | None = None  # the directory this index was loaded from or last saved to
+        self._version = ""  # that directory's version then
 
     # ---- construction -------------------------------------------------------------------------------------------
 
@@ -130,10 +147,16 @@ class FaqIndex:
 
         `backend` is a registered vector backend ("faiss", "milvus") created with `kind` and `backend_options`.
         `staging` makes the encoding resumable (see the module docstring); `workers` > 1 encodes in that many
-        processes (one per GPU on CUDA).
+        processes (one per GPU on CUDA). An empty `records` is refused: an index of 0 FAQs answers nothing.
         """
+        from index.bm25_store import Bm25Index
+
         if fields not in FIELDS:
             raise MedfaqError(f"unknown --fields {fields!r}; choose one of {', '.join(FIELDS)}")
+        if not records:
+            raise MedfaqError(
+                "no FAQs to index (the collection is empty or every line was skipped); nothing was written"
+            )
         check_unique_ids(records, "the collection")
         store = backend_class(backend)(dim=encoder.dim, kind=kind, **(backend_options or {}))
         now = _now()
@@ -145,6 +168,7 @@ class FaqIndex:
             backend={"name": backend, "dim": encoder.dim},
             created=now,
             updated=now,
+            encoder_fingerprint=encoder.fingerprint,
         )
         index = cls(manifest, [], np.zeros(0, dtype=np.int64), store, Bm25Index.build([], []), encoder)
         index.add(records, progress=progress, staging=staging, workers=workers)
@@ -162,6 +186,8 @@ class FaqIndex:
         Vectors are copied as stored, never re-encoded (all at once, so an IVF index trains on all of them);
         records, keys and BM25 are shared. Call :meth:`save`.
         """
+        from tqdm.auto import tqdm
+
         kind = kind or self.manifest.kind
         store = backend_class(backend)(dim=self.manifest.dimension, kind=kind, **(backend_options or {}))
         parts = list(tqdm(self.store.export(), desc="reading vectors", unit="batch", disable=not progress))
@@ -172,14 +198,51 @@ class FaqIndex:
             {**self.manifest.to_dict(), "kind": kind, "backend": backend_section, "updated": _now()}
         )
         keys = np.fromiter(self._records, dtype=np.int64, count=len(self._records))
-        return FaqIndex(manifest, list(self._records.values()), keys, store, self.bm25, self._encoder)
+        moved = FaqIndex(manifest, list(self._records.values()), keys, store, self.bm25, self._encoder)
+        moved._origin, moved._version = self._origin, self._version  # saving it in place checks for other writes
+        return moved
 
     @property
     def encoder(self) -> Encoder:
-        """The encoder named in the manifest (loaded on first use)."""
+        """The encoder named in the manifest (loaded on first use, and checked against the manifest)."""
         if self._encoder is None:
-            self._encoder = Encoder(self.manifest.encoder)
+            from index.encoder import Encoder
+
+            encoder = Encoder(self.manifest.encoder)
+            self.check_encoder(encoder)
+            self._encoder = encoder
         return self._encoder
+
+    def check_encoder(self, encoder: Encoder) -> None:
+        """Refuse, in one line naming both, an encoder whose dimension or fingerprint differs from the manifest's.
+
+        Indexes built before fingerprints were recorded are checked by dimension only.
+        """
+        manifest, where = self.manifest, self._origin or "this index"
+        if encoder.dim != manifest.dimension:
+            raise MedfaqError(
+                f"encoder {encoder.name!r} gives {encoder.dim}-d vectors but index {where} holds "
+                f"{manifest.dimension}-d vectors of encoder {manifest.encoder!r}; use that encoder or rebuild the index"
+            )
+        if manifest.encoder_fingerprint and encoder.fingerprint != manifest.encoder_fingerprint:
+            raise MedfaqError(
+                f"encoder {encoder.name!r} (fingerprint {encoder.fingerprint[:12]}) is not the model index {where} "
+                f"was built with: {manifest.encoder!r} (fingerprint {manifest.encoder_fingerprint[:12]}); "
+                "use that model or rebuild the index"
+            )
+
+    @property
+    def version(self) -> str:
+        """The version of the directory this index was loaded from or saved to ("" for an unsaved index).
+
+        Compare it with :func:`disk_version` to notice that another process saved a newer index there.
+        """
+        return self._version
+
+    @property
+    def directory(self) -> Path | None:
+        """The directory this index was loaded from or last saved to."""
+        return self._origin
 
     # ---- records --------------------------------------------------------------------------------------------------
 
@@ -215,6 +278,8 @@ class FaqIndex:
         Everything is computed before the index changes, so a failure part-way leaves it as it was; with `staging`
         the encoded chunks survive a failure and a repeated call encodes only the missing ones.
         """
+        from index.bm25_store import Bm25Index
+
         check_unique_ids(records, "the new records")
         clashes = [record.id for record in records if record.id in self._key_of]
         if clashes:
@@ -318,9 +383,27 @@ class FaqIndex:
 
     # ---- persistence ----------------------------------------------------------------------------------------------
 
-    def save(self, directory: str | Path) -> Path:
-        """Write the index to `directory` atomically (temporary directory beside it, then rename)."""
+    def save(self, directory: str | Path, timeout: float | None = None) -> Path:
+        """Write the index to `directory` atomically (temporary directory beside it, then rename), under its write
+        lock (see :func:`write_lock`; `timeout` in seconds).
+
+        Saving an index loaded from `directory` is refused when another write changed the directory since the
+        load (nothing is written): load it again and repeat the change, or use :meth:`add_to`/:meth:`delete_from`.
+        """
         target = check_index_target(directory)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with write_lock(target, timeout):
+            on_disk = disk_version(target)
+            if self._origin == target and on_disk != self._version:
+                raise MedfaqError(
+                    f"index {target} was changed by another write after it was loaded; nothing was saved "
+                    "(load it again and repeat the change)"
+                )
+            self._save_locked(target)
+        logger.info("saved %d FAQs to %s", len(self), target)
+        return target
+
+    def _save_locked(self, target: Path) -> None:
         target.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.saving-"))
         staging.chmod(0o777 & ~_umask())  # mkdtemp makes it private; the index gets normal permissions
@@ -330,39 +413,92 @@ class FaqIndex:
             np.save(staging / KEYS, keys, allow_pickle=False)
             self.store.save(staging / VECTORS_DIR)
             self.bm25.save(staging / BM25_DIR)
+            previous_generation = 0
             if target.is_dir():
                 for sidecar in target.glob("*.json"):
                     if sidecar.name != MANIFEST:
                         shutil.copy2(sidecar, staging / sidecar.name)
+                if (target / MANIFEST).is_file():
+                    previous_generation = _manifest_generation(target)
             self.manifest.backend = {**self.manifest.backend, **self.store.backend_config()}
             self.manifest.counts = {"records": len(self._records), "vectors": len(self.store), "bm25": len(self.bm25)}
+            self.manifest.sources = _source_counts(self._records.values())
             self.manifest.checksums = _checksums(staging)
-            (staging / MANIFEST).write_text(json.dumps(self.manifest.to_dict(), indent=2) + "\n", encoding="utf-8")
+            self.manifest.generation = max(self.manifest.generation, previous_generation) + 1
+            text = json.dumps(self.manifest.to_dict(), indent=2) + "\n"
+            (staging / MANIFEST).write_text(text, encoding="utf-8")
             replaced = _replaced_backend(target, self.manifest.backend)
             _swap_in(staging, target)
+            self._origin, self._version = target, _version_of(text.encode("utf-8"))
             if replaced:
                 backend_class(replaced["name"]).discard(replaced, self.manifest.backend)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
-        logger.info("saved %d FAQs to %s", len(self), target)
-        return target
+
+    @classmethod
+    def add_to(
+        cls,
+        directory: str | Path,
+        records: list[FaqRecord],
+        encoder: Encoder | None = None,
+        progress: bool = True,
+        timeout: float | None = None,
+    ) -> tuple[FaqIndex, int]:
+        """Add `records` to the index saved in `directory` and save it: (the new index, how many were added).
+
+        The index is read from disk inside the write lock, so changes saved meanwhile by other processes are kept.
+        `encoder` (checked against the manifest) saves loading the model again.
+        """
+        with write_lock(directory, timeout):
+            index = cls.load(directory, encoder)
+            added = index.add(records, progress=progress)
+            if added:
+                index.save(directory)
+        return index, added
+
+    @classmethod
+    def delete_from(
+        cls, directory: str | Path, faq_ids: list[str], timeout: float | None = None
+    ) -> tuple[FaqIndex, int]:
+        """Delete FAQs by id from the index saved in `directory` and save it: (the new index, how many were
+        removed). Like :meth:`add_to`, the index is read inside the write lock."""
+        with write_lock(directory, timeout):
+            index = cls.load(directory)
+            removed = index.delete(faq_ids)
+            index.save(directory)
+        return index, removed
 
     @classmethod
     def load(cls, directory: str | Path, encoder: Encoder | str | None = None, verify: bool = True) -> FaqIndex:
-        """Open an index; refuses one built with another encoder than `encoder` (name or Encoder) when given."""
+        """Open an index; refuses one built with another encoder than `encoder` (name or Encoder) when given.
+
+        A load that races a save (the directory's version changes while it is read) reads the new index.
+        """
         path = Path(directory).expanduser()
         _restore_interrupted_swap(path)
-        manifest = read_manifest(path)
-        if encoder is not None:
-            requested = encoder.name if isinstance(encoder, Encoder) else str(encoder)
-            if not _same_encoder(requested, manifest.encoder):
-                raise MedfaqError(
-                    f"index {path} was built with encoder {manifest.encoder!r}, not {requested!r}; "
-                    f"search it with --encoder {manifest.encoder} or rebuild it with the new encoder"
-                )
-            if isinstance(encoder, Encoder) and encoder.dim != manifest.dimension:
-                raise MedfaqError(f"encoder dimension {encoder.dim} != index dimension {manifest.dimension}")
+        for attempt in range(1, LOAD_ATTEMPTS + 1):
+            before = disk_version(path)
+            try:
+                index = cls._load_once(path, encoder, verify)
+            except MedfaqError:
+                if attempt == LOAD_ATTEMPTS or disk_version(path) == before:
+                    raise
+                continue
+            if attempt == LOAD_ATTEMPTS or disk_version(path) == index.version:
+                return index
+        raise AssertionError("unreachable")
+
+    @classmethod
+    def _load_once(cls, path: Path, encoder: Encoder | str | None, verify: bool) -> FaqIndex:
+        from index.bm25_store import Bm25Index
+
+        manifest, version = _read_manifest_versioned(path)
+        if isinstance(encoder, str) and not _same_encoder(encoder, manifest.encoder):
+            raise MedfaqError(
+                f"index {path} was built with encoder {manifest.encoder!r}, not {encoder!r}; "
+                f"search it with --encoder {manifest.encoder} or rebuild it with the new encoder"
+            )
         if verify:
             verify_checksums(path, manifest)
         try:
@@ -376,16 +512,132 @@ class FaqIndex:
             raise MedfaqError(f"index {path} is corrupt ({type(error).__name__}: {error}); rebuild it") from None
         if len(records) != len(keys):
             raise MedfaqError(f"index {path} is corrupt ({len(records)} records but {len(keys)} keys); rebuild it")
-        return cls(manifest, records, keys, store, bm25, encoder if isinstance(encoder, Encoder) else None)
+        if store.dim != manifest.dimension:
+            raise MedfaqError(
+                f"index {path} is inconsistent: its manifest names {manifest.dimension}-d encoder "
+                f"{manifest.encoder!r} but its vectors are {store.dim}-d; rebuild it"
+            )
+        index = cls(manifest, records, keys, store, bm25)
+        index._origin, index._version = path.resolve(), version
+        if encoder is not None and not isinstance(encoder, str):
+            index.check_encoder(encoder)
+            index._encoder = encoder
+        return index
 
     def info(self) -> dict[str, Any]:
         """The manifest plus per-source counts, for `medfaq index info`."""
-        sources: dict[str, int] = {}
-        for record in self._records.values():
-            sources[record.source or "(none)"] = sources.get(record.source or "(none)", 0) + 1
         data = self.manifest.to_dict()
         data.pop("checksums")
-        return {**data, "sources": dict(sorted(sources.items(), key=lambda item: -item[1]))}
+        return {**data, "version": self.version, "sources": _source_counts(self._records.values())}
+
+
+def index_info(directory: str | Path) -> dict[str, Any]:
+    """What `medfaq index info` shows, read from the manifest alone (the records too for an index saved before
+    the manifest counted sources); vectors and BM25 are not opened."""
+    path = Path(directory).expanduser()
+    _restore_interrupted_swap(path)
+    manifest, version = _read_manifest_versioned(path)
+    sources = manifest.sources
+    if not sources and manifest.counts.get("records"):
+        sources = _source_counts(read_records(path / RECORDS))
+    data = manifest.to_dict()
+    data.pop("checksums")
+    return {**data, "version": version, "sources": sources}
+
+
+def _source_counts(records: Iterable[FaqRecord]) -> dict[str, int]:
+    """FAQs per source, most first."""
+    counts = Counter(record.source or "(none)" for record in records)
+    return dict(counts.most_common())
+
+
+def lock_file(directory: str | Path) -> Path:
+    """The lock file of the index at `directory`: ``.NAME.lock`` beside it (the directory itself is swapped)."""
+    target = Path(directory).expanduser().resolve()
+    return target.parent / f".{target.name}.lock"
+
+
+_held = threading.local()
+
+
+@contextmanager
+def write_lock(directory: str | Path, timeout: float | None = None) -> Iterator[Path]:
+    """Hold the exclusive write lock of the index at `directory` (re-entrant in a thread); yields the resolved path.
+
+    Every change of an index directory happens under it, sidecar files such as ``pipeline.json`` included. When
+    another write holds it, one line says so and the call waits up to `timeout` seconds (default
+    ``$MEDFAQ_LOCK_TIMEOUT`` or 600), then fails with a one-line error, having changed nothing.
+    """
+    from filelock import FileLock, Timeout
+
+    target = Path(directory).expanduser().resolve()
+    held: set[Path] = _held.__dict__.setdefault("paths", set())
+    if target in held:
+        yield target
+        return
+    wait = lock_timeout() if timeout is None else timeout
+    path = lock_file(target)
+    if not path.parent.is_dir():
+        raise MedfaqError(f"index directory not found: {target}")
+    lock = FileLock(path)
+    try:
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:
+            logger.warning("waiting for the lock on %s held by another write...", target)
+            lock.acquire(timeout=wait)
+    except Timeout:
+        raise MedfaqError(
+            f"index {target} is still locked by another write after {wait:g} s; nothing was changed "
+            f"(try again when it finishes, or wait longer with --lock-timeout or ${LOCK_TIMEOUT_ENV})"
+        ) from None
+    except OSError as error:
+        raise MedfaqError(f"cannot lock index {target}: {path}: {error.strerror or error}") from None
+    held.add(target)
+    try:
+        yield target
+    finally:
+        held.discard(target)
+        lock.release()
+
+
+def lock_timeout() -> float:
+    """Seconds a write waits for the lock: ``$MEDFAQ_LOCK_TIMEOUT`` or :data:`DEFAULT_LOCK_TIMEOUT`."""
+    text = os.environ.get(LOCK_TIMEOUT_ENV, "").strip()
+    if not text:
+        return DEFAULT_LOCK_TIMEOUT
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0 or value == float("inf"):
+        raise MedfaqError(f"${LOCK_TIMEOUT_ENV} must be a number of seconds >= 0, not {text!r}")
+    return value
+
+
+def disk_version(directory: str | Path) -> str | None:
+    """The version of the index saved at `directory` (None when there is none): cheap to poll, as it reads only
+    the manifest; it changes with every save."""
+    try:
+        return _version_of((Path(directory).expanduser() / MANIFEST).read_bytes())
+    except OSError:
+        return None
+
+
+def _version_of(manifest_bytes: bytes) -> str:
+    """``GENERATION-HASH``: the save counter and a hash of the manifest (which holds every file's checksum)."""
+    try:
+        generation = int(json.loads(manifest_bytes).get("generation", 0))
+    except (ValueError, AttributeError, TypeError):
+        generation = 0
+    return f"{generation}-{hashlib.sha256(manifest_bytes).hexdigest()[:16]}"
+
+
+def _manifest_generation(target: Path) -> int:
+    try:
+        return int(json.loads((target / MANIFEST).read_bytes()).get("generation", 0))
+    except (OSError, ValueError, AttributeError, TypeError):
+        return 0
 
 
 def staging_dir(directory: str | Path) -> Path:
@@ -407,6 +659,8 @@ def encode_chunks(
     `staging/progress.json` records the `fingerprint` and how many chunks are done; each chunk file is complete
     before the record counts it, so a kill at any point loses at most the chunk being encoded.
     """
+    from tqdm.auto import tqdm
+
     starts = range(0, len(texts), ENCODE_CHUNK)
     done = _staged_chunks(staging, fingerprint, len(texts)) if staging is not None else 0
     bar = tqdm(total=len(texts), desc="encoding FAQs", unit="faq", disable=not progress)
@@ -463,21 +717,30 @@ def check_index_target(directory: str | Path) -> Path:
 
 def read_manifest(path: Path) -> IndexManifest:
     """The manifest of the index at `path`; a missing or unreadable one is a one-line error."""
+    return _read_manifest_versioned(path)[0]
+
+
+def _read_manifest_versioned(path: Path) -> tuple[IndexManifest, str]:
+    """The manifest of the index at `path` and the version of the bytes it was read from."""
     if not path.is_dir():
         raise MedfaqError(f"index directory not found: {path}")
     manifest_path = path / MANIFEST
     if not manifest_path.is_file():
         raise MedfaqError(f"{path} is not a medfaq index (no {MANIFEST}); build one with `medfaq index build`")
     try:
-        data = json.loads(manifest_path.read_text(encoding="utf-8"))
-        manifest = IndexManifest.from_dict(data)
-    except (json.JSONDecodeError, UnicodeDecodeError, TypeError) as error:
+        raw = manifest_path.read_bytes()
+        manifest = IndexManifest.from_dict(json.loads(raw.decode("utf-8")))
+    except OSError as error:
+        raise MedfaqError(f"cannot read {manifest_path}: {error.strerror}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError, TypeError, AttributeError) as error:
         raise MedfaqError(f"index {path} has a corrupt {MANIFEST} ({error}); rebuild it") from None
+    if not isinstance(manifest.dimension, int) or manifest.dimension < 1:
+        raise MedfaqError(f"index {path} has a corrupt {MANIFEST} (dimension {manifest.dimension!r}); rebuild it")
     if manifest.format_version > FORMAT_VERSION:
         raise MedfaqError(
             f"index {path} has format {manifest.format_version}; this medfaq reads up to {FORMAT_VERSION}"
         )
-    return manifest
+    return manifest, _version_of(raw)
 
 
 def verify_checksums(path: Path, manifest: IndexManifest) -> None:
@@ -541,11 +804,15 @@ def _swap_in(staging: Path, target: Path) -> None:
 
 
 def _restore_interrupted_swap(target: Path) -> None:
-    """If a save stopped between its two renames, put the previous version back."""
+    """If a save stopped between its two renames, put the previous version back (under the write lock, so a
+    save that is between its renames right now finishes first)."""
     backup = _backup_name(target)
-    if not target.exists() and backup.is_dir():
-        logger.warning("restoring %s from an interrupted save", target)
-        os.replace(backup, target)
+    if target.exists() or not backup.is_dir():
+        return
+    with write_lock(target):
+        if not target.exists() and backup.is_dir():
+            logger.warning("restoring %s from an interrupted save", target)
+            os.replace(backup, target)
 
 
 def _umask() -> int:

@@ -32,3 +32,14 @@ class FaqRecord:
             updated=row.get("updated") or "",
             metadata=dict(row.get("metadata") or {}),
         )
+
+
+FIELDS = ("question", "question+answer")
+"""What text of a record an index embeds and BM25-indexes."""
+
+
+def record_text(record: FaqRecord, fields: str) -> str:
+    """The text that is embedded and BM25-indexed for `record`."""
+    if fields == "question+answer" and record.answer:
+        return f"{record.question} {record.answer}"
+    return record.question

@@ -15,6 +15,9 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+INDEX_KINDS = ("flat", "ivf", "hnsw")
+"""Index kinds every backend offers: exact, inverted lists, HNSW graph."""
+
 
 @runtime_checkable
 class VectorStore(Protocol):

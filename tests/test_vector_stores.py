@@ -123,7 +123,12 @@ class CountingEncoder:
 
     def __init__(self, encoder, fail_after: int | None = None) -> None:
         self.inner, self.fail_after, self.calls = encoder, fail_after, 0
-        self.name, self.dim, self.device = encoder.name, encoder.dim, encoder.device
+        self.name, self.dim, self.device, self.fingerprint = (
+            encoder.name,
+            encoder.dim,
+            encoder.device,
+            encoder.fingerprint,
+        )
 
     def encode(self, texts: list[str]) -> np.ndarray:
         if self.fail_after is not None and self.calls >= self.fail_after:
