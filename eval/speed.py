@@ -279,7 +279,10 @@ def format_report(result: dict[str, Any]) -> str:
     ann = [row for row in peers["ann"] or [] if row.get("chosen")]
     flat = next((row for row in ann if row["index"] == "flat"), None)
     for row in ann:
-        speedup = f", {flat['p50_ms'] / row['p50_ms']:.0f}x faster than flat" if flat and row is not flat else ""
+        speedup = ""
+        if flat and row is not flat:
+            ratio = flat["p50_ms"] / row["p50_ms"]
+            speedup = f", {ratio:.1f}x faster than flat" if ratio >= 1 else f", {1 / ratio:.1f}x slower than flat"
         lines.append(
             f"ANN {row['index']} ({row['params']}, {row['n_vectors']:,} vectors): recall@10 {row['recall_at_k']:.3f}, "
             f"p50 {row['p50_ms']:.3f} ms{speedup}, build {row['build_s']:.1f} s, {row['memory_mb']:.0f} MB"
