@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import sys
 import warnings
 from pathlib import Path
 from typing import Any
@@ -118,7 +119,16 @@ def choose_device(device: str | None = None) -> str:
 
 
 class _StderrHandler(logging.StreamHandler):
-    """The handler `configure_logging` installs (replaced, not duplicated, when it is called again)."""
+    """The handler `configure_logging` installs (replaced, not duplicated, when it is called again); it writes to
+    whatever `sys.stderr` is when a message comes (so a redirected or captured stderr is honoured)."""
+
+    @property
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: Any) -> None:
+        """Ignored: the stream is always the current `sys.stderr`."""
 
 
 class _OneLineFormatter(logging.Formatter):
