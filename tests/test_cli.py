@@ -71,7 +71,8 @@ def test_bad_inputs_give_one_line_errors(tmp_path, built, faq_jsonl):
     assert_one_line_error(medfaq("search", "--index", tmp_path / "missing", "flu"), "index directory not found")
     assert_one_line_error(medfaq("search", "--index", built, "   "), "empty query")
     (built / "records.jsonl").write_text("tampered\n")
-    assert_one_line_error(medfaq("index", "info", built), "checksum mismatch for records.jsonl")
+    tampered = medfaq("search", "--index", built, "--mode", "bm25", "flu")
+    assert_one_line_error(tampered, "checksum mismatch for records.jsonl")
 
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"id": "a", "question": "ok"}\n{"id": "b", \n')
