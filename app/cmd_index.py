@@ -83,10 +83,10 @@ def build(
     target = check_index_target(out)
     options = backend_options(backend, uri, collection_name, target.name, gpu, cpu, shards)
     records, report = load_collection(collection, format, parse_field_map(field), skip_bad)
-    typer.echo(report.summary(), err=True)
     if not records:
         raise MedfaqError(f"{report.path} holds no FAQs to index ({_skipped(report)}); {target} was not written")
     sentence_encoder = Encoder(encoder, device="cpu" if cpu else device, batch_size=batch_size)
+    typer.echo(report.summary(), err=True)
     staging = staging_dir(target)
     if staging.exists() and not resume:
         shutil.rmtree(staging)
@@ -109,7 +109,7 @@ def build(
 def _skipped(report: Any) -> str:
     """What a load that found no FAQ skipped, for the refusal line."""
     skipped = report.skipped_empty + report.skipped_bad + report.skipped_other
-    return f"{skipped} lines skipped" if skipped else "the file is empty"
+    return f"{skipped} skipped, none left" if skipped else "the file is empty"
 
 
 def backend_options(
@@ -192,8 +192,8 @@ def add(
     check_lock_timeout(lock_timeout)
     read_manifest(directory.expanduser())  # a wrong directory fails before the collection is read
     records, report = load_collection(collection, format, parse_field_map(field), skip_bad)
-    typer.echo(report.summary(), err=True)
     index, added = FaqIndex.add_to(directory, records, timeout=lock_timeout)
+    typer.echo(report.summary(), err=True)
     typer.echo(f"added {added} FAQs; the index now holds {len(index)}")
 
 
