@@ -32,8 +32,9 @@ def _config(tiny_bert_dir, **overrides) -> EncoderTrainConfig:
     return make_config("crossencoder", "mqp", "quick", **{**settings, **overrides})
 
 
-def test_train_save_reload_gives_same_scores(tmp_path, tiny_bert_dir):
-    config = _config(tiny_bert_dir)
+@pytest.mark.parametrize("head", ["cosine", "pooler"])
+def test_train_save_reload_gives_same_scores(tmp_path, tiny_bert_dir, head):
+    config = _config(tiny_bert_dir, head=head)
     model = train_crossencoder(PAIRS, config, device="cpu")
     before = CrossEncoderReranker(model, symmetric=config.symmetric).score_pairs(TEXTS)
     save_trained(model, config, tmp_path / "ce")
