@@ -49,7 +49,9 @@ def eval_summarizer(
     model: str = typer.Option(..., "--model", help="Trained summarizer directory, model name or HF id."),
     data: str = typer.Option("meqsum:test", "--data", help="<dataset>:<split>, e.g. meqsum:test."),
     as_json: bool = typer.Option(False, "--json", help="Print only one JSON object of the metrics on stdout."),
-    output: Path | None = typer.Option(None, "--output", help="Predictions JSONL (default predictions_<data>.jsonl)."),
+    output: Path | None = typer.Option(
+        None, "--output", help="Predictions JSONL (default predictions_<data>.jsonl; - = stdout, metrics on stderr)."
+    ),
     num_beams: int = typer.Option(4, "--num-beams", min=1, help="Beam size."),
     max_length: int = typer.Option(64, "--max-length", min=1, help="Maximum generated tokens."),
     batch_size: int = typer.Option(16, "--batch-size", min=1, help="Generation batch size."),
@@ -62,8 +64,11 @@ def eval_summarizer(
     """Generate summaries for a summarization split and report ROUGE-1/2/L, FIR and entity consistency (percent)."""
     from eval.summarization import SummarizationEvaluator
     from eval.summarization_data import load_pairs
+    from retriever.runs import check_output, is_stdio, write_text_atomic
     from summarizer.entities import load_recognizer
 
+    output = output or Path(f"predictions_{re.sub(r'[^A-Za-z0-9_.-]+', '_', data)}.jsonl")
+    check_output(output)
     pairs = load_pairs(data, data_root)[:limit]
     if not pairs:
         raise MedfaqError(f"{data} has no pairs")
@@ -76,18 +81,22 @@ def eval_summarizer(
     texts = [pair.chq for pair in pairs]
     predictions = summarizer.summarize(texts, num_beams=num_beams, max_length=max_length, batch_size=batch_size)
     seconds = time.perf_counter() - start
-    output = output or Path(f"predictions_{re.sub(r'[^A-Za-z0-9_.-]+', '_', data)}.jsonl")
-    output.parent.mkdir(parents=True, exist_ok=True)
-    with output.open("w", encoding="utf-8") as handle:
-        for pair, prediction in zip(pairs, predictions):
-            row = {"id": pair.id, "chq": pair.chq, "reference": pair.faq, "prediction": prediction}
-            handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+    rows = [
+        json.dumps({"id": p.id, "chq": p.chq, "reference": p.faq, "prediction": prediction}, ensure_ascii=False) + "\n"
+        for p, prediction in zip(pairs, predictions, strict=True)
+    ]
+    to_stdout = is_stdio(output)
+    if to_stdout:
+        sys.stdout.writelines(rows)
+    else:
+        write_text_atomic(output, rows)
     metrics = evaluator(predictions)
     metrics |= {"seconds": seconds, "questions_per_s": len(pairs) / seconds if seconds else 0.0}
+    where = "stdout" if to_stdout else str(output)
     if as_json:
-        typer.echo(json.dumps(metrics | {"model": model, "data": data, "predictions": str(output)}))
+        typer.echo(json.dumps(metrics | {"model": model, "data": data, "predictions": where}), err=to_stdout)
     else:
-        typer.echo(f"{metrics['questions_per_s']:.1f} questions/s; predictions in {output}")
+        typer.echo(f"{metrics['questions_per_s']:.1f} questions/s; predictions in {where}", err=to_stdout)
 
 
 def _summarizer_class():

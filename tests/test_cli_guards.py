@@ -13,6 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from app.cli import app
+from tests.test_summarization_eval import FakeSummarizer
 
 runner = CliRunner()
 REPO = Path(__file__).resolve().parents[1]
@@ -256,3 +257,21 @@ def test_start_up_imports_no_model_libraries(index_dir):
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     result = subprocess.run([sys.executable, "-c", code, str(index_dir)], capture_output=True, env=env, cwd=REPO)
     assert result.returncode == 0, result.stderr.decode()
+
+
+def test_eval_summarizer_predictions_to_stdout(monkeypatch, tmp_path):
+    from app import cmd_summaries
+
+    monkeypatch.setattr(cmd_summaries, "_summarizer_class", lambda: FakeSummarizer)
+    (tmp_path / "data" / "meqsum").mkdir(parents=True)
+    rows = [{"id": n, "chq": f"Is flu {n} contagious. My son has it", "faq": "Is flu contagious?"} for n in (1, 2)]
+    (tmp_path / "data" / "meqsum" / "test.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    model = tmp_path / "model"
+    model.mkdir()
+    args = ["eval", "summarizer", "--model", model, "--data", "meqsum:test", "--data-root", tmp_path / "data"]
+    result = medfaq(*args, "--json", "--output", "-", "--ner", "dictionary")
+    assert result.exit_code == 0, result.stderr
+    predictions = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [row["id"] for row in predictions] == ["meqsum:test:1", "meqsum:test:2"]
+    assert json.loads(result.stderr.strip().splitlines()[-1])["predictions"] == "stdout"
+    assert_one_line_error(medfaq(*args, "--output", tmp_path), "is a directory")
