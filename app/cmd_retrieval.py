@@ -23,6 +23,7 @@ from app.cmd_search import (
 )
 from index.runtime import DEFAULT_ENCODER, MedfaqError, indexes_dir
 from retriever.pipeline import Pipeline, PipelineConfig, load_stage, store_threshold
+from retriever.runs import check_output, write_run
 from retriever.search import MODES
 
 
@@ -98,6 +99,8 @@ def eval_retrieval(
 
     if compare and (run_out is not None or save_threshold):
         raise MedfaqError("--run-out and --save-threshold evaluate one configuration; leave out --compare")
+    if run_out is not None:
+        check_output(run_out)
     rows = read_beir_queries(queries)
     judgements = read_qrels(qrels)
     texts = {row["_id"]: row["text"] for row in rows}
@@ -130,8 +133,6 @@ def eval_retrieval(
         table = [(_describe(config), evaluator(run, confidences))]
         result |= {"rows": [{"system": table[0][0], **table[0][1]}], "config": config.to_dict()}
         if run_out is not None:
-            from retriever.runs import write_run
-
             write_run(run_out, list(texts), responses, "trec", "medfaq")
         if save_threshold:
             if "threshold" not in table[0][1]:
