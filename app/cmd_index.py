@@ -222,4 +222,4 @@ def info(
         typer.echo(json.dumps(details, indent=2))
         return
     for key, value in details.items():
-        typer.echo(f"{key:<15} {json.dumps(value) if isinstance(value, (dict, list)) else value}")
+        typer.echo(f"{key:<20} {json.dumps(value) if isinstance(value, (dict, list)) else value}")

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-import numpy as np
+if TYPE_CHECKING:  # imported where vectors are handled, so that the command line starts without it
+    import numpy as np
 
 INDEX_KINDS = ("flat", "ivf", "hnsw")
 """Index kinds every backend offers: exact, inverted lists, HNSW graph."""
@@ -63,6 +64,8 @@ class VectorStore(Protocol):
 
 def checked_rows(keys: np.ndarray, vectors: np.ndarray, dim: int) -> tuple[np.ndarray, np.ndarray]:
     """`keys` as contiguous int64 and `vectors` as contiguous float32 (n, dim); a shape mismatch is a one-line error."""
+    import numpy as np
+
     from index.runtime import MedfaqError
 
     vectors = np.ascontiguousarray(vectors, dtype=np.float32)
