@@ -173,10 +173,13 @@ class PipelineConfig:
 
     def save(self, directory: str | Path) -> Path:
         """Write ``pipeline.json`` into `directory` (an index directory); the file survives index saves."""
+        from index.faq_index import write_lock
+
         path = Path(directory) / PIPELINE_FILE
-        tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(self.to_dict(), indent=2) + "\n", encoding="utf-8")
-        tmp.replace(path)
+        with write_lock(directory):  # an index save beside this one copies the finished file
+            tmp = path.with_suffix(".json.tmp")
+            tmp.write_text(json.dumps(self.to_dict(), indent=2) + "\n", encoding="utf-8")
+            tmp.replace(path)
         return path
 
     @classmethod
