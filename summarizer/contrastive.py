@@ -99,23 +99,34 @@ class KeyQueue(nn.Module):
 
 @torch.no_grad()
 def momentum_update(key_module: nn.Module, query_module: nn.Module, momentum: float) -> None:
-    """θk ← m·θk + (1 − m)·θq for every parameter pair."""
+    """θk ← m·θk + (1 − m)·θq for every parameter pair; parameters the two modules share (frozen ones) are skipped."""
     for key_param, query_param in zip(key_module.parameters(), query_module.parameters(), strict=True):
-        key_param.mul_(momentum).add_(query_param.detach(), alpha=1.0 - momentum)
+        if key_param is not query_param:
+            key_param.mul_(momentum).add_(query_param.detach(), alpha=1.0 - momentum)
+
+
+def momentum_copy(module: nn.Module) -> nn.Module:
+    """A frozen deep copy of `module` that shares (does not copy) the parameters `module` does not train."""
+    shared = {id(param): param for param in module.parameters() if not param.requires_grad}
+    copied = copy.deepcopy(module, memo=dict(shared))
+    for param in copied.parameters():
+        param.requires_grad_(False)
+    return copied
 
 
 class NegativeGenerator(nn.Module):
-    """Maps a positive key plus Gaussian noise to `count` normalised negative vectors (learned negatives)."""
+    """Maps a positive key plus Gaussian noise drawn per negative to `count` normalised (learned) negatives."""
 
     def __init__(self, dim: int, count: int, hidden: int = 256, noise_scale: float = 1.0):
         super().__init__()
         self.count, self.noise_scale = count, noise_scale
-        self.net = nn.Sequential(nn.Linear(2 * dim, hidden), nn.GELU(), nn.Linear(hidden, count * dim))
+        self.net = nn.Sequential(nn.Linear(2 * dim, hidden), nn.GELU(), nn.Linear(hidden, dim))
 
     def forward(self, positive: torch.Tensor) -> torch.Tensor:
-        noise = torch.randn_like(positive) * self.noise_scale
-        out = self.net(torch.cat([positive, noise], dim=-1)).view(positive.size(0), self.count, -1)
-        return F.normalize(out + positive.unsqueeze(1), dim=-1)
+        expanded = positive.unsqueeze(1).expand(-1, self.count, -1)
+        noise = torch.randn_like(expanded) * self.noise_scale
+        out = self.net(torch.cat([expanded, noise], dim=-1))
+        return F.normalize(out + expanded, dim=-1)
 
 
 def diversity_loss(negatives: torch.Tensor) -> torch.Tensor:
@@ -141,8 +152,7 @@ class MoCo(nn.Module):
         learned_negatives: int = 0,
     ):
         super().__init__()
-        self.key_encoder = copy.deepcopy(encoder)
-        self.key_encoder.requires_grad_(False)
+        self.key_encoder = momentum_copy(encoder)
         self.key_encoder.eval()
         self.queue = KeyQueue(queue_size, dim)
         self.momentum, self.temperature = momentum, temperature
@@ -154,22 +164,15 @@ class MoCo(nn.Module):
         return self
 
     @torch.no_grad()
-    def keys(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """Normalised key vectors of a batch of token sequences."""
+    def keys(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, pool_mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Normalised key vectors of a batch of right-padded token sequences, pooled over `pool_mask`
+        (default: `attention_mask`)."""
         if input_ids.size(0) == 0:
             return torch.zeros(0, self.queue.keys.size(1), device=input_ids.device)
         hidden = self.key_encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-        return masked_mean(hidden, attention_mask)
-
-    @torch.no_grad()
-    def grouped_keys(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, group_mask: torch.Tensor):
-        """Keys (B, n_h, D) of hard negatives given flattened (B·n_h, T) with a (B, n_h) mask; only valid ones run."""
-        batch, n_h = group_mask.shape
-        out = torch.zeros(batch * n_h, self.queue.keys.size(1), device=input_ids.device)
-        flat = group_mask.reshape(-1)
-        if flat.any():
-            out[flat] = self.keys(input_ids[flat], attention_mask[flat])
-        return out.view(batch, n_h, -1)
+        return masked_mean(hidden, attention_mask if pool_mask is None else pool_mask)
 
     @torch.no_grad()
     def update(self, query_encoder: nn.Module) -> None:

@@ -1,4 +1,7 @@
-"""Generation with a trained summarizer: batched greedy or beam search, inputs sorted by length for speed."""
+"""Generation with a trained summarizer: batched greedy or beam search with the KV cache, inputs sorted by length.
+
+Seq2seq models read the CHQ; decoder-only models read the cleaned CHQ + separator (left-padded) and continue it.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +12,7 @@ from pathlib import Path
 import torch
 
 from index.runtime import MedfaqError, choose_device, quantize_linear, resolve_model
-from summarizer.modeling import load_backbone
+from summarizer.modeling import is_causal_lm, load_backbone, prompt_ids
 
 CONFIG_FILE = "train_config.json"
 
@@ -30,24 +33,47 @@ def generate_texts(
 
     if num_beams < 1 or max_length < 1 or batch_size < 1:
         raise MedfaqError("num_beams, max_length and batch_size must be at least 1")
+    causal = is_causal_lm(model)
     order = sorted(range(len(texts)), key=lambda i: len(texts[i]), reverse=True)
     outputs: list[str] = [""] * len(texts)
     with torch.inference_mode():
         for start in tqdm(range(0, len(order), batch_size), desc="summarize", disable=not progress, leave=False):
             chunk = order[start : start + batch_size]
-            encoded = tokenizer(
-                [texts[i] for i in chunk], max_length=max_source_len, truncation=True, padding=True, return_tensors="pt"
-            ).to(device)
+            if causal:
+                encoded = _left_padded([prompt_ids(tokenizer, texts[i], max_source_len)[0] for i in chunk], tokenizer)
+            else:
+                encoded = tokenizer(
+                    [texts[i] for i in chunk],
+                    max_length=max_source_len,
+                    truncation=True,
+                    padding=True,
+                    return_tensors="pt",
+                )
+            encoded = {key: value.to(device) for key, value in encoded.items()}
             generated = model.generate(
                 input_ids=encoded["input_ids"],
                 attention_mask=encoded["attention_mask"],
                 num_beams=num_beams,
+                do_sample=False,
+                use_cache=True,
                 max_new_tokens=max_length,
                 early_stopping=num_beams > 1,
             )
+            if causal:
+                generated = generated[:, encoded["input_ids"].size(1) :]
             for i, text in zip(chunk, tokenizer.batch_decode(generated, skip_special_tokens=True), strict=True):
                 outputs[i] = " ".join(text.split())
     return outputs
+
+
+def _left_padded(rows: list[list[int]], tokenizer) -> dict[str, torch.Tensor]:
+    """Prompts padded on the left, so every row's continuation starts at the same position."""
+    width = max(len(row) for row in rows)
+    pad_id = tokenizer.pad_token_id
+    return {
+        "input_ids": torch.tensor([[pad_id] * (width - len(row)) + row for row in rows], dtype=torch.long),
+        "attention_mask": torch.tensor([[0] * (width - len(row)) + [1] * len(row) for row in rows], dtype=torch.long),
+    }
 
 
 class Summarizer:
@@ -61,7 +87,7 @@ class Summarizer:
 
     @classmethod
     def load(cls, model: str | Path, device: str | None = None, quantize: bool = False) -> Summarizer:
-        """Load a summarizer directory (or any seq2seq model) resolved by `index.runtime.resolve_model`;
+        """Load a trained summarizer directory (seq2seq or decoder-only) resolved by `index.runtime.resolve_model`;
         `quantize`: int8 dynamic quantisation of its linear layers (CPU only)."""
         path = Path(resolve_model(model))
         config_file = path / CONFIG_FILE

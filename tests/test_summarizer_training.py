@@ -55,18 +55,22 @@ def test_collator_keeps_each_examples_hard_negatives_with_it(tiny_bert_dir):
     examples = [
         Example(i, f"question {i}", f"answer {i}", tuple(f"negative {i} {k}" for k in range(i % 3))) for i in range(7)
     ]
-    collator = Collator(tokenizer, 16, 16, n_hard=2)
+    collator = Collator(tokenizer, 16, 16, n_hard=2, strip_start=tokenizer.cls_token_id)
     seen = []
     for batch_examples in epoch_batches(examples, batch_size=3, seed=5, epoch=1):
         batch = collator(batch_examples)
         ids = batch.ids.tolist()
         seen += ids
-        flat = tokenizer.batch_decode(batch.negatives["input_ids"], skip_special_tokens=True)
+        keys = tokenizer.batch_decode(batch.keys["input_ids"], skip_special_tokens=True)
+        assert keys[: len(ids)] == [f"answer {i}" for i in ids]  # positives first, then the valid negatives
+        expected = []
         for row, example_id in enumerate(ids):
             count = min(example_id % 3, 2)
             assert batch.negative_mask[row].tolist() == [slot < count for slot in range(2)]
-            for slot in range(count):
-                assert flat[row * 2 + slot] == f"negative {example_id} {slot}"
+            expected += [f"negative {example_id} {slot}" for slot in range(count)]
+        assert keys[len(ids) :] == expected
+        labels = [[t for t in row if t != -100] for row in batch.labels.tolist()]
+        assert all(row[0] != tokenizer.cls_token_id for row in labels)  # BERT2BERT targets start after [CLS]
     assert seen != sorted(seen) and sorted(seen) == list(range(7))  # shuffled, each example once
 
 
@@ -78,7 +82,7 @@ def test_hard_negatives_never_enter_the_queue(tiny_bert_dir, tmp_path):
     trainer.losses(batch)
     queue = trainer.moco.queue
     assert int(queue.filled) == 3 and sorted(queue.ids[:3].tolist()) == [0, 1, 2]
-    positives = trainer.moco.keys(**batch.target)
+    positives = trainer.moco.keys(**batch.keys)[:3]
     assert torch.allclose(queue.keys[:3], positives, atol=1e-6)
 
 

@@ -1,0 +1,220 @@
+"""The summarizer on a tiny random decoder-only LM (Gemma 3 and Llama configs): loss mask, anchors, every variant
+trains, saves, resumes, reloads and generates; QFCL's loss weights; the learned negatives' gradient separation."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from summarizer.generation import Summarizer
+from summarizer.modeling import SEPARATOR, backbone_is_causal, load_backbone
+from summarizer.trainer import (
+    CONFIG_FILE,
+    LAST_DIR,
+    VARIANTS,
+    Example,
+    SummarizerTrainer,
+    preset_config,
+    train_summarizer,
+)
+
+PAIRS = [
+    ("i take ibuprofen every day for my back, can it hurt my stomach? thanks", "Can ibuprofen cause stomach ulcers?"),
+    ("my son has asthma and a cold. is albuterol safe for kids?", "Is albuterol safe for children with asthma?"),
+    ("does metformin cause weight loss? i have diabetes since 2010", "Does metformin cause weight loss?"),
+    ("where can i find trials for leukemia in texas", "Where can I find clinical trials for leukemia?"),
+    ("what is the dose of amoxicillin for an ear infection in adults", "What is the dose of amoxicillin?"),
+    ("is migraine inherited? my mother and sister both have it", "Is migraine inherited?"),
+]
+
+
+def _save_causal(out, model_config, minilm_dir):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.manual_seed(0)
+    tokenizer = AutoTokenizer.from_pretrained(str(minilm_dir))
+    tokenizer.eos_token = tokenizer.sep_token  # the word-piece tokenizer has no EOS of its own
+    AutoModelForCausalLM.from_config(model_config).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def _tiny_sizes(tokenizer_vocab: int) -> dict:
+    return dict(
+        vocab_size=tokenizer_vocab,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        max_position_embeddings=256,
+    )
+
+
+@pytest.fixture(scope="module")
+def tiny_gemma_dir(tmp_path_factory, minilm_dir):
+    """A 2-layer, 32-wide Gemma 3 text model with random weights and MiniLM's tokenizer."""
+    from transformers import Gemma3TextConfig
+
+    config = Gemma3TextConfig(
+        **_tiny_sizes(30522), sliding_window=16, layer_types=["sliding_attention", "full_attention"]
+    )
+    return _save_causal(tmp_path_factory.mktemp("tiny_gemma"), config, minilm_dir)
+
+
+@pytest.fixture(scope="module")
+def tiny_llama_dir(tmp_path_factory, minilm_dir):
+    from transformers import LlamaConfig
+
+    return _save_causal(tmp_path_factory.mktemp("tiny_llama"), LlamaConfig(**_tiny_sizes(30522)), minilm_dir)
+
+
+def tiny_config(variant: str, backbone, **overrides):
+    values = dict(
+        backbone=str(backbone),
+        epochs=1,
+        batch_size=2,
+        max_source_len=24,
+        max_target_len=12,
+        eval_max_length=6,
+        n_hard_negatives=2,
+        n_learned_negatives=2,
+        lr=1e-3,
+        device="cpu",
+    )
+    values.update(overrides)
+    return preset_config("quick", variant, **values)
+
+
+def test_causal_backbones_are_recognised(tiny_gemma_dir, tiny_llama_dir, tiny_bert_dir):
+    assert backbone_is_causal(tiny_gemma_dir) and backbone_is_causal(tiny_llama_dir)
+    assert not backbone_is_causal(tiny_bert_dir)
+    model, tokenizer = load_backbone(tiny_gemma_dir)
+    assert tokenizer.padding_side == "left" and model.generation_config.eos_token_id == tokenizer.sep_token_id
+
+
+def test_loss_mask_covers_only_the_target_and_the_anchor_only_the_question(tiny_gemma_dir, tmp_path):
+    trainer = SummarizerTrainer(tiny_config("ecl", tiny_gemma_dir), tmp_path / "run")
+    tokenizer = trainer.tokenizer
+    examples = [Example(i, c, f, (f"not {f}",)) for i, (c, f) in enumerate(PAIRS[:3])]
+    batch = trainer.collator(examples)
+    for row, example in enumerate(examples):
+        ids = batch.source["input_ids"][row][batch.source["attention_mask"][row].bool()].tolist()
+        labels = batch.labels[row][: len(ids)].tolist()
+        target = [t for t in labels if t != -100]
+        start = labels.index(target[0])
+        assert all(t == -100 for t in labels[:start]) and labels[start:] == ids[start:]
+        assert target[-1] == tokenizer.eos_token_id
+        assert tokenizer.decode(target, skip_special_tokens=True) == tokenizer.decode(
+            tokenizer(example.faq, add_special_tokens=False)["input_ids"]
+        )
+        assert tokenizer.decode(ids[:start], skip_special_tokens=True).endswith(
+            tokenizer.decode(tokenizer(SEPARATOR, add_special_tokens=False)["input_ids"])
+        )
+        anchor = [t for t, m in zip(ids, batch.anchor_mask[row].tolist(), strict=False) if m]
+        assert tokenizer.decode(anchor) == tokenizer.decode(
+            tokenizer(example.chq, add_special_tokens=False)["input_ids"]
+        )
+        assert (batch.labels[row][len(ids) :] == -100).all()  # padding is never a target
+
+
+def test_target_only_cross_entropy_equals_the_full_model_loss(tiny_gemma_dir, tmp_path):
+    config = tiny_config("mle", tiny_gemma_dir, label_smoothing=0.0)
+    trainer = SummarizerTrainer(config, tmp_path / "run")
+    trainer.model.eval()
+    batch = trainer.collator([Example(i, c, f) for i, (c, f) in enumerate(PAIRS[:3])])
+    ce, _, _ = trainer._forward(batch)
+    mask = batch.source["attention_mask"]
+    reference = trainer.model(
+        input_ids=batch.source["input_ids"], attention_mask=mask, labels=batch.labels
+    ).loss  # logits at every position, the stock shifted loss
+    assert torch.allclose(ce, reference, atol=1e-5)
+
+
+def test_embedding_frozen_and_shared_with_the_key_encoder(tiny_gemma_dir, tmp_path):
+    trainer = SummarizerTrainer(tiny_config("ecl", tiny_gemma_dir), tmp_path / "run")
+    trainer.train(PAIRS[:2], PAIRS[4:5])
+    embedding = trainer.model.get_input_embeddings().weight
+    assert not embedding.requires_grad
+    key_embedding = trainer.moco.key_encoder.get_input_embeddings().weight
+    assert key_embedding is embedding  # shared, not copied
+    query_layer = next(trainer.encoder.layers.parameters())
+    key_layer = next(trainer.moco.key_encoder.layers.parameters())
+    assert key_layer is not query_layer and not key_layer.requires_grad
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_each_variant_trains_resumes_reloads_and_generates(variant, tiny_gemma_dir, tmp_path):
+    out = tmp_path / variant
+    config = tiny_config(variant, tiny_gemma_dir, epochs=2)
+    first = train_summarizer(tiny_config(variant, tiny_gemma_dir, epochs=2, max_steps=1), PAIRS[:4], PAIRS[4:], out)
+    assert first == [] and (out / LAST_DIR / "trainer_state.pt").is_file()
+    history = train_summarizer(config, PAIRS[:4], PAIRS[4:], out, resume=True)
+    assert [h["step"] for h in history] == [2, 4]
+    record = history[-1]
+    assert all(torch.isfinite(torch.tensor(v)) for k, v in record.items() if k.startswith("train_"))
+    if variant in {"ecl", "ecl-s", "qfcl"}:
+        assert "train_hcl" in record and "train_cos_hard" in record
+    if variant == "qfcl":
+        assert "train_scl_dec" in record and "train_hcl_dec" in record
+    if variant == "learned":
+        assert "train_lcl" in record and "train_diversity" in record
+    assert json.loads((out / CONFIG_FILE).read_text())["variant"] == variant
+    summarizer = Summarizer.load(out)
+    summaries = summarizer.summarize([PAIRS[0][0], PAIRS[1][0], "short"], max_length=5, batch_size=2)
+    assert len(summaries) == 3 and all(isinstance(s, str) for s in summaries)
+    alone = summarizer.summarize([PAIRS[1][0]], max_length=5)
+    assert alone[0] == summaries[1]  # left padding in a batch changes nothing
+
+
+def test_any_causal_lm_id_or_path_works(tiny_llama_dir, tmp_path):
+    out = tmp_path / "llama"
+    train_summarizer(tiny_config("ecl", tiny_llama_dir), PAIRS[:4], PAIRS[4:], out)
+    assert len(Summarizer.load(out, quantize=True).summarize([PAIRS[0][0]], max_length=4)) == 1
+
+
+def test_qfcl_weights_follow_the_paper(tiny_gemma_dir, tmp_path):
+    trainer = SummarizerTrainer(tiny_config("qfcl", tiny_gemma_dir), tmp_path / "run")
+    assert (trainer.config.alpha, trainer.config.beta) == (1.0, 0.5)
+    trainer._build_moco(8, 4)
+    examples = [Example(i, c, f, (f"not {f}", f"{f} no")) for i, (c, f) in enumerate(PAIRS[:3])]
+    trainer.moco.queue.enqueue(torch.nn.functional.normalize(torch.randn(4, 32), dim=-1), torch.tensor([9] * 4))
+    total, parts, _ = trainer.losses(trainer.collator(examples))
+    expected = (
+        parts["ce"] + 0.5 * (parts["scl"] + 0.5 * parts["hcl"]) + 0.5 * (parts["scl_dec"] + 0.5 * parts["hcl_dec"])
+    )
+    assert parts["loss"] == pytest.approx(expected, rel=1e-5)
+    assert float(total.detach()) == pytest.approx(expected, rel=1e-5)
+
+
+def test_learned_negatives_gradients_are_separated(tiny_gemma_dir, tmp_path):
+    config = tiny_config("learned", tiny_gemma_dir, diversity_weight=0.0, alpha=0.0)  # no queue term: L_ce + β·L_lcl
+    trainer = SummarizerTrainer(config, tmp_path / "run")
+    trainer._build_moco(8, 4)
+    assert trainer.config.learned_temperature == 1.0
+    batch = trainer.collator([Example(i, c, f) for i, (c, f) in enumerate(PAIRS[:3])])
+    torch.manual_seed(1)
+    total, parts, _ = trainer.losses(batch)
+    assert parts["loss"] == pytest.approx(parts["ce"] + trainer.config.beta * parts["lcl"], rel=1e-5)
+    assert float(total) == pytest.approx(parts["ce"], abs=1e-4)  # the adversary's term cancels L_lcl's value
+    generator = list(trainer.moco.generator.parameters())
+    model = [p for p in trainer.model.parameters() if p.requires_grad]
+    total.backward()
+    generator_grads = [p.grad.clone() for p in generator]
+    assert any(g.abs().sum() > 0 for g in generator_grads)
+    trainer.model.zero_grad()
+    trainer.moco.generator.zero_grad()
+    trainer.config.beta = 0.0  # without L_lcl: the model must see L_ce only, the generator still the adversary only
+    torch.manual_seed(1)
+    total, _, _ = trainer.losses(batch)
+    total.backward()
+    for before, param in zip(generator_grads, generator, strict=True):
+        assert torch.allclose(before, param.grad, atol=1e-6)
+    with_adversary = [p.grad.clone() for p in model]
+    trainer.model.zero_grad()
+    trainer._forward(batch)[0].backward()
+    for grad, param in zip(with_adversary, model, strict=True):
+        assert torch.allclose(grad, param.grad, atol=1e-6)
