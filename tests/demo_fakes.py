@@ -60,15 +60,25 @@ def write_collection(path: Path) -> Path:
     return path
 
 
+def page_default_config():
+    """The configuration the search page runs with every stage on (summary fused with the question, reranked)."""
+    from retriever.pipeline import PipelineConfig
+
+    return PipelineConfig().updated(summarize=True, query_source="both", rerank=True)
+
+
 def build_demo_home(home: Path, encoder) -> dict[str, str]:
-    """A tiny index and two stand-in model directories under `home`; returns the demo's environment variables."""
+    """A tiny index (with a threshold of 0.5 calibrated for the page's default configuration only) and two
+    stand-in model directories under `home`; returns the demo's environment variables."""
     from index.collections import load_collection
     from index.faq_index import FaqIndex
+    from retriever.pipeline import store_threshold
 
     home.mkdir(parents=True, exist_ok=True)
     records, _ = load_collection(str(write_collection(home / "faqs.jsonl")))
     index_dir = home / "indexes" / "tiny"
     FaqIndex.build(records, encoder, progress=False).save(index_dir)
+    store_threshold(index_dir, page_default_config(), 0.5)
     models = {}
     for name in ("summarizer", "reranker"):
         (home / "models" / name).mkdir(parents=True)

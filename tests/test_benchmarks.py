@@ -13,7 +13,7 @@ from index.collections import load_collection
 from index.runtime import MedfaqError
 
 
-@pytest.mark.parametrize("name", BENCHMARKS)
+@pytest.mark.parametrize("name", [name for name in BENCHMARKS if name != "medquad-chq"])
 def test_benchmark_files_are_beir(name, shared_data, tmp_path):
     benchmark = make_benchmark(name, shared_data)
     out = benchmark.save(tmp_path / name)
@@ -63,3 +63,49 @@ def test_make_benchmark_cli(shared_data, tmp_path):
     assert bad.exit_code == 2 and bad.stderr.strip().startswith("error: unknown benchmark 'nope'")
     with pytest.raises(MedfaqError, match="not a benchmark directory"):
         Benchmark.load(tmp_path)
+
+
+def _part(name, faqs, queries, qrels):
+    corpus = [{"_id": doc_id, "title": "", "text": text, "metadata": {}} for doc_id, text in faqs.items()]
+    rows = [{"_id": q, "text": text, "metadata": {"split": "test", "ood": False}} for q, text in queries.items()]
+    return Benchmark(name, corpus, rows, qrels)
+
+
+def test_distractor_benchmark_adds_gold_faqs_to_the_bank_once():
+    from eval.benchmarks import with_distractors
+    from index.records import FaqRecord
+
+    bank = [FaqRecord("m1", "What is shingles?"), FaqRecord("m2", "How is  GOUT treated?"), FaqRecord("m3", "x?")]
+    first = _part(
+        "a",
+        {"faq-0": "How is gout treated?", "faq-1": "Is flu contagious?", "faq-2": "unused distractor?"},
+        {"q-0": "My toe hurts since Monday, my doctor says gout. What now?", "q-1": "Flu at work?"},
+        {"q-0": {"faq-0": 1}, "q-1": {"faq-1": 1}},
+    )
+    second = _part(
+        "b", {"faq-0": "Is flu contagious?"}, {"q-0": "Sneezing colleague", "q-9": "no gold"}, {"q-0": {"faq-0": 1}}
+    )
+    benchmark = with_distractors("mix", [first, second], bank)
+    ids = [row["_id"] for row in benchmark.corpus]
+    assert ids[:3] == ["m1", "m2", "m3"] and ids[3:] == ["a:faq-1"]  # gout is already in the bank; flu added once
+    assert benchmark.qrels == {"a:q-0": {"m2": 1}, "a:q-1": {"a:faq-1": 1}, "b:q-0": {"a:faq-1": 1}}
+    assert [q["_id"] for q in benchmark.queries] == ["a:q-0", "a:q-1", "b:q-0"]  # unjudged queries are left out
+    assert benchmark.queries[0]["metadata"]["part"] == "a" and benchmark.queries[0]["metadata"]["words"] == 11
+    assert benchmark.info == {"bank_size": 3, "added_gold": 1}
+
+
+def test_medquad_chq_reuses_the_bank_index(shared_data, tmp_path, tiny_encoder):
+    from eval.benchmarks import index_over_bank
+    from index.faq_index import FaqIndex
+    from index.records import FaqRecord
+
+    bank = [FaqRecord(f"medquad-{i}", f"What are the symptoms of condition {i}?") for i in range(5)]
+    FaqIndex.build(bank, tiny_encoder, progress=False).save(tmp_path / "bank")
+    with pytest.raises(MedfaqError, match="needs the MedQuAD index"):
+        make_benchmark("medquad-chq", shared_data)
+    benchmark = make_benchmark("medquad-chq", shared_data, bank)
+    assert {q["metadata"]["part"] for q in benchmark.queries} == {"meqsum", "rqe-test", "mediqa2021"}
+    added = index_over_bank(benchmark, tmp_path / "index", tmp_path / "bank")
+    index = FaqIndex.load(tmp_path / "index", tiny_encoder)
+    assert added == len(benchmark.corpus) - 5 and len(index) == len(benchmark.corpus)
+    assert all(doc in index for docs in benchmark.qrels.values() for doc in docs)

@@ -77,6 +77,19 @@ def test_controls_switch_stages_and_mode(demo_env):
     assert "BM25" in page and "reranker" not in page
 
 
+def test_the_page_applies_the_threshold_of_the_configuration_that_ran(demo_env):
+    from retriever.pipeline import PipelineConfig
+
+    saved = PipelineConfig.load(demo_env["MEDFAQ_DEMO_INDEX"])
+    assert list(saved.thresholds) == [demo_fakes.page_default_config().threshold_key]
+    assert "No good match" in ask("Xylophone lessons near Zanzibar?").warning[0].value  # calibrated: abstains
+    app = AppTest.from_file(APP, default_timeout=TIMEOUT_S).run()
+    app.toggle(key="ctl_reranker_ready").set_value(False)  # another configuration, never calibrated
+    app.text_area(key="question").input("Xylophone lessons near Zanzibar?")
+    app.button(key="FormSubmitter:ask-Search").click().run()
+    assert not app.exception and not app.warning and "1. " in markdown(app)
+
+
 def test_example_question_searches_at_once(demo_env):
     app = AppTest.from_file(APP, default_timeout=TIMEOUT_S).run()
     app.button_group(key="example").set_value("Alcohol & amoxicillin").run()
@@ -132,17 +145,41 @@ def test_page_shows_set_up_progress_until_the_index_exists(demo_env, tmp_path, m
 
 def test_default_steps_skip_what_exists_and_respect_no_train(demo_env, monkeypatch):
     ready = DemoSettings.from_env()
-    assert [step.status for step in default_steps(ready)] == ["done", "done", "done"]
+    steps = default_steps(ready)
+    assert [step.key for step in steps] == ["index", "summarizer-ecl", "reranker", "summarizer-gemma"]
+    assert [step.status for step in steps] == ["done"] * 4  # a custom summarizer: the Gemma step is switched off
     assert not SetupRunner(ready).busy()
     monkeypatch.setenv("MEDFAQ_DEMO_RERANKER", "reranker-not-trained")
-    assert [step.status for step in default_steps(DemoSettings.from_env())] == ["done", "done", "skipped"]
+    statuses = {step.key: step.status for step in default_steps(DemoSettings.from_env())}
+    assert statuses["reranker"] == "skipped" and statuses["index"] == "done"
     monkeypatch.setenv("MEDFAQ_DEMO_NO_TRAIN", "0")
-    [*_, rerank] = default_steps(DemoSettings.from_env())
-    assert rerank.status == "pending"
+    [rerank] = [step for step in default_steps(DemoSettings.from_env()) if step.key == "reranker"]
+    assert rerank.status == "pending" and rerank.minutes > 0
     intermediate, final = rerank.commands[-2:]
     assert intermediate[:4] == ("train", "crossencoder", "--task", "qa")
     out = intermediate[intermediate.index("--out") + 1]
     assert final[:4] == ("train", "crossencoder", "--task", "faq") and final[final.index("--init") + 1] == out
+    assert final[final.index("--out") + 1].endswith("reranker-not-trained")
+
+
+def test_demo_uses_the_best_summarizer_on_disk_while_a_better_one_trains(demo_env, monkeypatch):
+    from index.runtime import models_dir
+
+    monkeypatch.delenv("MEDFAQ_DEMO_SUMMARIZER")
+    monkeypatch.setenv("MEDFAQ_DEMO_NO_TRAIN", "0")
+    settings = DemoSettings.from_env()
+    assert [path.name for path in settings.summarizers] == ["summarizer-gemma-quick", "summarizer-ecl-quick"]
+    assert settings.summarizer.name == "summarizer-gemma-quick"  # nothing trained yet: the one to wait for
+    (models_dir() / "summarizer-ecl-quick").mkdir(parents=True)
+    (models_dir() / "summarizer-ecl-quick" / "config.json").write_text("{}", encoding="utf-8")
+    assert settings.summarizer.name == "summarizer-ecl-quick"
+    pending = [step.key for step in default_steps(settings) if step.status == "pending"]
+    assert pending == ["summarizer-gemma"]
+    (models_dir() / "summarizer-gemma-quick").mkdir()
+    (models_dir() / "summarizer-gemma-quick" / "config.json").write_text("{}", encoding="utf-8")
+    assert settings.summarizer.name == "summarizer-gemma-quick"
+    fast = DemoSettings.from_env(fast=True)
+    assert [path.name for path in fast.summarizers] == ["summarizer-ecl-quick"]
 
 
 def test_setup_runner_runs_commands_and_reports_failures(demo_env):
