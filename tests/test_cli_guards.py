@@ -275,3 +275,22 @@ def test_eval_summarizer_predictions_to_stdout(monkeypatch, tmp_path):
     assert [row["id"] for row in predictions] == ["meqsum:test:1", "meqsum:test:2"]
     assert json.loads(result.stderr.strip().splitlines()[-1])["predictions"] == "stdout"
     assert_one_line_error(medfaq(*args, "--output", tmp_path), "is a directory")
+
+
+def test_timings_never_count_loading_the_encoder(index_dir, monkeypatch):
+    import time
+
+    from index.encoder import Encoder
+    from index.faq_index import FaqIndex
+    from retriever.pipeline import Pipeline, PipelineConfig
+
+    real_init = Encoder.__init__
+
+    def slow_init(self, *args, **kwargs):
+        time.sleep(1.0)
+        real_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(Encoder, "__init__", slow_init)
+    pipeline = Pipeline.from_config(FaqIndex.load(index_dir), PipelineConfig(mode="dense", entities=False))
+    timings = pipeline.run("how is shingles treated").timings_ms
+    assert timings["retrieve"] < 1000.0 and timings["total"] < 1000.0, timings
