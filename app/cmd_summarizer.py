@@ -22,19 +22,27 @@ def _pairs(spec: str, data_root: Path | None) -> list[tuple[str, str]]:
 def train_summarizer(
     data: str = typer.Option("meqsum", "--data", help="Data set with train and valid splits (e.g. meqsum)."),
     variant: str = typer.Option("ecl", "--variant", help="ecl|mle|ecl-s|ecl-h|qfcl|learned."),
-    preset: str = typer.Option("quick", "--preset", help="quick (≤ 20 min on 2 CPU cores) | full (GPU)."),
+    preset: str = typer.Option(
+        "quick", "--preset", help="quick (MiniLM: ≤ 20 min on 2 CPU cores; Gemma: 2 epochs) | full (GPU)."
+    ),
     seed: int = typer.Option(0, "--seed", help="Random seed."),
     out: Path = typer.Option(..., "--out", help="Output directory (the best model; last/ holds the checkpoint)."),
     resume: bool = typer.Option(False, "--resume", help="Continue an interrupted run in --out from last/."),
     pretrain: bool = typer.Option(False, "--pretrain", help=f"Pre-train on {', '.join(DEFAULT_PRETRAIN)} first."),
     pretrain_data: list[str] | None = typer.Option(None, "--pretrain-data", help="Pre-training split (repeatable)."),
     data_root: Path | None = typer.Option(None, "--data-root", help="Read data laid out like ../shared/data."),
-    backbone: str | None = typer.Option(None, "--backbone", help="minilm, a directory, or a HF seq2seq id."),
+    backbone: str | None = typer.Option(
+        None, "--backbone", help="minilm, gemma-3-270m, a directory, or a HF seq2seq or causal-LM id."
+    ),
+    freeze_embeddings: bool | None = typer.Option(
+        None, "--freeze-embeddings/--train-embeddings", help="Decoder-only backbones: freeze the token embedding."
+    ),
+    learned_temperature: float | None = typer.Option(None, "--learned-temperature"),
     alpha: float | None = typer.Option(None, "--alpha", help="Weight of the simple-negative loss."),
     beta: float | None = typer.Option(None, "--beta", help="Weight of the hard-negative loss."),
     label_smoothing: float | None = typer.Option(None, "--label-smoothing"),
-    momentum: float | None = typer.Option(None, "--momentum", help="Key encoder momentum."),
-    queue_size: int | None = typer.Option(None, "--queue-size"),
+    momentum: float | None = typer.Option(None, "--momentum", help="Key encoder momentum (0: sized to the run)."),
+    queue_size: int | None = typer.Option(None, "--queue-size", help="Queued FAQ keys (0: half the data)."),
     temperature: float | None = typer.Option(None, "--temperature"),
     n_hard_negatives: int | None = typer.Option(None, "--n-hard-negatives"),
     n_learned_negatives: int | None = typer.Option(None, "--n-learned-negatives"),
@@ -59,7 +67,10 @@ def train_summarizer(
     save_every_steps: int | None = typer.Option(None, "--save-every-steps"),
     max_steps: int | None = typer.Option(None, "--max-steps", help="Stop with a checkpoint after N steps."),
 ) -> None:
-    """Train the CHQ→FAQ summarizer with one ECL variant; prints one JSON line per epoch."""
+    """Train the CHQ→FAQ summarizer with one ECL variant; prints one JSON line per epoch.
+
+    With ``--backbone gemma-3-270m`` the first run de-quantises the bundled Gemma 3 270M once into the models directory.
+    """
     from dataclasses import fields
 
     from summarizer.trainer import LAST_DIR, SummarizerTrainConfig, preset_config, train_summarizer

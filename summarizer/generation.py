@@ -40,7 +40,7 @@ def generate_texts(
         for start in tqdm(range(0, len(order), batch_size), desc="summarize", disable=not progress, leave=False):
             chunk = order[start : start + batch_size]
             if causal:
-                encoded = _left_padded([prompt_ids(tokenizer, texts[i], max_source_len)[0] for i in chunk], tokenizer)
+                encoded = left_padded([prompt_ids(tokenizer, texts[i], max_source_len)[0] for i in chunk], tokenizer)
             else:
                 encoded = tokenizer(
                     [texts[i] for i in chunk],
@@ -66,7 +66,7 @@ def generate_texts(
     return outputs
 
 
-def _left_padded(rows: list[list[int]], tokenizer) -> dict[str, torch.Tensor]:
+def left_padded(rows: list[list[int]], tokenizer) -> dict[str, torch.Tensor]:
     """Prompts padded on the left, so every row's continuation starts at the same position."""
     width = max(len(row) for row in rows)
     pad_id = tokenizer.pad_token_id

@@ -1,0 +1,130 @@
+"""Summarizer latency on CPU: per-question greedy generation (batch 1) for fp32, PyTorch int8 dynamic quantisation
+and, when given a converted model, CTranslate2 int8.
+
+    python -m eval.summarizer_speed --model gemma-3-270m --questions 20 --ct2 DIR --out speed.json
+
+`--model` is a trained summarizer or a bare backbone (``minilm``, ``gemma-3-270m``, any seq2seq or causal LM): the
+latency of a backbone is that of a summarizer trained from it for the same number of generated tokens, which is
+reported beside every figure. Questions are MeQSum test CHQs in file order.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from index.runtime import MedfaqError
+
+
+def latency(generate: Callable[[str], tuple[str, int]], texts: Sequence[str]) -> dict[str, float]:
+    """p50/p90 milliseconds per question and mean generated tokens, after one warm-up question."""
+    from tqdm.auto import tqdm
+
+    generate(texts[0])
+    times, tokens = [], []
+    for text in tqdm(texts, desc="questions", leave=False):
+        start = time.perf_counter()
+        _, count = generate(text)
+        times.append(1000.0 * (time.perf_counter() - start))
+        tokens.append(count)
+    times.sort()
+    return {
+        "p50_ms": statistics.median(times),
+        "p90_ms": times[min(len(times) - 1, int(0.9 * len(times)))],
+        "mean_new_tokens": statistics.fmean(tokens),
+        "questions": len(texts),
+    }
+
+
+def torch_generator(model_name: str, quantize: bool, max_new_tokens: int, max_source_len: int):
+    """Greedy generation with the KV cache through transformers (optionally int8 dynamic quantisation)."""
+    import torch
+
+    from index.runtime import quantize_linear
+    from summarizer.generation import left_padded
+    from summarizer.modeling import is_causal_lm, load_backbone, prompt_ids
+
+    model, tokenizer = load_backbone(model_name)
+    model.eval()
+    if quantize:
+        quantize_linear(model)
+    causal = is_causal_lm(model)
+
+    def generate(text: str) -> tuple[str, int]:
+        if causal:
+            encoded = left_padded([prompt_ids(tokenizer, text, max_source_len)[0]], tokenizer)
+        else:
+            encoded = dict(tokenizer([text], max_length=max_source_len, truncation=True, return_tensors="pt"))
+        with torch.inference_mode():
+            out = model.generate(**encoded, do_sample=False, num_beams=1, use_cache=True, max_new_tokens=max_new_tokens)
+        new = out[0, encoded["input_ids"].size(1) :] if causal else out[0, 1:]
+        return tokenizer.decode(new, skip_special_tokens=True), int(new.numel())
+
+    return generate
+
+
+def ct2_generator(model_name: str, ct2_dir: Path, max_new_tokens: int, max_source_len: int, threads: int):
+    """Greedy generation with a CTranslate2 int8 conversion of a decoder-only model."""
+    import ctranslate2
+
+    from summarizer.modeling import load_backbone, prompt_ids
+
+    _, tokenizer = load_backbone(model_name)
+    generator = ctranslate2.Generator(str(ct2_dir), device="cpu", compute_type="int8", intra_threads=threads)
+
+    def generate(text: str) -> tuple[str, int]:
+        tokens = tokenizer.convert_ids_to_tokens(prompt_ids(tokenizer, text, max_source_len)[0])
+        result = generator.generate_batch(
+            [tokens], max_length=max_new_tokens, sampling_topk=1, include_prompt_in_result=False
+        )[0]
+        ids = result.sequences_ids[0]
+        return tokenizer.decode(ids, skip_special_tokens=True), len(ids)
+
+    return generate
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="gemma-3-270m")
+    parser.add_argument("--data", default="meqsum:test")
+    parser.add_argument("--questions", type=int, default=20)
+    parser.add_argument("--max-new-tokens", type=int, default=32)
+    parser.add_argument("--max-source-len", type=int, default=120)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--ct2", type=Path, default=None, help="A CTranslate2 int8 conversion of --model.")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    if args.questions < 1 or args.max_new_tokens < 1 or args.threads < 1:
+        parser.error("--questions, --max-new-tokens and --threads must be at least 1")
+    try:
+        import torch
+
+        from eval.summarization_data import load_pairs
+
+        torch.set_num_threads(args.threads)
+        texts = [pair.chq for pair in load_pairs(args.data)[: args.questions]]
+        rows = {}
+        for name, quantize in (("fp32 (PyTorch)", False), ("int8 dynamic (PyTorch)", True)):
+            generate = torch_generator(args.model, quantize, args.max_new_tokens, args.max_source_len)
+            rows[name] = latency(generate, texts)
+        if args.ct2 is not None:
+            generate = ct2_generator(args.model, args.ct2, args.max_new_tokens, args.max_source_len, args.threads)
+            rows["int8 (CTranslate2)"] = latency(generate, texts)
+    except MedfaqError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    report = {"model": args.model, "threads": args.threads, "max_new_tokens": args.max_new_tokens, "rows": rows}
+    text = json.dumps(report, indent=2)
+    print(text)
+    if args.out is not None:
+        args.out.write_text(text + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
