@@ -197,9 +197,12 @@ class PipelineConfig:
 def store_threshold(directory: str | Path, config: PipelineConfig, value: float) -> Path:
     """Save `value` as the calibrated threshold of `config`'s configuration in `directory`'s ``pipeline.json``
     (abstention on); the file's other settings and other configurations' thresholds stay as they are."""
-    saved = PipelineConfig.load(directory)
-    thresholds = {**saved.thresholds, config.threshold_key: float(value)}
-    return saved.replace(abstain=True, thresholds=thresholds).save(directory)
+    from index.faq_index import write_lock
+
+    with write_lock(directory):  # read, change and write under one lock: a concurrent save is never lost
+        saved = PipelineConfig.load(directory)
+        thresholds = {**saved.thresholds, config.threshold_key: float(value)}
+        return saved.replace(abstain=True, thresholds=thresholds).save(directory)
 
 
 @dataclass
