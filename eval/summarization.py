@@ -114,6 +114,7 @@ class SummarizationEvaluator:
             "fir_entity_n": n_entity,
             "fir_overlap_n": n_overlap,
             "empty_predictions": sum(not WORD.search(prediction) for prediction in predictions),
+            "distinct_outputs": len({" ".join(p.lower().split()) for p in predictions}),  # a collapse shows here
         }
         print(format_table(metrics, self.name), file=self.stream or sys.stdout)
         return metrics

@@ -48,6 +48,7 @@ def test_evaluator_on_a_constructed_pair():
     # overlap focus: {aspirin, migraine} and {flu}; only the first generated question names one
     assert metrics["fir_overlap"] == 50.0 and metrics["fir_overlap_n"] == 2
     assert "tiny (2 samples)" in stream.getvalue() and "entity_consistency" in stream.getvalue()
+    assert metrics["distinct_outputs"] == 2 and evaluator(["What is it?", "what is  it?"])["distinct_outputs"] == 1
     perfect = evaluator(references)
     assert all(perfect[key] == pytest.approx(100.0) for key in ("rouge1", "rouge2", "rougeL", "fir_overlap"))
     with pytest.raises(ValueError):

@@ -17,6 +17,7 @@ from summarizer.contrastive import (
     info_nce,
     masked_mean,
     mean_cosine,
+    momentum_copy,
     momentum_update,
 )
 
@@ -52,6 +53,38 @@ def test_momentum_update_formula_is_exact():
     momentum_update(key, query, 0.9)
     for old, new, q in zip(before, key.parameters(), query.parameters(), strict=True):
         assert torch.allclose(new, 0.9 * old + 0.1 * q, atol=0, rtol=1e-6)
+
+
+def test_momentum_copy_shares_frozen_parameters_and_updates_only_the_trained_ones():
+    torch.manual_seed(0)
+    query = nn.Sequential(nn.Embedding(5, 3), nn.Linear(3, 2))
+    query[0].requires_grad_(False)
+    key = momentum_copy(query)
+    assert key[0].weight is query[0].weight and key[1].weight is not query[1].weight
+    assert not any(p.requires_grad for p in key.parameters()) and query[1].weight.requires_grad
+    frozen = query[0].weight.clone()
+    before = key[1].weight.clone()
+    with torch.no_grad():
+        query[1].weight.add_(1.0)
+    momentum_update(key, query, 0.5)
+    assert torch.equal(query[0].weight, frozen)
+    assert torch.allclose(key[1].weight, 0.5 * before + 0.5 * query[1].weight)
+
+
+def test_queue_and_momentum_are_sized_to_the_run():
+    from summarizer.trainer import sized_momentum, sized_queue
+
+    assert sized_queue(400, 8) == 200 and sized_queue(100_000, 8) == 4096 and sized_queue(5, 8) == 8
+    assert sized_momentum(100) == pytest.approx(0.9) and sized_momentum(400) == pytest.approx(0.975)
+    assert sized_momentum(1_000_000) == 0.999
+
+
+def test_negative_generator_draws_noise_per_negative():
+    torch.manual_seed(0)
+    generator = NegativeGenerator(dim=8, count=3, hidden=16)
+    positive = F.normalize(torch.randn(1, 8), dim=-1)
+    negatives = generator(positive)[0]
+    assert not torch.allclose(negatives[0], negatives[1]) and not torch.allclose(negatives[1], negatives[2])
 
 
 def test_masked_mean_ignores_padding_and_normalises():
