@@ -216,13 +216,18 @@ class FaqIndex:
     def check_encoder(self, encoder: Encoder) -> None:
         """Refuse, in one line naming both, an encoder whose dimension or fingerprint differs from the manifest's.
 
-        Indexes built before fingerprints were recorded are checked by dimension only.
+        Indexes built before fingerprints were recorded are checked by dimension and encoder name.
         """
         manifest, where = self.manifest, self._origin or "this index"
         if encoder.dim != manifest.dimension:
             raise MedfaqError(
                 f"encoder {encoder.name!r} gives {encoder.dim}-d vectors but index {where} holds "
                 f"{manifest.dimension}-d vectors of encoder {manifest.encoder!r}; use that encoder or rebuild the index"
+            )
+        if not manifest.encoder_fingerprint and not _same_encoder(encoder.name, manifest.encoder):
+            raise MedfaqError(
+                f"index {where} was built with encoder {manifest.encoder!r}, not {encoder.name!r}; "
+                f"search it with --encoder {manifest.encoder} or rebuild it with the new encoder"
             )
         if manifest.encoder_fingerprint and encoder.fingerprint != manifest.encoder_fingerprint:
             raise MedfaqError(
@@ -447,9 +452,14 @@ class FaqIndex:
     ) -> tuple[FaqIndex, int]:
         """Add `records` to the index saved in `directory` and save it: (the new index, how many were added).
 
-        The index is read from disk inside the write lock, so changes saved meanwhile by other processes are kept.
-        `encoder` (checked against the manifest) saves loading the model again.
+        The index is read from disk inside the write lock, so changes saved meanwhile by other processes are kept;
+        the encoder (`encoder`, else the manifest's) is loaded before the lock and checked against the manifest.
         """
+        if encoder is None and records:  # the model loads before the lock, so other writes wait only for the change
+            from index.encoder import Encoder
+
+            encoder = Encoder(read_manifest(Path(directory).expanduser()).encoder)
+            encoder.fingerprint  # noqa: B018 - computed (and cached) outside the lock too
         with write_lock(directory, timeout):
             index = cls.load(directory, encoder)
             added = index.add(records, progress=progress)

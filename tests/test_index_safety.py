@@ -261,7 +261,7 @@ def test_an_index_built_before_fingerprints_still_loads_and_grows(tmp_path, inde
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["sources"] == {"(none)": 6}
     index, added = FaqIndex.add_to(index_dir, [FaqRecord("n1", "Is a fever dangerous?")], progress=False)
-    assert added == 1 and index.manifest.encoder_fingerprint == ""  # the old index keeps its dimension-only check
+    assert added == 1 and index.manifest.encoder_fingerprint == ""  # the old index keeps its dimension and name check
     assert FaqIndex.load(index_dir, encoder=tiny_encoder).search_dense(["Is a fever dangerous?"], 1)[0][0][0] == "n1"
 
 
