@@ -183,6 +183,29 @@ def test_version_changes_with_every_write_and_is_cheap_to_poll(index_dir, tiny_e
     assert disk_version(index_dir.parent / "missing") is None
 
 
+def test_readers_never_see_a_half_written_index(index_dir):
+    """Loads running while deletes are saved see the old or the new index, never a mix or an error."""
+    done, seen, errors = threading.Event(), set(), []
+
+    def read():
+        while not done.is_set():
+            try:
+                index = FaqIndex.load(index_dir)
+                assert len(index) == len(index.store) == index.manifest.counts["records"]
+                seen.add(len(index))
+            except BaseException as error:  # noqa: BLE001 - collected and asserted below
+                errors.append(error)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    for faq_id in ("f1", "f2", "f3", "f4"):
+        FaqIndex.delete_from(index_dir, [faq_id])
+        time.sleep(0.05)
+    done.set()
+    reader.join(timeout=60)
+    assert not errors and seen and seen <= {2, 3, 4, 5, 6}
+
+
 def test_a_waiting_write_says_so_and_fails_after_its_timeout(index_dir):
     """A real `medfaq index delete` process against a lock held here: one waiting line, one error line, no change."""
     before = snapshot(index_dir)
