@@ -22,7 +22,7 @@ from eval.retrieval import (
 )
 from index.faq_index import FaqIndex
 from index.runtime import MedfaqError
-from retriever.pipeline import PipelineConfig, SearchResponse
+from retriever.pipeline import PipelineConfig, SearchResponse, store_threshold
 from retriever.runs import write_run
 from retriever.search import Hit
 
@@ -66,6 +66,16 @@ def test_threshold_calibration_and_abstention_metrics():
     assert metrics["auroc"] == pytest.approx(75.0)  # pairs (in, out): 0.9>0.6, 0.9>None, 0.4<0.6, 0.4>None
     assert metrics["accuracy"] == pytest.approx(50.0)  # 0.9 answered, 0.4 abstained, 0.6 answered, None abstained
     assert metrics["answered"] == pytest.approx(50.0) and metrics["ood_abstained"] == pytest.approx(50.0)
+    assert "selective_acc" not in metrics
+    # answered: 0.9 (gold on top), 0.6 (out of scope: wrong); abstained: 0.4 (in scope: wrong), None (ood: right)
+    selective = abstention_metrics(
+        [True, True, False, False],
+        [0.9, 0.4, 0.6, None],
+        [True, False],
+        [0.7, 0.5],
+        test_correct=[True, True, False, False],
+    )
+    assert selective["selective_acc"] == pytest.approx(50.0) and selective["precision"] == pytest.approx(50.0)
 
 
 def test_evaluator_splits_dev_test_and_ood():
@@ -75,6 +85,7 @@ def test_evaluator_splits_dev_test_and_ood():
     metrics = evaluator(run, {"t1": 0.9, "d1": 0.8, "o1": 0.2, "o2": 0.3})
     assert metrics["recall@1"] == 100.0  # only the test query t1 counts
     assert metrics["accuracy"] == 100.0 and 0.2 < metrics["threshold"] < 0.8
+    assert metrics["selective_acc"] == 100.0 and metrics["precision"] == 100.0  # t1 answered with its gold FAQ
     assert "auroc" not in RetrievalEvaluator(qrels, set(), set())(run, {"t1": 0.5})
 
 
@@ -144,7 +155,8 @@ def test_compare_runs_every_variant_with_cached_stages(index):
     assert cached.score("a b", ["b", "c"]) == [0.5, 0.0]
     assert cached.reranker.pairs == 3
     rows, skipped = compare_variants(index, queries, evaluator, PipelineConfig(), progress=False)
-    assert [name for name, _ in rows] == ["bm25", "dense", "hybrid"] and len(skipped) == len(VARIANTS) - 3
+    no_models = ["bm25", "dense", "hybrid", "hybrid-w2", "hybrid-w3"]
+    assert [name for name, _ in rows] == no_models and len(skipped) == len(VARIANTS) - len(no_models)
     only, _ = compare_variants(index, queries, evaluator, PipelineConfig(), progress=False, systems=["dense"])
     assert [name for name, _ in only] == ["dense"]
     with pytest.raises(MedfaqError, match="unknown system"):
@@ -189,10 +201,21 @@ def test_eval_retrieval_cli(bench_dir, tmp_path):
     assert {"q1", "q2", "q3"} <= set(read_trec_run(tmp_path / "run.trec"))
     table = medfaq("eval", "retrieval", *args, "--compare")
     assert table.exit_code == 0 and "hybrid" in table.stdout and "skipped" in table.stdout
-    saved = medfaq("eval", "retrieval", *args, "--mode", "dense", "--save-threshold")
+    before = PipelineConfig.load(bench_dir / "index")
+    saved = medfaq("eval", "retrieval", *args, "--mode", "bm25", "--save-threshold")
     assert saved.exit_code == 0, saved.output
     config = PipelineConfig.load(bench_dir / "index")
-    assert config.abstain and config.mode == "dense" and "saved" in saved.stdout
+    assert config.abstain and config.mode == before.mode and "bm25@raw saved" in saved.stdout
+    assert set(config.thresholds) == {"bm25@raw"}
+    threshold = config.thresholds["bm25@raw"]
+    # the command line applies the threshold of the configuration that runs, and no other configuration's
+    calibrated = json.loads(medfaq("search", "--index", bench_dir / "index", "--json", "--mode", "bm25", "zzz").stdout)
+    assert calibrated["abstained"] is (calibrated["confidence"] is None or calibrated["confidence"] < threshold)
+    store_threshold(bench_dir / "index", PipelineConfig(mode="dense"), 1e9)
+    store_threshold(bench_dir / "index", PipelineConfig(mode="bm25"), -1e9)
+    dense = json.loads(medfaq("search", "--index", bench_dir / "index", "--json", "--mode", "dense", "zzz").stdout)
+    bm25 = json.loads(medfaq("search", "--index", bench_dir / "index", "--json", "--mode", "bm25", "shingles").stdout)
+    assert dense["abstained"] is True and bm25["abstained"] is False
 
 
 def test_eval_retrieval_one_line_errors(bench_dir, tmp_path):
@@ -228,7 +251,9 @@ def test_search_uses_pipeline_json_and_flags_override(bench_dir, monkeypatch):
 
 
 def test_bench_json_has_stage_percentiles(bench_dir):
-    result = medfaq("bench", "--index", bench_dir / "index", "--queries", "4", "--json", "--ann-vectors", "0")
+    result = medfaq(
+        "bench", "--index", bench_dir / "index", "--queries", "4", "--json", "--ann-vectors", "0", "--peers"
+    )
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     assert {"p50_ms", "p95_ms"} <= set(data["end_to_end"])
