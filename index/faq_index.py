@@ -455,10 +455,11 @@ class FaqIndex:
         The index is read from disk inside the write lock, so changes saved meanwhile by other processes are kept;
         the encoder (`encoder`, else the manifest's) is loaded before the lock and checked against the manifest.
         """
+        manifest = read_manifest(Path(directory).expanduser())  # no lock file beside a directory that is no index
         if encoder is None and records:  # the model loads before the lock, so other writes wait only for the change
             from index.encoder import Encoder
 
-            encoder = Encoder(read_manifest(Path(directory).expanduser()).encoder)
+            encoder = Encoder(manifest.encoder)
             encoder.fingerprint  # noqa: B018 - computed (and cached) outside the lock too
         with write_lock(directory, timeout):
             index = cls.load(directory, encoder)
@@ -473,6 +474,7 @@ class FaqIndex:
     ) -> tuple[FaqIndex, int]:
         """Delete FAQs by id from the index saved in `directory` and save it: (the new index, how many were
         removed). Like :meth:`add_to`, the index is read inside the write lock."""
+        read_manifest(Path(directory).expanduser())
         with write_lock(directory, timeout):
             index = cls.load(directory)
             removed = index.delete(faq_ids)

@@ -367,17 +367,19 @@ def test_an_encoder_directory_that_is_not_a_model_is_one_line(tmp_path, index_di
         (("add", "{index}", "{dup}"), "duplicate FAQ ids already in the index: 'f1'"),
         (("add", "{missing}", "{dup}"), "index directory not found"),
         (("delete", "{missing}", "f1"), "index directory not found"),
+        (("delete", "{absent}", "f1"), "index directory not found"),
+        (("add", "{absent}", "{dup}"), "index directory not found"),
         (("migrate", "{index}", "--out", "{index}", "--shards", "0"), "Invalid value for '--shards'"),
     ],
 )
 def test_bad_add_delete_and_migrate_change_nothing(tmp_path, index_dir, args, pattern):
     dup = write_jsonl(tmp_path / "dup.jsonl", [{"id": "f1", "question": "Again?"}])
-    values = {"index": index_dir, "dup": dup, "missing": tmp_path / "missing" / "idx"}
+    values = {"index": index_dir, "dup": dup, "missing": tmp_path / "missing" / "idx", "absent": tmp_path / "absent"}
     before = snapshot(index_dir)
     result = medfaq("index", *(str(a).format(**values) for a in args))
     assert_one_line_error(result, pattern)
     assert snapshot(index_dir) == before
-    assert not (tmp_path / "missing").exists()
+    assert not (tmp_path / "missing").exists() and not (tmp_path / ".absent.lock").exists()
 
 
 def test_index_info_and_bm25_work_without_model_libraries(index_dir):
