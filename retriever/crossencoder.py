@@ -116,8 +116,9 @@ def load_crossencoder(model: str | Path, device: str | None = None, max_length: 
 def truncate_first(tokenizer, pairs: Sequence[tuple[str, str]], max_length: int) -> list[tuple[str, str]]:
     """Cut each pair's first text (at a token boundary of the original string) so the pair fits `max_length`
     tokens with its second text whole; a second text too long to fit alone is left to the tokenizer's truncation."""
-    firsts = tokenizer([a for a, _ in pairs], add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
-    seconds = tokenizer([b for _, b in pairs], add_special_tokens=False)["input_ids"]
+    quiet = {"add_special_tokens": False, "verbose": False}  # lengths over the model's maximum are the point here
+    firsts = tokenizer([a for a, _ in pairs], return_offsets_mapping=True, **quiet)["offset_mapping"]
+    seconds = tokenizer([b for _, b in pairs], **quiet)["input_ids"]
     special = tokenizer.num_special_tokens_to_add(pair=True)
     fitted = []
     for (a, b), offsets, second in zip(pairs, firsts, seconds, strict=True):
@@ -131,7 +132,7 @@ def truncate_first(tokenizer, pairs: Sequence[tuple[str, str]], max_length: int)
 def measure_max_length(tokenizer, pairs: Sequence[Pair], percentile: float = LENGTH_PERCENTILE) -> int:
     """The `percentile` of the pairs' token counts (with special tokens), rounded up to a multiple of 8, <= 512."""
     sample = list(pairs)[:5000]
-    encoded = tokenizer([p.text_a for p in sample], [p.text_b for p in sample])["input_ids"]
+    encoded = tokenizer([p.text_a for p in sample], [p.text_b for p in sample], verbose=False)["input_ids"]
     length = float(np.percentile([len(ids) for ids in encoded], percentile))
     return int(min(512, max(16, 8 * np.ceil(length / 8))))
 
