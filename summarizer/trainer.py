@@ -379,8 +379,9 @@ class SummarizerTrainer:
         self.global_step = 0  # optimizer steps
         self.stage = "main"
 
-    def _build_moco(self, largest_stage: int, steps_total: int) -> None:
-        """The key encoder and queue, sized to the run (see :func:`sized_queue` and :func:`sized_momentum`)."""
+    def build_moco(self, largest_stage: int, steps_total: int) -> None:
+        """The key encoder and queue, sized to the run (see :func:`sized_queue` and :func:`sized_momentum`);
+        `train` calls it, a caller of `losses` outside `train` calls it first."""
         config = self.config
         if not config.uses_moco:
             return
@@ -540,7 +541,7 @@ class SummarizerTrainer:
             name: math.ceil(math.ceil(len(ex) / config.batch_size) / config.grad_accum) for name, ex, _ in stages
         }
         steps_total = sum(steps_per_epoch[name] * epochs for name, _, epochs in stages)
-        self._build_moco(max(len(examples) for _, examples, _ in stages), steps_total)
+        self.build_moco(max(len(examples) for _, examples, _ in stages), steps_total)
         optimizer, scheduler, generator_optimizer = self._optimizers(steps_total)
         if self.resume:
             self._load_state(optimizer, scheduler, generator_optimizer)

@@ -179,7 +179,7 @@ def test_any_causal_lm_id_or_path_works(tiny_llama_dir, tmp_path):
 def test_qfcl_weights_follow_the_paper(tiny_gemma_dir, tmp_path):
     trainer = SummarizerTrainer(tiny_config("qfcl", tiny_gemma_dir), tmp_path / "run")
     assert (trainer.config.alpha, trainer.config.beta) == (1.0, 0.5)
-    trainer._build_moco(8, 4)
+    trainer.build_moco(8, 4)
     examples = [Example(i, c, f, (f"not {f}", f"{f} no")) for i, (c, f) in enumerate(PAIRS[:3])]
     trainer.moco.queue.enqueue(torch.nn.functional.normalize(torch.randn(4, 32), dim=-1), torch.tensor([9] * 4))
     total, parts, _ = trainer.losses(trainer.collator(examples))
@@ -193,7 +193,7 @@ def test_qfcl_weights_follow_the_paper(tiny_gemma_dir, tmp_path):
 def test_learned_negatives_gradients_are_separated(tiny_gemma_dir, tmp_path):
     config = tiny_config("learned", tiny_gemma_dir, diversity_weight=0.0, alpha=0.0)  # no queue term: L_ce + β·L_lcl
     trainer = SummarizerTrainer(config, tmp_path / "run")
-    trainer._build_moco(8, 4)
+    trainer.build_moco(8, 4)
     assert trainer.config.learned_temperature == 1.0
     batch = trainer.collator([Example(i, c, f) for i, (c, f) in enumerate(PAIRS[:3])])
     torch.manual_seed(1)
@@ -218,3 +218,12 @@ def test_learned_negatives_gradients_are_separated(tiny_gemma_dir, tmp_path):
     trainer._forward(batch)[0].backward()
     for grad, param in zip(with_adversary, model, strict=True):
         assert torch.allclose(grad, param.grad, atol=1e-6)
+
+
+def test_speed_benchmark_measures_fp32_and_int8(tiny_gemma_dir):
+    from eval.summarizer_speed import latency, torch_generator
+
+    for quantize in (False, True):
+        generate = torch_generator(str(tiny_gemma_dir), quantize, max_new_tokens=3, max_source_len=16)
+        row = latency(generate, [PAIRS[0][0], PAIRS[1][0]])
+        assert row["questions"] == 2 and 0 < row["p50_ms"] <= row["p90_ms"] and 0 < row["mean_new_tokens"] <= 3

@@ -77,6 +77,7 @@ def test_collator_keeps_each_examples_hard_negatives_with_it(tiny_bert_dir):
 def test_hard_negatives_never_enter_the_queue(tiny_bert_dir, tmp_path):
     config = tiny_config("ecl", backbone=str(tiny_bert_dir))
     trainer = SummarizerTrainer(config, tmp_path / "run")
+    trainer.build_moco(largest_stage=6, steps_total=3)
     examples = [Example(i, c, f, (f"{f} again", f"not {f}")) for i, (c, f) in enumerate(PAIRS[:3])]
     batch = trainer.collator(examples)
     trainer.losses(batch)
