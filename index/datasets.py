@@ -12,14 +12,11 @@ import logging
 import random
 import shutil
 import tempfile
-import urllib.request
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from xml.etree import ElementTree
-
-from tqdm.auto import tqdm
 
 from index.runtime import MedfaqError, data_dir
 
@@ -123,6 +120,10 @@ def _copy_from(spec: DatasetSpec, source_dir: Path, staging: Path) -> None:
 
 def _download(url: str, destination: Path) -> Path:
     """Download `url` to `destination` with a progress bar; network failures become one-line errors."""
+    import urllib.request
+
+    from tqdm.auto import tqdm
+
     logger.info("downloading %s", url)
     try:
         with urllib.request.urlopen(url, timeout=60) as response, destination.open("wb") as out:
@@ -220,6 +221,8 @@ def _folder_number(member: str) -> int | None:
 
 def build_medquad(paths: list[Path], target: Path) -> None:
     """Convert the MedQuAD repository archive (zip of 12 folders of XML files) into ``medquad.jsonl``."""
+    from tqdm.auto import tqdm
+
     rows: list[dict] = []
     with zipfile.ZipFile(paths[0]) as archive:
         members = sorted(
