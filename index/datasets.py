@@ -12,6 +12,7 @@ import logging
 import random
 import shutil
 import tempfile
+import urllib.request
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -120,8 +121,6 @@ def _copy_from(spec: DatasetSpec, source_dir: Path, staging: Path) -> None:
 
 def _download(url: str, destination: Path) -> Path:
     """Download `url` to `destination` with a progress bar; network failures become one-line errors."""
-    import urllib.request
-
     from tqdm.auto import tqdm
 
     logger.info("downloading %s", url)
