@@ -1,7 +1,7 @@
 """Summarizer latency on CPU: per-question greedy generation (batch 1) for fp32, PyTorch int8 dynamic quantisation
-and, when given a converted model, CTranslate2 int8.
+and, for decoder-only models, CTranslate2 int8 (converted once into ``<model>/ct2-int8``).
 
-    python -m eval.summarizer_speed --model gemma-3-270m --questions 20 --ct2 DIR --out speed.json
+    python -m eval.summarizer_speed --model gemma-3-270m --questions 20 --out speed.json
 
 `--model` is a trained summarizer or a bare backbone (``minilm``, ``gemma-3-270m``, any seq2seq or causal LM): the
 latency of a backbone is that of a summarizer trained from it for the same number of generated tokens, which is
@@ -68,22 +68,18 @@ def torch_generator(model_name: str, quantize: bool, max_new_tokens: int, max_so
     return generate
 
 
-def ct2_generator(model_name: str, ct2_dir: Path, max_new_tokens: int, max_source_len: int, threads: int):
-    """Greedy generation with a CTranslate2 int8 conversion of a decoder-only model."""
-    import ctranslate2
-
-    from summarizer.modeling import load_backbone, prompt_ids
+def ct2_generator(model_name: str, max_new_tokens: int, max_source_len: int, threads: int):
+    """Greedy generation with the CTranslate2 int8 conversion of a decoder-only model (converted on first use)."""
+    from index.runtime import resolve_model
+    from summarizer.ct2 import CT2Generator
+    from summarizer.modeling import load_backbone
 
     _, tokenizer = load_backbone(model_name)
-    generator = ctranslate2.Generator(str(ct2_dir), device="cpu", compute_type="int8", intra_threads=threads)
+    generator = CT2Generator(Path(resolve_model(model_name)), tokenizer, threads)
 
     def generate(text: str) -> tuple[str, int]:
-        tokens = tokenizer.convert_ids_to_tokens(prompt_ids(tokenizer, text, max_source_len)[0])
-        result = generator.generate_batch(
-            [tokens], max_length=max_new_tokens, sampling_topk=1, include_prompt_in_result=False
-        )[0]
-        ids = result.sequences_ids[0]
-        return tokenizer.decode(ids, skip_special_tokens=True), len(ids)
+        output = generator([text], 1, max_new_tokens, max_source_len)[0]
+        return output, len(tokenizer(output, add_special_tokens=False)["input_ids"])
 
     return generate
 
@@ -96,7 +92,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--max-source-len", type=int, default=120)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--ct2", type=Path, default=None, help="A CTranslate2 int8 conversion of --model.")
+    parser.add_argument("--no-ct2", action="store_true", help="Skip CTranslate2 (decoder-only models only).")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     if args.questions < 1 or args.max_new_tokens < 1 or args.threads < 1:
@@ -105,6 +101,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         import torch
 
         from eval.summarization_data import load_pairs
+        from summarizer.modeling import backbone_is_causal
 
         torch.set_num_threads(args.threads)
         texts = [pair.chq for pair in load_pairs(args.data)[: args.questions]]
@@ -112,8 +109,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         for name, quantize in (("fp32 (PyTorch)", False), ("int8 dynamic (PyTorch)", True)):
             generate = torch_generator(args.model, quantize, args.max_new_tokens, args.max_source_len)
             rows[name] = latency(generate, texts)
-        if args.ct2 is not None:
-            generate = ct2_generator(args.model, args.ct2, args.max_new_tokens, args.max_source_len, args.threads)
+        if not args.no_ct2 and backbone_is_causal(args.model):
+            generate = ct2_generator(args.model, args.max_new_tokens, args.max_source_len, args.threads)
             rows["int8 (CTranslate2)"] = latency(generate, texts)
     except MedfaqError as error:
         print(f"error: {error}", file=sys.stderr)
