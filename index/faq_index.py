@@ -409,7 +409,6 @@ class FaqIndex:
         return target
 
     def _save_locked(self, target: Path) -> None:
-        target.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.saving-"))
         staging.chmod(0o777 & ~_umask())  # mkdtemp makes it private; the index gets normal permissions
         try:
@@ -418,18 +417,15 @@ class FaqIndex:
             np.save(staging / KEYS, keys, allow_pickle=False)
             self.store.save(staging / VECTORS_DIR)
             self.bm25.save(staging / BM25_DIR)
-            previous_generation = 0
             if target.is_dir():
                 for sidecar in target.glob("*.json"):
                     if sidecar.name != MANIFEST:
                         shutil.copy2(sidecar, staging / sidecar.name)
-                if (target / MANIFEST).is_file():
-                    previous_generation = _manifest_generation(target)
             self.manifest.backend = {**self.manifest.backend, **self.store.backend_config()}
             self.manifest.counts = {"records": len(self._records), "vectors": len(self.store), "bm25": len(self.bm25)}
             self.manifest.sources = _source_counts(self._records.values())
             self.manifest.checksums = _checksums(staging)
-            self.manifest.generation = max(self.manifest.generation, previous_generation) + 1
+            self.manifest.generation = max(self.manifest.generation, _manifest_generation(target)) + 1
             text = json.dumps(self.manifest.to_dict(), indent=2) + "\n"
             (staging / MANIFEST).write_text(text, encoding="utf-8")
             replaced = _replaced_backend(target, self.manifest.backend)
@@ -646,6 +642,7 @@ def _version_of(manifest_bytes: bytes) -> str:
 
 
 def _manifest_generation(target: Path) -> int:
+    """The save counter of the index at `target` (0 when there is none)."""
     try:
         return int(json.loads((target / MANIFEST).read_bytes()).get("generation", 0))
     except (OSError, ValueError, AttributeError, TypeError):
