@@ -121,6 +121,17 @@ def load_backbone(name: str | Path | None = "minilm"):
     return model, tokenizer
 
 
+def load_tokenizer(name: str | Path):
+    """The tokenizer of a decoder-only model, set up for generation as by :func:`load_backbone`."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model(name))
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    return tokenizer
+
+
 def _is_causal_config(config) -> bool:
     """True when the config names a causal-LM architecture (``...ForCausalLM``) or a known decoder-only family."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES

@@ -35,7 +35,8 @@ def _save_causal(out, model_config, minilm_dir):
 
     torch.manual_seed(0)
     tokenizer = AutoTokenizer.from_pretrained(str(minilm_dir))
-    tokenizer.eos_token = tokenizer.sep_token  # the word-piece tokenizer has no EOS of its own
+    tokenizer.eos_token = tokenizer.sep_token  # the word-piece tokenizer has no EOS or BOS of its own
+    tokenizer.bos_token = tokenizer.cls_token
     AutoModelForCausalLM.from_config(model_config).save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
@@ -173,7 +174,10 @@ def test_each_variant_trains_resumes_reloads_and_generates(variant, tiny_gemma_d
 def test_any_causal_lm_id_or_path_works(tiny_llama_dir, tmp_path):
     out = tmp_path / "llama"
     train_summarizer(tiny_config("ecl", tiny_llama_dir), PAIRS[:4], PAIRS[4:], out)
-    assert len(Summarizer.load(out, quantize=True).summarize([PAIRS[0][0]], max_length=4)) == 1
+    int8 = Summarizer.load(out, quantize=True)  # decoder-only int8: CTranslate2, converted once beside the model
+    assert int8.fast is not None and (out / "ct2-int8" / "model.bin").is_file()
+    summaries = int8.summarize([PAIRS[0][0], "short"], max_length=4)
+    assert len(summaries) == 2 and all(isinstance(s, str) for s in summaries)
 
 
 def test_qfcl_weights_follow_the_paper(tiny_gemma_dir, tmp_path):
