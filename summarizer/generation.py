@@ -126,7 +126,15 @@ class Summarizer:
     def summarize(self, texts: list[str], num_beams: int = 1, max_length: int = 64, batch_size: int = 16) -> list[str]:
         """One short FAQ-style question per input text."""
         if self.fast is not None:
-            return self.fast(texts, num_beams, max_length, self.max_source_len)
+            from tqdm.auto import tqdm
+
+            starts = range(0, len(texts), batch_size)
+            bar = tqdm(starts, desc="summarize", disable=len(texts) <= batch_size, leave=False)
+            return [
+                summary
+                for start in bar
+                for summary in self.fast(texts[start : start + batch_size], num_beams, max_length, self.max_source_len)
+            ]
         return generate_texts(
             self.model,
             self.tokenizer,
