@@ -61,6 +61,11 @@ class EntityFinder(Protocol):
 class PipelineConfig:
     """What the pipeline runs; saved as ``pipeline.json`` beside an index.
 
+    The defaults are the best configuration measured (docs/results.md, "Retrieval pipeline"): raw-question dense
+    search, which beat hybrid and weighted hybrid RRF on all five benchmarks and on long CHQs against the MedQuAD
+    bank; no summarizing and no reranking (both lowered Recall@1 against dense alone); abstention on wherever a
+    threshold was calibrated for the configuration.
+
     `summary_beams` / `summary_max_length`: generation settings (None = those the summarizer was validated with).
     `candidates`: hits per list before hybrid/raw+summary fusion. `rerank_depth`: how many fused hits the
     cross-encoder rescores (the rest keep their order below them). `rerank_query`: what the cross-encoder reads,
@@ -76,7 +81,7 @@ class PipelineConfig:
     ``$MEDFAQ_HOME/unanswered.jsonl``) when `log_unanswered`.
     """
 
-    mode: str = "hybrid"
+    mode: str = "dense"
     top_k: int = 10
     candidates: int = 50
     query_source: str = "raw"

@@ -177,6 +177,7 @@ def test_cli_errors_are_one_line(tmp_path):
     assert_one_line_error(medfaq("eval", "duplicates", "--model", "minilm", "--pairs", missing), "not found")
     assert_one_line_error(medfaq("train", "crossencoder", "--task", "qq", "--out", tmp_path / "m"), "unknown task")
     assert_one_line_error(medfaq("train", "biencoder", "--loss", "bce", "--out", tmp_path / "m"), "does not fit")
+    assert_one_line_error(medfaq("train", "crossencoder", "--head", "rnn", "--out", tmp_path / "m"), "unknown head")
     assert_one_line_error(medfaq("train", "crossencoder", "--out", tmp_path / "m"), "medfaq data fetch mqp")
     assert_one_line_error(
         medfaq("eval", "duplicates", "--model-type", "crossencoder", "--init", tmp_path / "nope"), "not a local"
@@ -193,6 +194,7 @@ def test_cli_cross_validation_saved_folds_and_pairs_scoring(tmp_path, shared_dat
     for metric in ("accuracy", "f1", "precision", "recall", "auc"):
         assert 0.0 <= summary[metric] <= 1.0 and summary[f"{metric}_std"] >= 0.0
     assert summary["folds"] == 2 and summary["split"] == "doctor"
+    assert all(len(fold["dev_score"]) == 1 and fold["best_epoch"] == 1 for fold in summary["per_fold"])
 
     fold = saved / "fold-1"
     scored = medfaq("eval", "duplicates", "--model", fold, "--pairs", fold / "test.jsonl", "--json")

@@ -60,7 +60,7 @@ def test_search_shows_summary_entities_ranked_cards_and_stores_feedback(demo_env
     assert "feedback was saved" in app.success[0].value
     [stored] = FeedbackStore().all()
     assert (stored.question, stored.helpful, stored.hit_ids[0]) == (QUESTION, False, "f1")
-    assert stored.settings == {"summarize": True, "rerank": True, "mode": "hybrid", "top_k": 5}
+    assert stored.settings == {"summarize": True, "rerank": True, "mode": "dense", "top_k": 5}  # the default mode
 
 
 def test_controls_switch_stages_and_mode(demo_env):
