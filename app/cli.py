@@ -83,6 +83,7 @@ from app import (  # noqa: E402  (after the sub-apps they join)
     cmd_index,
     cmd_retrieval,
     cmd_search,
+    cmd_serve,
     cmd_setup,
     cmd_summaries,
     cmd_summarizer,
@@ -99,6 +100,7 @@ app.command("search")(cmd_search.search)
 app.command("bench")(cmd_search.bench)
 app.command("demo")(cmd_demo.demo)
 app.command("setup")(cmd_setup.setup)
+app.command("serve")(cmd_serve.serve)
 for module in (cmd_summaries, cmd_summarizer, cmd_duplicates, cmd_retrieval):
     module.register(app, data_app=data_app, train_app=train_app, eval_app=eval_app)
 

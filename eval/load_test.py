@@ -1,0 +1,123 @@
+"""A bounded load test of `medfaq serve`: C concurrent clients send a fixed question set to ``POST /search``; every
+answer is compared with the serial answer for the same question, and latency percentiles and requests/s printed.
+
+    python -m eval.load_test --url http://127.0.0.1:8000 --queries Q.jsonl --clients 1,4,16 --rounds 2
+
+Loopback servers only: the question count, the rounds and a per-request timeout bound every run.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+REQUEST_TIMEOUT_S = 120.0
+
+
+@dataclass
+class LoadResult:
+    clients: int
+    requests: int
+    errors: int
+    mismatches: int
+    p50_ms: float
+    p95_ms: float
+    requests_per_s: float
+
+
+def ranked_ids(answer: dict) -> list[str]:
+    return [hit["id"] for hit in answer["hits"]]
+
+
+def ask(client, question: str) -> dict:
+    response = client.post("/search", json={"question": question})
+    response.raise_for_status()
+    return response.json()
+
+
+def serial_answers(url: str, questions: list[str]) -> dict[str, list[str]]:
+    import httpx
+
+    with httpx.Client(base_url=url, timeout=REQUEST_TIMEOUT_S) as client:
+        return {question: ranked_ids(ask(client, question)) for question in dict.fromkeys(questions)}
+
+
+def run_load(
+    url: str, questions: list[str], clients: int, expected: dict[str, list[str]], rounds: int = 1
+) -> LoadResult:
+    """Each of `clients` threads sends every question `rounds` times (in its own rotated order)."""
+    import httpx
+
+    latencies: list[float] = []
+    errors = mismatches = 0
+    guard = threading.Lock()
+
+    def client_loop(offset: int) -> None:
+        nonlocal errors, mismatches
+        order = questions[offset % len(questions) :] + questions[: offset % len(questions)]
+        with httpx.Client(base_url=url, timeout=REQUEST_TIMEOUT_S) as client:
+            for question in order * rounds:
+                start = time.perf_counter()
+                try:
+                    ids = ranked_ids(ask(client, question))
+                except (httpx.HTTPError, KeyError, ValueError):
+                    with guard:
+                        errors += 1
+                    continue
+                elapsed = (time.perf_counter() - start) * 1000
+                with guard:
+                    latencies.append(elapsed)
+                    mismatches += ids != expected[question]
+
+    start = time.perf_counter()
+    with ThreadPoolExecutor(clients) as pool:
+        list(pool.map(client_loop, range(clients)))
+    wall = time.perf_counter() - start
+    done = len(latencies)
+    return LoadResult(
+        clients=clients,
+        requests=done + errors,
+        errors=errors,
+        mismatches=mismatches,
+        p50_ms=float(np.percentile(latencies, 50)) if done else float("nan"),
+        p95_ms=float(np.percentile(latencies, 95)) if done else float("nan"),
+        requests_per_s=done / wall if wall else 0.0,
+    )
+
+
+def format_table(results: list[LoadResult]) -> str:
+    lines = ["clients  requests  errors  mismatches  p50_ms  p95_ms  req/s"]
+    lines += [
+        f"{r.clients:>7}  {r.requests:>8}  {r.errors:>6}  {r.mismatches:>10}  {r.p50_ms:>6.1f}  {r.p95_ms:>6.1f}"
+        f"  {r.requests_per_s:>5.1f}"
+        for r in results
+    ]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--url", default="http://127.0.0.1:8000")
+    parser.add_argument("--queries", type=Path, required=True, help="JSONL with a 'question' per line")
+    parser.add_argument("--limit", type=int, default=50, help="use the first N questions")
+    parser.add_argument("--clients", default="1,4,16")
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    with args.queries.open(encoding="utf-8") as lines:
+        questions = [json.loads(line)["question"] for line in lines if line.strip()][: args.limit]
+    expected = serial_answers(args.url, questions)
+    results = [run_load(args.url, questions, int(c), expected, args.rounds) for c in args.clients.split(",")]
+    print(json.dumps([asdict(r) for r in results], indent=2) if args.json else format_table(results))
+
+
+if __name__ == "__main__":
+    main()

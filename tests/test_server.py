@@ -1,0 +1,144 @@
+"""`medfaq serve`: the API contract, validation as 4xx, API key, read-only default, reload, feedback kept across
+restarts, and a bounded concurrent load on a real uvicorn server (loopback) answering as serial requests do."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import pytest
+from fastapi.testclient import TestClient
+
+from app.server import ServerLimits, create_app
+from app.service import SearchService
+from eval.load_test import run_load, serial_answers
+from index.faq_index import FaqIndex
+from index.records import FaqRecord
+from tests.conftest import FAQ_ROWS
+
+QUESTIONS = ["can i drink alcohol on amoxicillin", "what are diabetes symptoms", "is parkinson inherited"]
+
+
+@pytest.fixture
+def index_dir(tmp_path, tiny_encoder):
+    directory = tmp_path / "idx"
+    FaqIndex.build([FaqRecord.from_dict(row) for row in FAQ_ROWS], tiny_encoder, progress=False).save(directory)
+    return directory
+
+
+@pytest.fixture
+def service(index_dir, tmp_path):
+    return SearchService(index_dir, feedback_path=tmp_path / "feedback.sqlite3")
+
+
+def client_for(service, **options) -> TestClient:
+    return TestClient(create_app(service, **options))
+
+
+def test_search_contract_single_and_batch(service):
+    client = client_for(service)
+    single = client.post("/search", json={"question": QUESTIONS[0], "top_k": 3, "mode": "dense"})
+    assert single.status_code == 200
+    body = single.json()
+    assert list(body)[:4] == ["query", "summary", "entities", "hits"]
+    assert {"abstained", "confidence", "timings_ms"} <= set(body)
+    assert len(body["hits"]) == 3
+    assert {"id", "score", "rank", "question", "answer", "source", "url", "stage_scores"} <= set(body["hits"][0])
+    batch = client.post("/search", json={"questions": QUESTIONS, "top_k": 3, "mode": "dense"}).json()["results"]
+    assert [answer["query"] for answer in batch] == QUESTIONS
+    assert [hit["id"] for hit in batch[0]["hits"]] == [hit["id"] for hit in body["hits"]]
+
+
+@pytest.mark.parametrize(
+    ("payload", "status"),
+    [
+        ({"question": ""}, 422),
+        ({"question": "   "}, 422),
+        ({}, 422),
+        ({"question": "a", "questions": ["b"]}, 422),
+        ({"question": 5}, 422),
+        ({"question": "a", "top_k": 0}, 422),
+        ({"question": "a", "top_k": "ten"}, 422),
+        ({"question": "a", "top_k": 1000}, 422),
+        ({"question": "a", "mode": "fuzzy"}, 422),
+        ({"question": "a", "threshold": "NaN"}, 422),
+        ({"questions": ["a"] * 65}, 413),
+    ],
+)
+def test_bad_requests_are_4xx_with_a_message(service, payload, status):
+    response = client_for(service).post("/search", json=payload)
+    assert response.status_code == status
+    assert response.json()["detail"]
+
+
+def test_body_size_limit_and_invalid_json(service):
+    client = client_for(service, limits=ServerLimits(max_body_bytes=200))
+    assert client.post("/search", json={"question": "x" * 500}).status_code == 413
+    for raw in (b"{not json", b'{"question": "a", "threshold": NaN}', b'{"question": "caf\\udce9"}'):
+        bad = client.post("/search", content=raw, headers={"content-type": "application/json"})
+        assert bad.status_code in (400, 422), raw
+
+
+def test_feedback_needs_the_key_when_set_and_survives_a_restart(service, index_dir, tmp_path, monkeypatch):
+    payload = {"question": QUESTIONS[0], "faq_id": "f1", "helpful": True, "comment": "spot on"}
+    assert client_for(service).post("/feedback", json=payload).status_code == 201
+    monkeypatch.setenv("MEDFAQ_API_KEY", "s3cret")
+    assert client_for(service).post("/feedback", json=payload).status_code == 401
+    assert client_for(service).post("/feedback", json=payload, headers={"X-API-Key": "s3cret"}).status_code == 201
+    assert client_for(service).post("/feedback", json={"question": "q"}).status_code in (401, 422)
+    surrogate = b'{"question": "caf\\udce9", "faq_id": "f1", "helpful": true}'
+    posted = client_for(service).post("/feedback", content=surrogate, headers={"X-API-Key": "s3cret"})
+    assert posted.status_code == 422
+    restarted = SearchService(index_dir, feedback_path=tmp_path / "feedback.sqlite3")
+    stored = restarted.feedback.all()
+    assert len(stored) == 2 and all(row.hit_ids == ["f1"] and row.helpful for row in stored)
+
+
+def test_index_writes_only_when_allowed_and_served_at_once(service):
+    faq = {"id": "n1", "question": "How long does chickenpox last?", "answer": "About a week."}
+    assert client_for(service).post("/index/add", json={"faqs": [faq]}).status_code == 403
+    client = client_for(service, allow_writes=True)
+    assert client.post("/index/add", json={"faqs": [faq]}).json() == {"added": 1}
+    assert client.get("/health").json()["faqs"] == len(FAQ_ROWS) + 1
+    assert client.post("/index/add", json={"faqs": []}).status_code == 422
+    assert client.post("/index/delete", json={"ids": ["n1"]}).json() == {"removed": 1}
+    assert client.get("/health").json()["faqs"] == len(FAQ_ROWS)
+
+
+def test_health_and_reload_of_a_newer_index_on_disk(service, index_dir, tiny_encoder):
+    client = client_for(service)
+    before = client.get("/health").json()
+    assert before["status"] == "ok" and before["faqs"] == len(FAQ_ROWS) and before["version"]
+    FaqIndex.add_to(index_dir, [FaqRecord(id="n2", question="What is shingles?")], encoder=tiny_encoder, progress=False)
+    after = client.get("/health").json()
+    assert after["faqs"] == len(FAQ_ROWS) + 1 and after["version"] != before["version"]
+    assert client.get("/unanswered").json() == {"questions": []}
+    assert "/search" in client.get("/openapi.json").json()["paths"]
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_concurrent_clients_on_a_real_server_get_the_serial_answers(service):
+    import uvicorn
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(service), host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not server.started:
+            assert time.monotonic() < deadline, "server did not start"
+            time.sleep(0.05)
+        url = f"http://127.0.0.1:{port}"
+        expected = serial_answers(url, QUESTIONS)
+        result = run_load(url, QUESTIONS * 2, clients=4, expected=expected)
+        assert (result.requests, result.errors, result.mismatches) == (24, 0, 0)
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
