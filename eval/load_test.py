@@ -106,14 +106,15 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", default="http://127.0.0.1:8000")
-    parser.add_argument("--queries", type=Path, required=True, help="JSONL with a 'question' per line")
+    parser.add_argument("--queries", type=Path, required=True, help="JSONL with a question (or BEIR text) per line")
     parser.add_argument("--limit", type=int, default=50, help="use the first N questions")
     parser.add_argument("--clients", default="1,4,16")
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     with args.queries.open(encoding="utf-8") as lines:
-        questions = [json.loads(line)["question"] for line in lines if line.strip()][: args.limit]
+        rows = [json.loads(line) for line in lines if line.strip()]
+    questions = [row.get("question") or row["text"] for row in rows][: args.limit]
     expected = serial_answers(args.url, questions)
     results = [run_load(args.url, questions, int(c), expected, args.rounds) for c in args.clients.split(",")]
     print(json.dumps([asdict(r) for r in results], indent=2) if args.json else format_table(results))
