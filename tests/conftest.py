@@ -85,6 +85,17 @@ FAQ_ROWS = [
 ]
 
 
+SUMMARY_PAIRS = [
+    ("i take ibuprofen every day for my back, can it hurt my stomach? thanks", "Can ibuprofen cause stomach ulcers?"),
+    ("my son has asthma and a cold. is albuterol safe for kids?", "Is albuterol safe for children with asthma?"),
+    ("does metformin cause weight loss? i have diabetes since 2010", "Does metformin cause weight loss?"),
+    ("where can i find trials for leukemia in texas", "Where can I find clinical trials for leukemia?"),
+    ("what is the dose of amoxicillin for an ear infection in adults", "What is the dose of amoxicillin?"),
+    ("is migraine inherited? my mother and sister both have it", "Is migraine inherited?"),
+]
+"""(consumer question, FAQ-style summary) pairs for the summarizer tests."""
+
+
 @pytest.fixture(scope="session")
 def tiny_encoder(tiny_encoder_dir):
     """An `index.encoder.Encoder` over the tiny random sentence-transformers model."""

@@ -19,15 +19,7 @@ from summarizer.trainer import (
     preset_config,
     train_summarizer,
 )
-
-PAIRS = [
-    ("i take ibuprofen every day for my back, can it hurt my stomach? thanks", "Can ibuprofen cause stomach ulcers?"),
-    ("my son has asthma and a cold. is albuterol safe for kids?", "Is albuterol safe for children with asthma?"),
-    ("does metformin cause weight loss? i have diabetes since 2010", "Does metformin cause weight loss?"),
-    ("where can i find trials for leukemia in texas", "Where can I find clinical trials for leukemia?"),
-    ("what is the dose of amoxicillin for an ear infection in adults", "What is the dose of amoxicillin?"),
-    ("is migraine inherited? my mother and sister both have it", "Is migraine inherited?"),
-]
+from tests.conftest import SUMMARY_PAIRS as PAIRS
 
 
 def tiny_config(variant: str, **overrides):
