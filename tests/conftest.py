@@ -96,6 +96,24 @@ SUMMARY_PAIRS = [
 """(consumer question, FAQ-style summary) pairs for the summarizer tests."""
 
 
+def tiny_summarizer_config(variant: str, **overrides):
+    """A quick-preset summarizer config small enough to train in seconds on CPU."""
+    from summarizer.trainer import preset_config
+
+    values = dict(
+        epochs=1,
+        batch_size=2,
+        max_source_len=24,
+        max_target_len=12,
+        eval_max_length=6,
+        n_hard_negatives=2,
+        n_learned_negatives=2,
+        lr=1e-3,
+        device="cpu",
+    )
+    return preset_config("quick", variant, **{**values, **overrides})
+
+
 @pytest.fixture(scope="session")
 def tiny_encoder(tiny_encoder_dir):
     """An `index.encoder.Encoder` over the tiny random sentence-transformers model."""

@@ -16,10 +16,10 @@ from summarizer.trainer import (
     VARIANTS,
     Example,
     SummarizerTrainer,
-    preset_config,
     train_summarizer,
 )
 from tests.conftest import SUMMARY_PAIRS as PAIRS
+from tests.conftest import tiny_summarizer_config
 
 
 def _save_causal(out, model_config, minilm_dir):
@@ -66,20 +66,7 @@ def tiny_llama_dir(tmp_path_factory, minilm_dir):
 
 
 def tiny_config(variant: str, backbone, **overrides):
-    values = dict(
-        backbone=str(backbone),
-        epochs=1,
-        batch_size=2,
-        max_source_len=24,
-        max_target_len=12,
-        eval_max_length=6,
-        n_hard_negatives=2,
-        n_learned_negatives=2,
-        lr=1e-3,
-        device="cpu",
-    )
-    values.update(overrides)
-    return preset_config("quick", variant, **values)
+    return tiny_summarizer_config(variant, backbone=str(backbone), **overrides)
 
 
 def test_causal_backbones_are_recognised(tiny_gemma_dir, tiny_llama_dir, tiny_bert_dir):

@@ -20,24 +20,11 @@ from summarizer.trainer import (
     train_summarizer,
 )
 from tests.conftest import SUMMARY_PAIRS as PAIRS
+from tests.conftest import tiny_summarizer_config
 
 
 def tiny_config(variant: str, **overrides):
-    values = dict(
-        backbone=None,
-        epochs=1,
-        batch_size=2,
-        max_source_len=24,
-        max_target_len=12,
-        eval_max_length=6,
-        queue_size=16,
-        n_hard_negatives=2,
-        n_learned_negatives=2,
-        lr=1e-3,
-        device="cpu",
-    )
-    values.update(overrides)
-    return preset_config("quick", variant, **values)
+    return tiny_summarizer_config(variant, **{"backbone": None, "queue_size": 16, **overrides})
 
 
 def test_collator_keeps_each_examples_hard_negatives_with_it(tiny_bert_dir):
