@@ -23,6 +23,7 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 from app.service import SearchService
 from index.records import FaqRecord
 from index.runtime import MedfaqError
+from retriever.search import check_query, invalid_text_position
 
 API_KEY_ENV = "MEDFAQ_API_KEY"
 
@@ -60,23 +61,16 @@ class SearchRequest(BaseModel):
     def _one_kind(self) -> SearchRequest:
         if (self.question is None) == (self.questions is None):
             raise ValueError("give either 'question' or 'questions'")
-        for text in [self.question] if self.question is not None else self.questions or []:
-            if not text.strip():
-                raise ValueError("questions must not be empty")
-            if not text.isascii() and not _valid_unicode(text):
-                raise ValueError("questions must be valid UTF-8 text")
+        texts = [self.question] if self.question is not None else self.questions or []
+        for position, text in enumerate(texts, 1):
+            try:
+                check_query(text, "question" if self.question is not None else f"question {position}")
+            except MedfaqError as error:
+                raise ValueError(str(error)) from None
         return self
 
     def overrides(self) -> dict:
         return self.model_dump(exclude={"question", "questions"}, exclude_none=True)
-
-
-def _valid_unicode(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def _one_line(error: RequestValidationError) -> str:
@@ -97,8 +91,9 @@ class FeedbackRequest(BaseModel):
     @field_validator("question", "faq_id", "comment")
     @classmethod
     def _utf8(cls, value: str | None) -> str | None:
-        if value is not None and not _valid_unicode(value):
-            raise ValueError("must be valid UTF-8 text")
+        invalid = None if value is None else invalid_text_position(value)
+        if invalid:
+            raise ValueError(f"not valid UTF-8 ({invalid})")
         return value
 
 

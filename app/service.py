@@ -56,18 +56,17 @@ class SearchService:
             return True
 
     def pipeline(self, overrides: dict[str, Any] | None = None) -> Pipeline:
-        """A Pipeline for one request: the index's config with `overrides` (None values ignored)."""
+        """A Pipeline for one request: the index's config with `overrides` applied as the command line's flags are
+        (None values ignored; ``summarize`` alone searches with the summary)."""
         self.refresh()
-        config = self.config.updated(**(overrides or {}))
-        if overrides and overrides.get("summarize") and "query_source" not in overrides:
-            config = config.with_flags(summarize=True)
-        config = config.updated(entities=True)
+        changes = dict(overrides or {})
+        config = self.config.with_flags(changes.pop("summarize", None), changes.pop("query_source", None), **changes)
         return Pipeline(
             self.index,
             config,
             rewriter=self._stage("rewrite", config.summarizer, config) if config.summarize else None,
             reranker=self._stage("rerank", config.reranker, config) if config.rerank else None,
-            entity_finder=self._stage("entities", None, config),
+            entity_finder=self._stage("entities", None, config) if config.entities else None,
             unanswered=UnansweredLog(config.unanswered_log),
         )
 

@@ -3,10 +3,10 @@
 * ``rewrite``: :class:`summarizer.generation.Summarizer` (default: the best summarizer `medfaq setup` trained
   under ``$MEDFAQ_HOME/models``, see :mod:`retriever.setup_plan`), generating with the config's beams and length;
 * ``rerank``: :class:`retriever.crossencoder.CrossEncoderReranker` (default ``reranker-faq-quick``);
-
-A set-up model that is not trained yet is a one-line error naming `medfaq setup` and the exact train command.
 * ``entities``: :func:`summarizer.entities.load_recognizer` (stanza when its models are on disk, else the
   offline dictionaries).
+
+A set-up model that is not trained yet is a one-line error naming `medfaq setup` and the exact train command.
 
 With ``quantize`` in the config, the summarizer's and the reranker's linear layers are converted to int8 with
 PyTorch dynamic quantisation (CPU only, `index.runtime.quantize_linear`).
