@@ -8,7 +8,7 @@ from typing import Any
 import typer
 from typer.core import TyperGroup
 
-from index.runtime import MedfaqError, configure_logging
+from index.runtime import MedfaqError, configure_logging, one_line
 
 try:  # typer >= 0.26 carries its own copy of click
     from typer._click import exceptions as click_errors
@@ -51,11 +51,6 @@ class OneLineErrors(TyperGroup):
         if not standalone_mode:
             return code
         sys.exit(code)
-
-
-def one_line(message: str) -> str:
-    """`message` with its lines joined: an error is always one line."""
-    return " ".join(part.strip() for part in message.splitlines() if part.strip())
 
 
 app = typer.Typer(

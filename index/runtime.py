@@ -131,12 +131,16 @@ class _StderrHandler(logging.StreamHandler):
         """Ignored: the stream is always the current `sys.stderr`."""
 
 
+def one_line(message: str) -> str:
+    """`message` with its lines joined: an error or warning is always one line."""
+    return " ".join(part.strip() for part in message.splitlines() if part.strip())
+
+
 class _OneLineFormatter(logging.Formatter):
     """``warning: message`` on one line (no timestamp, no logger name); a traceback is left out."""
 
     def format(self, record: logging.LogRecord) -> str:
-        message = " ".join(line.strip() for line in record.getMessage().splitlines() if line.strip())
-        return f"{record.levelname.lower()}: {message}"
+        return f"{record.levelname.lower()}: {one_line(record.getMessage())}"
 
 
 def configure_logging(verbose: bool = False) -> None:
