@@ -78,7 +78,8 @@ def _one_line(error: RequestValidationError) -> str:
     parts = []
     for item in error.errors():
         where = ".".join(str(part) for part in item.get("loc", ()) if part != "body")
-        parts.append(f"{where}: {item.get('msg', 'invalid')}" if where else str(item.get("msg", "invalid")))
+        message = str(item.get("msg", "invalid")).removeprefix("Value error, ")  # our validators' own words
+        parts.append(f"{where}: {message}" if where else message)
     return "; ".join(parts) or "invalid request"
 
 
