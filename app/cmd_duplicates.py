@@ -36,6 +36,17 @@ def _tuning(
     return {"epochs": epochs, "batch_size": batch_size, "lr": lr, "max_length": max_length, "loss": loss, "head": head}
 
 
+def render_pair_counts(counts: dict[str, dict[str, int]]) -> str:
+    """The training pairs per source as a table, with a total row."""
+    rows = [
+        *counts.items(),
+        ("total", {k: sum(row[k] for row in counts.values()) for k in ("queries", "positives", "negatives")}),
+    ]
+    lines = [f"{'source':<16} {'queries':>8} {'positives':>10} {'negatives':>10}"]
+    lines += [f"{name:<16} {row['queries']:>8} {row['positives']:>10} {row['negatives']:>10}" for name, row in rows]
+    return "\n".join(lines)
+
+
 def _check_out(out: Path, force: bool) -> None:
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
         raise MedfaqError(f"{out} exists and is not empty; pass --force to overwrite")
@@ -59,7 +70,7 @@ def _train_command(model_type: str) -> Callable[..., None]:
         force: bool = typer.Option(False, "--force", help="Overwrite a non-empty --out directory."),
     ) -> None:
         from retriever.encoder_training import make_config, save_trained
-        from retriever.pair_data import task_pairs
+        from retriever.pair_data import pair_counts, task_pairs
         from retriever.pair_models import train_pair_model
 
         tuning = _tuning(epochs, batch_size, lr, max_length, loss, head)
@@ -69,6 +80,9 @@ def _train_command(model_type: str) -> Callable[..., None]:
         pairs = task_pairs(config)
         config.n_train_pairs = len(pairs)
         typer.echo(f"{model_type} on {task}: {len(pairs)} training pairs", err=True)
+        if task == "faq":
+            config.extra["pair_counts"] = pair_counts(pairs)
+            typer.echo(render_pair_counts(config.extra["pair_counts"]), err=True)
         save_trained(train_pair_model(pairs, config, device), config, out)
         typer.echo(f"saved {model_type} to {out}")
 

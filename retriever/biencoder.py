@@ -11,7 +11,7 @@ import numpy as np
 
 from index.runtime import choose_device, quantize_linear, resolve_model
 from retriever.encoder_training import EncoderTrainConfig, train_loop
-from retriever.pair_data import Pair, mnrl_triplets
+from retriever.pair_data import Pair, mnrl_triplets, normalise
 
 
 def load_biencoder(model: str | Path, device: str | None = None, max_length: int | None = None):
@@ -86,5 +86,6 @@ def train_biencoder(pairs: Sequence[Pair], config: EncoderTrainConfig, device: s
             columns = [features([triplet[i] for triplet in batch]) for i in range(3)]
             return loss(columns, torch.zeros(len(batch), device=model.device))
 
-    train_loop(model, step, examples, config, desc=f"bi-encoder ({config.loss})")
+    distinct = (lambda triplet: map(normalise, triplet)) if config.loss == "mnrl" else None
+    train_loop(model, step, examples, config, desc=f"bi-encoder ({config.loss})", distinct=distinct)
     return model

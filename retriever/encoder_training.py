@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, TypeVar
@@ -26,6 +26,8 @@ TASKS = ("mqp", "qa", "faq")
 PRESETS = ("quick", "full")
 LOSSES = ("contrastive", "mnrl", "bce")
 HEADS = ("cosine", "mean", "cls", "pooler")
+FAQ_SOURCES = ("meqsum", "healthcaremagic", "chq_summ", "rqe", "mqp", "quebec")
+"""Training sources of the query -> FAQ task (see ``retriever.pair_data``), all on by default."""
 
 T = TypeVar("T")
 
@@ -54,8 +56,9 @@ class EncoderTrainConfig:
     weight_decay: float = 0.01
     max_pairs: int | None = None  # cap on training pairs (after shuffling with `seed`)
     qa_include_rqe: bool = False  # task qa: add the RQE train entailment pairs
-    faq_sources: tuple[str, ...] = ("quebec", "rqe", "meqsum")  # task faq
+    faq_sources: tuple[str, ...] = FAQ_SOURCES  # task faq
     faq_negatives: int = 3  # task faq: hard negatives mined per query
+    faq_per_source: int | None = None  # task faq: at most this many queries from each source (seeded sample)
     negatives_encoder: str = "minilm"  # bi-encoder that mines hard negatives
     head: str = "cosine"  # cross-encoder head: cosine | mean | cls | pooler (see retriever.crossencoder)
     symmetric: bool = False  # train on both pair orders and score both (tasks where order carries no meaning)
@@ -100,12 +103,25 @@ class EncoderTrainConfig:
 PRESET_SETTINGS: dict[tuple[str, str], dict[str, Any]] = {
     ("quick", "mqp"): {"epochs": 1, "max_length": 64, "lr": 5e-5},
     ("quick", "qa"): {"epochs": 1, "max_length": 64, "lr": 3e-5, "max_pairs": 2000},
-    ("quick", "faq"): {"epochs": 1, "max_length": 64, "lr": 5e-5, "max_pairs": 4000, "faq_negatives": 1},
+    ("quick", "faq"): {
+        "epochs": 1,
+        "max_length": 64,
+        "lr": 5e-5,
+        "max_pairs": 4000,
+        "faq_negatives": 1,
+        "faq_per_source": 1500,
+    },
     ("full", "mqp"): {"epochs": 4, "max_length": 96, "lr": 2e-5},
     ("full", "qa"): {"epochs": 1, "max_length": 192, "lr": 2e-5, "qa_include_rqe": True},
     ("full", "faq"): {"epochs": 2, "max_length": 128, "lr": 2e-5, "faq_negatives": 4},
 }
 BIENCODER_SETTINGS = {"loss": "contrastive", "lr_scale": 2.0, "batch_size": 32}
+# The retrieval bi-encoder (task faq): MultipleNegativesRankingLoss over every positive of the capped sources, with
+# one mined hard negative each; CHQs keep up to 128 tokens.
+BIENCODER_PRESETS: dict[tuple[str, str], dict[str, Any]] = {
+    ("quick", "faq"): {"loss": "mnrl", "lr": 2e-5, "max_length": 128, "max_pairs": None},
+    ("full", "faq"): {"loss": "mnrl", "lr": 2e-5, "max_length": 256, "epochs": 2, "faq_negatives": 1},
+}
 # Cross-encoder settings over the preset's (chosen on MQP doctor-disjoint dev parts, see docs/results.md): cosine
 # head, max length measured on the training pairs, label-balanced batches, best epoch by dev ROC AUC.
 CROSSENCODER_SETTINGS: dict[str, Any] = {"max_length": None, "dev_fraction": 0.1, "head": "cosine"}
@@ -125,6 +141,7 @@ def make_config(model_type: str, task: str, preset: str, **overrides: Any) -> En
         settings["lr"] = settings["lr"] * BIENCODER_SETTINGS["lr_scale"]
         settings["loss"] = BIENCODER_SETTINGS["loss"]
         settings["batch_size"] = BIENCODER_SETTINGS["batch_size"]
+        settings.update(BIENCODER_PRESETS.get((preset, task), {}))
     else:
         settings.update(CROSSENCODER_SETTINGS)
         settings.update(CROSSENCODER_PRESETS.get((preset, task), {}))
@@ -150,6 +167,23 @@ def _spread(groups: list[list[T]]) -> list[T]:
     return [example for *_, example in keyed]
 
 
+def _distinct_batches(order: list[T], batch_size: int, keys: Callable[[T], Iterable[str]]) -> list[list[T]]:
+    """Fill batches in `order`, deferring an example to a later batch when one of its keys is already in this one."""
+    batches, pending = [], order
+    while pending:
+        batch, seen, deferred = [], set(), []
+        for example in pending:
+            example_keys = set(keys(example))
+            if len(batch) < batch_size and seen.isdisjoint(example_keys):
+                batch.append(example)
+                seen |= example_keys
+            else:
+                deferred.append(example)
+        batches.append(batch)
+        pending = deferred
+    return batches
+
+
 def make_batches(
     examples: Sequence[T],
     batch_size: int,
@@ -157,11 +191,15 @@ def make_batches(
     label: Callable[[T], int] | None = None,
     length: Callable[[T], int] | None = None,
     pool: int = 32,
+    distinct: Callable[[T], Iterable[str]] | None = None,
 ) -> list[list[T]]:
     """One epoch of batches in random order. `label`: every batch holds the labels in about their overall proportion.
-    `length`: within pools of `pool` batches, examples of similar length share a batch (less padding)."""
+    `length`: within pools of `pool` batches, examples of similar length share a batch (less padding). `distinct`:
+    no two examples of a batch share a key (in-batch negatives that would be duplicates of a positive)."""
     order = list(examples)
     rng.shuffle(order)
+    if distinct is not None:
+        return _distinct_batches(order, batch_size, distinct)
     by_label: dict[int, list[T]] = {}
     for example in order:
         by_label.setdefault(label(example) if label else 0, []).append(example)
@@ -188,10 +226,12 @@ def train_loop(
     dev_score: Callable[[], float] | None = None,
     label: Callable[[T], int] | None = None,
     length: Callable[[T], int] | None = None,
+    distinct: Callable[[T], Iterable[str]] | None = None,
 ) -> dict[str, Any]:
     """Minimise ``loss_fn(batch)`` over shuffled batches of `examples` with AdamW and linear warm-up/decay.
 
-    `label` and `length` shape the batches (:func:`make_batches`: label-balanced, similar lengths). `dev_score`
+    `label`, `length` and `distinct` shape the batches (:func:`make_batches`: label-balanced, similar lengths, no
+    shared keys). `dev_score`
     (higher = better) runs after every epoch; the weights of the best epoch are restored at the end. Returns the
     history: mean loss and dev score per epoch, the best epoch (1-based) and the training seconds. `model` is a torch
     module (put into train mode here, eval mode at the end).
@@ -223,7 +263,7 @@ def train_loop(
         for epoch in range(config.epochs):
             model.train()
             losses: list[float] = []
-            for batch in make_batches(examples, config.batch_size, rng, label, length):
+            for batch in make_batches(examples, config.batch_size, rng, label, length, distinct=distinct):
                 loss = loss_fn(batch)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

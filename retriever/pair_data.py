@@ -1,5 +1,6 @@
 """Labelled text pairs for the encoders: MQP question pairs, the MedQuAD question-answer intermediate task, and the
-query -> FAQ reranker task (Quebec COVID train queries, RQE positives, MeQSum CHQ -> FAQ) with mined hard negatives.
+query -> FAQ task of the reranker and the retrieval bi-encoder (training splits of MeQSum, HealthCareMagic, CHQ-Summ,
+RQE, MQP and the Quebec COVID queries) with mined hard negatives, false negatives removed.
 
 The Quebec train queries are split once, deterministically, by :func:`quebec_query_split`: the held-out part (20 %)
 never enters reranker training and is the part the retrieval benchmark tests on.
@@ -8,10 +9,12 @@ never enters reranker training and is the part the retrieval benchmark tests on.
 from __future__ import annotations
 
 import hashlib
+import logging
 import random
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -20,13 +23,18 @@ import numpy as np
 from index.collections import iter_jsonl, load_collection
 from index.pair_sources import dataset_file, load_jsonl_rows, load_mqp
 from index.runtime import MedfaqError
-from retriever.encoder_training import EncoderTrainConfig, subsample
+from retriever.encoder_training import FAQ_SOURCES, EncoderTrainConfig, subsample
+
+logger = logging.getLogger("medfaq.training")
 
 Encode = Callable[[list[str]], np.ndarray]
 """Texts -> (n, dim) unit-norm vectors, e.g. ``index.encoder.Encoder(name).encode``."""
 
 QUEBEC_HELDOUT_FRACTION = 0.2
-FAQ_SOURCES = ("quebec", "rqe", "meqsum")
+SUMMARY_SOURCES = ("meqsum", "healthcaremagic", "chq_summ")  # CHQ -> its FAQ-style summary
+OPTIONAL_FAQ_SOURCES = ("medquad",)  # question -> answer: a different task from question -> FAQ question
+MEDQUAD_ANSWER_CHARS = 600
+NEAR_DUPLICATE = 0.9  # cosine to the positive at or above which a mined negative counts as a false negative
 
 
 @dataclass(frozen=True)
@@ -121,70 +129,146 @@ def quebec_query_split(
 
 
 def mine_hard_negatives(
-    queries: list[str], positives: list[str | None], pool: list[str], encode: Encode, n_negatives: int
+    queries: list[str],
+    positives: list[str | None],
+    pool: list[str],
+    encode: Encode,
+    n_negatives: int,
+    near_duplicate: float = NEAR_DUPLICATE,
 ) -> list[list[str]]:
-    """For each query, the `n_negatives` pool texts most similar to it (by `encode`), skipping its positive."""
+    """For each query, the `n_negatives` pool texts most similar to it (by `encode`), without false negatives: the
+    positive itself (same normalised text) and near-duplicates of it (cosine to the positive >= `near_duplicate`)."""
     if not queries:
         return []
     unique_pool = list(dict.fromkeys(pool))
     query_vectors, pool_vectors = encode(queries), encode(unique_pool)
-    depth = min(len(unique_pool), n_negatives + 1)
+    known = [p for p in dict.fromkeys(p for p in positives if p)]
+    positive_vectors = dict(zip(known, encode(known), strict=True)) if known else {}
+    depth = min(len(unique_pool), 4 * n_negatives + 8)
     top = np.argsort(-(query_vectors @ pool_vectors.T), axis=1)[:, :depth]
     groups = []
     for positive, row in zip(positives, top, strict=True):
         skip = normalise(positive) if positive else None
-        groups.append([unique_pool[j] for j in row if normalise(unique_pool[j]) != skip][:n_negatives])
+        similar = pool_vectors[row] @ positive_vectors[positive] if positive else np.zeros(len(row))
+        kept = [unique_pool[j] for j, s in zip(row, similar, strict=True) if s < near_duplicate]
+        groups.append([text for text in kept if normalise(text) != skip][:n_negatives])
     return groups
 
 
-def _query_source(source: str, data_root: Path | None) -> tuple[list[tuple[str, str | None]], list[str]]:
-    """(query, positive FAQ or None for an out-of-domain query) of one source's training split, and its FAQ pool."""
+@dataclass
+class QuerySet:
+    """One source's training queries as (query, positive or None for an out-of-scope query, labelled negatives),
+    and the texts hard negatives are mined from."""
+
+    items: list[tuple[str, str | None, tuple[str, ...]]]
+    pool: list[str]
+
+
+def _by_query(rows: Sequence[tuple[str, str, int]]) -> QuerySet:
+    """(query, candidate, label) rows -> one item per positive, carrying the query's labelled negatives; queries with
+    negatives only become out-of-scope items."""
+    positives: dict[str, list[str]] = defaultdict(list)
+    negatives: dict[str, list[str]] = defaultdict(list)
+    for query, candidate, label in rows:
+        (positives if label == 1 else negatives)[query].append(candidate)
+    items = [(q, p, tuple(negatives[q])) for q in dict.fromkeys(q for q, _, _ in rows) for p in positives[q] or [None]]
+    return QuerySet(items, [candidate for _, candidate, _ in rows])
+
+
+def _query_source(source: str, data_root: Path | None) -> QuerySet:
+    """The training split of one FAQ source (see `FAQ_SOURCES`)."""
+    if source in SUMMARY_SOURCES:
+        rows = load_jsonl_rows(source, "train.jsonl", data_root)
+        return QuerySet([(row["chq"], row["faq"], ()) for row in rows], [row["faq"] for row in rows])
+    if source == "rqe":
+        rows = load_jsonl_rows("rqe", "train.jsonl", data_root)
+        return _by_query([(row["chq"], row["faq"], int(row["label"])) for row in rows])
+    if source == "mqp":
+        return _by_query([(row["question_1"], row["question_2"], row["label"]) for row in load_mqp(data_root)])
     if source == "quebec":
         records, _ = load_collection(dataset_file("quebec", "faqs.jsonl", data_root), format="quebec")
         faq_of = {record.id: record.question for record in records}
         train, _ = quebec_query_split(seed=0, data_root=data_root)  # always the benchmark's split
-        queries = [
-            (row["question"], None if row["is_ood"] else faq_of[str(row["passage_id"])])
+        items = [
+            (row["question"], None if row["is_ood"] else faq_of[str(row["passage_id"])], ())
             for row in train
             if row["is_ood"] or str(row["passage_id"]) in faq_of
         ]
-        return queries, list(faq_of.values())
-    if source == "rqe":
-        rows = [row for row in load_jsonl_rows("rqe", "train.jsonl", data_root) if int(row["label"]) == 1]
-        return [(row["chq"], row["faq"]) for row in rows], [row["faq"] for row in rows]
-    if source == "meqsum":
-        rows = load_jsonl_rows("meqsum", "train.jsonl", data_root)
-        return [(row["chq"], row["faq"]) for row in rows], [row["faq"] for row in rows]
-    raise MedfaqError(f"unknown FAQ source {source!r}; choose from {', '.join(FAQ_SOURCES)}")
+        return QuerySet(items, list(faq_of.values()))
+    if source == "medquad":
+        records, _ = load_collection(dataset_file("medquad", "medquad.jsonl", data_root), format="medquad")
+        answered = [record for record in records if record.answer.strip()]
+        answers = [record.answer[:MEDQUAD_ANSWER_CHARS] for record in answered]
+        return QuerySet([(r.question, a, ()) for r, a in zip(answered, answers, strict=True)], answers)
+    raise MedfaqError(f"unknown FAQ source {source!r}; choose from {', '.join(FAQ_SOURCES + OPTIONAL_FAQ_SOURCES)}")
+
+
+def heldout_texts(data_root: Path | None = None) -> set[str]:
+    """Normalised questions of every benchmark's evaluation split (MeQSum valid/test, RQE valid/test, MEDIQA 2021,
+    the Quebec held-out queries): no training pair may contain one. Data sets not fetched are skipped."""
+    texts: set[str] = set()
+    splits = [("meqsum", "valid"), ("meqsum", "test"), ("rqe", "valid"), ("rqe", "test")]
+    splits += [("mediqa2021", "valid"), ("mediqa2021", "test")]
+    for name, split in splits:
+        try:
+            texts.update(normalise(row["chq"]) for row in load_jsonl_rows(name, f"{split}.jsonl", data_root))
+        except MedfaqError:
+            logger.info("%s %s not fetched: not checked against the training pairs", name, split)
+    try:
+        texts.update(normalise(row["question"]) for row in quebec_query_split(data_root=data_root)[1])
+    except MedfaqError:
+        logger.info("quebec not fetched: not checked against the training pairs")
+    return texts
 
 
 def faq_pairs(
     encode: Encode,
     sources: Sequence[str] = FAQ_SOURCES,
     n_negatives: int = 3,
-    max_queries: int | None = None,
+    per_source: int | None = None,
     seed: int = 0,
     data_root: Path | None = None,
 ) -> list[Pair]:
-    """Query -> FAQ pairs from the training splits of `sources`: (query, its FAQ) = 1 and (query, each of
-    `n_negatives` FAQs of the same collection mined by `encode`) = 0. Out-of-domain Quebec queries get negatives
-    only. At most `max_queries` queries: a seeded uniform sample of all sources' queries together, so each source
-    contributes in proportion to its size."""
-    loaded = {source: _query_source(source, data_root) for source in sources}
-    tagged = [(source, i) for source, (queries, _) in loaded.items() for i in range(len(queries))]
-    random.Random(seed).shuffle(tagged)
-    chosen = sorted(tagged[:max_queries] if max_queries else tagged)
+    """Query -> FAQ pairs from the training splits of `sources`: (query, its FAQ) = 1; (query, a labelled negative)
+    and (query, each of `n_negatives` texts of the same source mined by `encode`, false negatives removed) = 0.
+    Out-of-scope queries get negatives only. Each source gives at most `per_source` queries (a seeded sample), so no
+    source dominates; a query that is a question of an evaluation split (:func:`heldout_texts`) is never used."""
+    heldout = heldout_texts(data_root)
     pairs: list[Pair] = []
-    for source, (queries, pool) in loaded.items():
-        picked = [queries[i] for s, i in chosen if s == source]
-        texts = [query for query, _ in picked]
-        negatives = mine_hard_negatives(texts, [faq for _, faq in picked], pool, encode, n_negatives)
-        for i, ((query, faq), mined) in enumerate(zip(picked, negatives, strict=True)):
-            group = f"{source}-{i}"
-            if faq is not None:
-                pairs.append(Pair(query, faq, 1, group, source=source))
-            pairs.extend(Pair(query, negative, 0, group, source=source) for negative in mined)
+    for source in sources:
+        query_set = _query_source(source, data_root)
+        items = [item for item in query_set.items if normalise(item[0]) not in heldout]
+        items = [item for item in items if not item[1] or normalise(item[1]) not in heldout]
+        picked = sorted(subsample(range(len(items)), per_source, seed))
+        chosen = [items[i] for i in picked]
+        mined = mine_hard_negatives(
+            [query for query, _, _ in chosen],
+            [positive for _, positive, _ in chosen],
+            query_set.pool,
+            encode,
+            n_negatives,
+        )
+        for i, ((query, positive, labelled), negatives) in enumerate(zip(chosen, mined, strict=True)):
+            group = f"{source}-{picked[i]}"
+            if positive is not None:
+                pairs.append(Pair(query, positive, 1, group, source=source))
+            negatives = list(dict.fromkeys([*labelled, *negatives]))[: max(n_negatives, len(labelled))]
+            pairs.extend(Pair(query, negative, 0, group, source=source) for negative in negatives)
+        logger.info("%s: %d of %d training queries used", source, len(chosen), len(query_set.items))
     return pairs
+
+
+def pair_counts(pairs: Sequence[Pair]) -> dict[str, dict[str, int]]:
+    """Per source: distinct queries, positive pairs and negative pairs."""
+    counts: dict[str, dict[str, int]] = {}
+    queries: dict[str, set[str]] = defaultdict(set)
+    for pair in pairs:
+        row = counts.setdefault(pair.source, {"queries": 0, "positives": 0, "negatives": 0})
+        row["positives" if pair.label == 1 else "negatives"] += 1
+        queries[pair.source].add(pair.text_a)
+    for source, row in counts.items():
+        row["queries"] = len(queries[source])
+    return counts
 
 
 def task_pairs(config: EncoderTrainConfig, data_root: Path | None = None) -> list[Pair]:
@@ -197,8 +281,14 @@ def task_pairs(config: EncoderTrainConfig, data_root: Path | None = None) -> lis
         from index.encoder import Encoder
 
         encoder = Encoder(config.negatives_encoder)
-        max_queries = config.max_pairs // (1 + config.faq_negatives) if config.max_pairs else None
-        pairs = faq_pairs(encoder.encode, config.faq_sources, config.faq_negatives, max_queries, config.seed, data_root)
+        pairs = faq_pairs(
+            partial(encoder.encode, progress=True),
+            config.faq_sources,
+            config.faq_negatives,
+            config.faq_per_source,
+            config.seed,
+            data_root,
+        )
     return subsample(pairs, config.max_pairs, config.seed)
 
 

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import json
+import random
 
 import numpy as np
 import pytest
 
-from retriever.encoder_training import make_config
+from retriever.encoder_training import make_batches, make_config
 from retriever.pair_data import (
     faq_pairs,
     is_heldout,
     mine_hard_negatives,
     normalise,
+    pair_counts,
     qa_pairs,
     quebec_query_split,
     task_pairs,
@@ -41,7 +43,7 @@ def test_quebec_split_is_deterministic_disjoint_and_about_a_fifth(shared_data):
 
 def test_faq_pairs_use_training_queries_only_and_never_a_positive_as_negative(shared_data):
     _, heldout = quebec_query_split(data_root=shared_data)
-    pairs = faq_pairs(bag_of_words, ("quebec",), n_negatives=2, max_queries=300, data_root=shared_data)
+    pairs = faq_pairs(bag_of_words, ("quebec",), n_negatives=2, per_source=300, data_root=shared_data)
     faqs = {json.loads(line)["faq_question"] for line in (shared_data / "covid_faq/quebec_mila/faqs.jsonl").open()}
     assert {p.text_a for p in pairs}.isdisjoint({r["question"] for r in heldout})
     assert {p.text_b for p in pairs} <= faqs
@@ -83,3 +85,75 @@ def test_task_pairs_caps_and_reports_missing_data(shared_data):
     assert len(task_pairs(config, shared_data)) == 100
     with pytest.raises(Exception, match="medfaq data fetch mqp"):
         task_pairs(config)
+
+
+def write_jsonl(path, rows) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+
+@pytest.fixture
+def faq_data(tmp_path):
+    """A shared/data-like layout where evaluation questions also turn up in training splits."""
+    leaked = "My son has a rash after amoxicillin, is it an allergy?"
+    summaries = [
+        {"chq": f"question {i} about {topic}, what should I do?", "faq": f"What is the treatment for {topic}?"}
+        for i, topic in enumerate(["gout", "asthma", "acne", "eczema", "migraine", "shingles"])
+    ]
+    write_jsonl(tmp_path / "meqsum/train.jsonl", [*summaries[:3], {"chq": leaked, "faq": "Is it amoxicillin allergy?"}])
+    write_jsonl(tmp_path / "meqsum/valid.jsonl", [summaries[3]])
+    write_jsonl(tmp_path / "meqsum/test.jsonl", [{"chq": leaked, "faq": "What is amoxicillin allergy?"}])
+    write_jsonl(tmp_path / "healthcaremagic/train.jsonl", [*summaries[4:], {"chq": leaked.upper(), "faq": "Rash?"}])
+    rqe = [
+        {"pid": "1", "chq": "Can gout come back?", "faq": "Does gout recur?", "label": 1},
+        {"pid": "2", "chq": "Can gout come back?", "faq": "What causes acne?", "label": 0},
+        {"pid": "3", "chq": "Is acne contagious?", "faq": "What is eczema?", "label": 0},
+    ]
+    write_jsonl(tmp_path / "mediqa2019_rqe/train.jsonl", rqe)
+    write_jsonl(
+        tmp_path / "mediqa2019_rqe/test.jsonl", [{"pid": "9", "chq": summaries[0]["chq"], "faq": "x", "label": 1}]
+    )
+    return tmp_path, leaked
+
+
+def test_faq_pairs_never_emit_an_evaluation_question(faq_data):
+    root, leaked = faq_data
+    pairs = faq_pairs(bag_of_words, ("meqsum", "healthcaremagic", "rqe"), n_negatives=1, data_root=root)
+    texts = {normalise(text) for pair in pairs for text in (pair.text_a, pair.text_b)}
+    assert normalise(leaked) not in texts  # in meqsum test, and copied into meqsum and healthcaremagic train
+    assert "question 0 about gout, what should i do?" not in texts  # an RQE test question
+    assert "question 1 about asthma, what should i do?" in texts  # training questions are kept
+    counts = pair_counts(pairs)
+    assert counts["meqsum"] == {"queries": 2, "positives": 2, "negatives": 2}
+    assert counts["healthcaremagic"]["queries"] == 2
+    # RQE: the entailed FAQ is the positive and the non-entailed ones are labelled negatives
+    rqe = {(p.text_a, p.text_b, p.label) for p in pairs if p.source == "rqe"}
+    assert ("Can gout come back?", "Does gout recur?", 1) in rqe and (
+        "Can gout come back?",
+        "What causes acne?",
+        0,
+    ) in rqe
+    assert ("Is acne contagious?", "What is eczema?", 0) in rqe
+    assert not any(p.label == 1 and p.text_a == "Is acne contagious?" for p in pairs)
+
+
+def test_faq_pairs_sample_each_source_to_the_cap(faq_data):
+    root, _ = faq_data
+    pairs = faq_pairs(bag_of_words, ("meqsum", "healthcaremagic"), n_negatives=1, per_source=1, data_root=root)
+    assert {source: row["queries"] for source, row in pair_counts(pairs).items()} == {"meqsum": 1, "healthcaremagic": 1}
+    assert faq_pairs(bag_of_words, ("meqsum", "healthcaremagic"), 1, 1, data_root=root) == pairs
+
+
+def test_mined_negatives_drop_near_duplicates_of_the_positive():
+    pool = ["flu vaccine side effects", "side effects flu vaccine", "flu vaccine for children"]
+    groups = mine_hard_negatives(["flu vaccine side effects?"], [pool[0]], pool, bag_of_words, 2)
+    assert groups == [["flu vaccine for children"]]  # the reworded positive is a false negative
+
+
+def test_distinct_batches_keep_shared_texts_apart():
+    triplets = [(f"q{i}", "faq a" if i < 4 else f"faq {i}", "faq b") for i in range(8)]
+    batches = make_batches(triplets, 4, random.Random(0), distinct=lambda t: t[1:])
+    assert sorted(t for batch in batches for t in batch) == sorted(triplets)
+    for batch in batches:
+        keys = [key for triplet in batch for key in triplet[1:]]
+        assert len(keys) == len(set(keys))
