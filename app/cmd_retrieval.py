@@ -90,6 +90,7 @@ def eval_retrieval(
     beams: int | None = BEAMS,
     quantize: bool | None = QUANTIZE,
     rerank_fusion: str | None = RERANK_FUSION,
+    min_words: int = typer.Option(0, "--min-words", min=0, help="Evaluate only the questions of at least N words."),
 ) -> None:
     """Recall@1/5/10, MRR@10, nDCG@10, P@5 on the judged test queries; with out-of-scope queries also abstention
     AUROC and accuracy at the threshold calibrated on the dev queries. `--compare` puts the variants side by side."""
@@ -107,6 +108,12 @@ def eval_retrieval(
     unknown = sorted(set(judgements) - set(texts))
     if unknown:
         raise MedfaqError(f"{qrels}: {len(unknown)} judged query ids are not in {queries} (e.g. {unknown[0]!r})")
+    if min_words:
+        rows = [row for row in rows if len(row["text"].split()) >= min_words]
+        texts = {row["_id"]: row["text"] for row in rows}
+        judgements = {qid: docs for qid, docs in judgements.items() if qid in texts}
+        if not judgements:
+            raise MedfaqError(f"no judged question has {min_words} words or more")
     evaluator = RetrievalEvaluator(
         judgements,
         ood_ids={r["_id"] for r in rows if r["metadata"].get("ood")},

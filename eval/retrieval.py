@@ -191,7 +191,8 @@ class CachedReranker:
         return [self.cache[(query, c)] for c in candidates]
 
 
-# summary-* search with the summary; fusion = raw + summary by RRF; hybrid-wN: the dense list weighs N in hybrid RRF
+# summary-* search with the summary; fusion = raw + summary by RRF (dense-fusion: of two dense lists);
+# hybrid-wN: the dense list weighs N in hybrid RRF
 VARIANTS: list[tuple[str, dict[str, Any]]] = [
     ("bm25", {"mode": "bm25"}),
     ("dense", {"mode": "dense"}),
@@ -209,6 +210,11 @@ VARIANTS: list[tuple[str, dict[str, Any]]] = [
     ("summary-hybrid+rerank", {"mode": "hybrid", "summarize": True, "query_source": "summary", "rerank": True}),
     ("fusion", {"mode": "hybrid", "summarize": True, "query_source": "both"}),
     ("fusion+rerank", {"mode": "hybrid", "summarize": True, "query_source": "both", "rerank": True}),
+    ("dense-fusion", {"mode": "dense", "summarize": True, "query_source": "both"}),
+    (
+        "dense-fusion+rerank-rrf",
+        {"mode": "dense", "summarize": True, "query_source": "both", "rerank": True, "rerank_fusion": "rrf"},
+    ),
 ]
 
 

@@ -201,6 +201,8 @@ def test_eval_retrieval_cli(bench_dir, tmp_path):
     assert {"q1", "q2", "q3"} <= set(read_trec_run(tmp_path / "run.trec"))
     table = medfaq("eval", "retrieval", *args, "--compare")
     assert table.exit_code == 0 and "hybrid" in table.stdout and "skipped" in table.stdout
+    long_only = json.loads(medfaq("eval", "retrieval", *args, "--mode", "bm25", "--json", "--min-words", "4").stdout)
+    assert long_only["queries"] == 4 and long_only["judged_test"] == 2  # "car insurance quotes" is left out
     before = PipelineConfig.load(bench_dir / "index")
     saved = medfaq("eval", "retrieval", *args, "--mode", "bm25", "--save-threshold")
     assert saved.exit_code == 0, saved.output
@@ -229,6 +231,8 @@ def test_eval_retrieval_one_line_errors(bench_dir, tmp_path):
     assert both.exit_code == 2 and "leave out --compare" in both.stderr
     bad = medfaq("eval", "retrieval", *args, "--qrels", bench_dir / "qrels.tsv", "--query", "sideways")
     assert bad.exit_code == 2 and "unknown --query" in bad.stderr
+    too_long = medfaq("eval", "retrieval", *args, "--qrels", bench_dir / "qrels.tsv", "--min-words", "6")
+    assert too_long.exit_code == 2 and "no judged question has 6 words" in too_long.stderr
 
 
 def test_search_uses_pipeline_json_and_flags_override(bench_dir, monkeypatch):
