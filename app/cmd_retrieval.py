@@ -91,6 +91,9 @@ def eval_retrieval(
     quantize: bool | None = QUANTIZE,
     rerank_fusion: str | None = RERANK_FUSION,
     min_words: int = typer.Option(0, "--min-words", min=0, help="Evaluate only the questions of at least N words."),
+    summaries: Path | None = typer.Option(
+        None, "--summaries", help="With --compare: JSONL of questions and their 'summary' (`medfaq summarize --input`)."
+    ),
 ) -> None:
     """Recall@1/5/10, MRR@10, nDCG@10, P@5 on the judged test queries; with out-of-scope queries also abstention
     AUROC and accuracy at the threshold calibrated on the dev queries. `--compare` puts the variants side by side."""
@@ -100,6 +103,9 @@ def eval_retrieval(
 
     if compare and (run_out is not None or save_threshold):
         raise MedfaqError("--run-out and --save-threshold evaluate one configuration; leave out --compare")
+    if summaries is not None and not compare:
+        raise MedfaqError("--summaries is for --compare")
+    known = read_summaries(summaries) if summaries is not None else None
     if run_out is not None:
         check_output(run_out)
     rows = read_beir_queries(queries)
@@ -130,7 +136,7 @@ def eval_retrieval(
         stages, missing = _optional_stages(config)
         wanted = [name.strip() for name in systems.split(",")] if systems else None
         table, skipped = compare_variants(
-            faq_index, texts, evaluator, config, **stages, progress=not as_json, systems=wanted
+            faq_index, texts, evaluator, config, **stages, progress=not as_json, systems=wanted, summaries=known
         )
         result |= {"rows": [{"system": n, **m} for n, m in table], "skipped": skipped, "missing_stages": missing}
     else:
@@ -156,6 +162,21 @@ def eval_retrieval(
             typer.echo(f"  {reason}")
     if "saved" in result:
         typer.echo(f"threshold {table[0][1]['threshold']:.4f} of {result['threshold_key']} saved to {result['saved']}")
+
+
+def read_summaries(path: Path) -> dict[str, str]:
+    """question -> summary from a JSONL file of `medfaq summarize --input ... --output` rows (``summary``, or the
+    ``prediction`` of `medfaq eval summarizer --output`)."""
+    from app.cmd_summarizer import read_texts
+
+    rows, texts = read_texts(path)
+    known = {}
+    for number, (row, text) in enumerate(zip(rows, texts, strict=True), 1):
+        summary = row.get("summary", row.get("prediction"))
+        if not isinstance(summary, str):
+            raise MedfaqError(f"{path}: row {number} has no 'summary' text")
+        known[text] = summary
+    return known
 
 
 def _optional_stages(config: PipelineConfig) -> tuple[dict[str, Any], list[str]]:

@@ -99,7 +99,7 @@ def train_summarizer(
     )
 
 
-def _read_texts(path: Path) -> tuple[list[dict], list[str]]:
+def read_texts(path: Path) -> tuple[list[dict], list[str]]:
     if not path.is_file():
         raise MedfaqError(f"input file {path} does not exist")
     rows, texts = [], []
@@ -135,7 +135,7 @@ def summarize(
         raise MedfaqError("give either a question or --input FILE.jsonl (with --output OUT.jsonl)")
     if input is not None and output is None:
         raise MedfaqError("--input needs --output OUT.jsonl")
-    rows, texts = _read_texts(input) if input is not None else ([], [text])
+    rows, texts = read_texts(input) if input is not None else ([], [text])
     summaries = Summarizer.load(model, device=device).summarize(texts, num_beams, max_length, batch_size)
     if input is None:
         typer.echo(summaries[0])

@@ -164,11 +164,11 @@ def run_pipeline(
 
 
 class CachedRewriter:
-    """Memoises a rewriter, so the comparison summarizes each question once."""
+    """Memoises a rewriter, so the comparison summarizes each question once; `known` summaries are not recomputed."""
 
-    def __init__(self, rewriter: QueryRewriter) -> None:
+    def __init__(self, rewriter: QueryRewriter, known: dict[str, str] | None = None) -> None:
         self.rewriter = rewriter
-        self.cache: dict[str, str] = {}
+        self.cache: dict[str, str] = dict(known or {})
 
     def rewrite(self, texts: list[str]) -> list[str]:
         missing = list(dict.fromkeys(t for t in texts if t not in self.cache))
@@ -228,14 +228,15 @@ def compare_variants(
     progress: bool = True,
     on_row: Callable[[str, dict[str, float]], None] | None = None,
     systems: list[str] | None = None,
+    summaries: dict[str, str] | None = None,
 ) -> tuple[list[tuple[str, dict[str, float]]], list[str]]:
     """Evaluate the variants of `VARIANTS` (all, or those named in `systems`) on top of `base` (its depths, k,
     thresholds); variants needing a stage that is None are skipped and named in the second list. Summaries and
-    rerank scores are computed once."""
+    rerank scores are computed once; `summaries` (question -> summary) are used as given."""
     unknown = sorted(set(systems or []) - {name for name, _ in VARIANTS})
     if unknown:
         raise MedfaqError(f"unknown system(s) {', '.join(unknown)}; choose from {', '.join(n for n, _ in VARIANTS)}")
-    rewriter = CachedRewriter(rewriter) if rewriter is not None else None
+    rewriter = CachedRewriter(rewriter, summaries) if rewriter is not None else None
     reranker = CachedReranker(reranker) if reranker is not None else None
     rows: list[tuple[str, dict[str, float]]] = []
     skipped: list[str] = []

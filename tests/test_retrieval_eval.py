@@ -161,6 +161,12 @@ def test_compare_runs_every_variant_with_cached_stages(index):
     assert [name for name, _ in only] == ["dense"]
     with pytest.raises(MedfaqError, match="unknown system"):
         compare_variants(index, queries, evaluator, PipelineConfig(), progress=False, systems=["best"])
+    Echo.calls = 0
+    known = {queries["q1"]: "how is shingles treated"}
+    given, _ = compare_variants(
+        index, queries, evaluator, PipelineConfig(), Echo(), progress=False, systems=["summary-bm25"], summaries=known
+    )
+    assert Echo.calls == 1 and dict(given)["summary-bm25"]["recall@1"] == 100.0  # q2 alone is summarized
 
 
 @pytest.fixture(scope="module")
@@ -231,6 +237,10 @@ def test_eval_retrieval_one_line_errors(bench_dir, tmp_path):
     assert both.exit_code == 2 and "leave out --compare" in both.stderr
     bad = medfaq("eval", "retrieval", *args, "--qrels", bench_dir / "qrels.tsv", "--query", "sideways")
     assert bad.exit_code == 2 and "unknown --query" in bad.stderr
+    (tmp_path / "sums.jsonl").write_text('{"text": "How is shingles treated?"}\n')
+    no_summary = medfaq("eval", "retrieval", *args, "--qrels", bench_dir / "qrels.tsv", "--compare", "--summaries",
+                        tmp_path / "sums.jsonl")  # fmt: skip
+    assert no_summary.exit_code == 2 and "has no 'summary' text" in no_summary.stderr
     too_long = medfaq("eval", "retrieval", *args, "--qrels", bench_dir / "qrels.tsv", "--min-words", "6")
     assert too_long.exit_code == 2 and "no judged question has 6 words" in too_long.stderr
 
