@@ -63,6 +63,7 @@ class EncoderTrainConfig:
     head: str = "cosine"  # cross-encoder head: cosine | mean | cls | pooler (see retriever.crossencoder)
     symmetric: bool = False  # train on both pair orders and score both (tasks where order carries no meaning)
     dev_fraction: float = 0.0  # group-disjoint dev part carved from the training pairs for best-epoch selection
+    keep_ratio: float = 1.0  # final weights = start + keep_ratio x (fine-tuned - start); 1: the fine-tuned ones
     n_train_pairs: int = 0  # filled in by training
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -79,6 +80,8 @@ class EncoderTrainConfig:
             raise MedfaqError("epochs and batch size must be >= 1, max length >= 8 and the learning rate > 0")
         if not 0 <= self.dev_fraction < 1:
             raise MedfaqError("the dev fraction must be in [0, 1)")
+        if not 0 < self.keep_ratio <= 1:
+            raise MedfaqError("the keep ratio must be in (0, 1]")
         self.faq_sources = tuple(self.faq_sources)
 
     def save(self, directory: str | Path) -> Path:
@@ -291,6 +294,19 @@ def train_loop(
     history["train_s"] = time.perf_counter() - started
     logger.info("trained %d steps; best epoch %d", total, history["best_epoch"])
     return history
+
+
+def interpolate_weights(model: Any, start: dict[str, Any], keep_ratio: float) -> None:
+    """Move `model`'s floating-point weights back towards `start` (its state before fine-tuning), keeping
+    `keep_ratio` of the change: a weight-space ensemble of the two models (WiSE-FT, Wortsman et al., CVPR 2022)."""
+    if keep_ratio >= 1:
+        return
+    state = model.state_dict()
+    merged = {
+        name: start[name] + keep_ratio * (value - start[name]) if value.is_floating_point() else value
+        for name, value in state.items()
+    }
+    model.load_state_dict(merged)
 
 
 def split_dev(pairs: Sequence[T], fraction: float, seed: int) -> tuple[list[T], list[T]]:

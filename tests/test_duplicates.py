@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from dataclasses import replace
 
 import numpy as np
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from app.cli import app
 from eval.duplicates import DuplicateEvaluator, binary_metrics, fold_metrics, make_folds, tune_threshold
 from index.pair_sources import load_mqp
-from retriever.biencoder import BiEncoderScorer, train_biencoder
+from index.runtime import MedfaqError
+from retriever.biencoder import BiEncoderScorer, load_biencoder, train_biencoder
 from retriever.encoder_training import EncoderTrainConfig, make_config, save_trained
 from retriever.pair_data import Pair, mnrl_triplets, mqp_pairs, read_pairs_file
 from retriever.pair_models import load_pair_scorer
@@ -117,7 +120,8 @@ def test_evaluator_thresholds_ignore_test_labels():
 def test_biencoder_train_save_reload_gives_same_scores(tmp_path, tiny_encoder_dir, loss):
     pairs = synthetic_pairs(doctors=1, groups_per_doctor=4)
     config = make_config("biencoder", "mqp", "quick", init=str(tiny_encoder_dir), loss=loss, epochs=1, batch_size=4)
-    model = train_biencoder(pairs, config, device="cpu")
+    model = train_biencoder(pairs, replace(config, max_length=8), device="cpu")
+    assert model.max_seq_length == load_biencoder(str(tiny_encoder_dir)).max_seq_length > 8  # trained on 8 tokens
     texts = [(p.text_a, p.text_b) for p in pairs]
     before = BiEncoderScorer(model).score_pairs(texts)
     save_trained(model, config, tmp_path / "be")
@@ -125,6 +129,25 @@ def test_biencoder_train_save_reload_gives_same_scores(tmp_path, tiny_encoder_di
     np.testing.assert_allclose(before, after, rtol=1e-5, atol=1e-6)
     assert isinstance(load_pair_scorer(tmp_path / "be"), BiEncoderScorer)
     assert EncoderTrainConfig.load(tmp_path / "be").loss == loss
+
+
+def test_biencoder_keep_ratio_interpolates_between_start_and_fine_tuned_weights(tiny_encoder_dir):
+    pairs = synthetic_pairs(doctors=1, groups_per_doctor=4)
+    start = load_biencoder(str(tiny_encoder_dir), "cpu").state_dict()
+    models = {
+        ratio: train_biencoder(
+            pairs, make_config("biencoder", "mqp", "quick", init=str(tiny_encoder_dir), keep_ratio=ratio), "cpu"
+        ).state_dict()
+        for ratio in (1.0, 0.5)
+    }
+    changed = [
+        name for name, value in start.items() if value.is_floating_point() and not value.equal(models[1.0][name])
+    ]
+    assert changed
+    for name in changed:
+        torch.testing.assert_close(models[0.5][name], (start[name] + models[1.0][name]) / 2)
+    with pytest.raises(MedfaqError, match="keep ratio"):
+        make_config("biencoder", "mqp", "quick", keep_ratio=0.0)
 
 
 def test_mnrl_triplets_prefer_labelled_negatives_and_mine_the_rest():
