@@ -9,8 +9,8 @@ from pathlib import Path
 
 import typer
 
-from app.setup_state import DEMO_INDEX, ENV_NO_TRAIN, EXAMPLE_QUESTIONS, SHARED_DATA
-from index.runtime import DEFAULT_ENCODER, indexes_dir
+from app.setup_state import ENV_NO_TRAIN, EXAMPLE_QUESTIONS, SHARED_DATA, DemoSettings
+from index.runtime import DEFAULT_ENCODER
 
 APP_SCRIPT = Path(__file__).resolve().parent / "streamlit_app.py"
 THEME = {"primaryColor": "#0f766e", "backgroundColor": "#ffffff", "secondaryBackgroundColor": "#f1f5f9"}
@@ -70,7 +70,7 @@ def answer_examples(top_k: int, mode: str | None) -> None:
     from retriever.pipeline import Pipeline, PipelineConfig
 
     fetch_dataset("medquad", SHARED_DATA if SHARED_DATA.is_dir() else None)
-    directory = indexes_dir() / DEMO_INDEX
+    directory = DemoSettings.from_env().index_dir  # the fine-tuned encoder's index once `medfaq setup` built it
     if not (directory / MANIFEST).is_file():
         typer.echo(f"building the MedQuAD index in {directory} (once; several minutes on a CPU)", err=True)
         records, report = load_collection("medquad")

@@ -175,7 +175,7 @@ def read_summaries(path: Path) -> dict[str, str]:
         summary = row.get("summary", row.get("prediction"))
         if not isinstance(summary, str):
             raise MedfaqError(f"{path}: row {number} has no 'summary' text")
-        known[text] = summary
+        known[text.strip()] = summary  # the pipeline strips questions before summarizing them
     return known
 
 

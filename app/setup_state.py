@@ -19,11 +19,19 @@ from pathlib import Path
 from typing import TextIO
 
 from index.runtime import indexes_dir, medfaq_home, models_dir
-from retriever.setup_plan import RERANKER, SUMMARIZERS, ModelStep, model_ready, steps_for
+from retriever.setup_plan import (
+    BIENCODER,
+    FAQ_INDEX,
+    RERANKER,
+    STOCK_INDEX,
+    SUMMARIZERS,
+    ModelStep,
+    model_ready,
+    steps_for,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
-DEMO_INDEX = "medquad-minilm"
 OFF_VALUES = {"", "0", "off", "none", "false", "no"}
 INDEX_MINUTES = 5  # `medfaq index build medquad`: 4 min 40 s on one core (docs/results.md)
 EXAMPLE_QUESTIONS = (
@@ -46,7 +54,7 @@ ENV_DATA = "MEDFAQ_DEMO_DATA"
 class DemoSettings:
     """Where the demo's index and models are; every field can be set by an environment variable."""
 
-    index_dir: Path
+    index_dirs: tuple[Path, ...]  # best first; the last is built by the first set-up step
     summarizers: tuple[Path, ...]
     reranker: Path | None
     train: bool
@@ -62,10 +70,13 @@ class DemoSettings:
         data = os.environ.get(ENV_DATA)
         shared = Path(data).expanduser() if data else SHARED_DATA
         chosen = os.environ.get(ENV_SUMMARIZER)
+        custom = os.environ.get(ENV_INDEX)
         names = [chosen] if chosen is not None else [s.model for s in steps_for(fast) if s.stage == "rewrite"]
         summarizers = sorted(filter(None, map(_model_path, names)), key=_summarizer_rank)
         return cls(
-            index_dir=Path(os.environ.get(ENV_INDEX) or indexes_dir() / DEMO_INDEX).expanduser(),
+            index_dirs=(Path(custom).expanduser(),)
+            if custom
+            else (indexes_dir() / FAQ_INDEX, indexes_dir() / STOCK_INDEX),
             summarizers=tuple(summarizers),
             reranker=_model_path(os.environ.get(ENV_RERANKER, RERANKER.model)),
             train=os.environ.get(ENV_NO_TRAIN, "0").strip().lower() in OFF_VALUES,
@@ -78,16 +89,30 @@ class DemoSettings:
         """The best summarizer on disk (so the demo uses it while a better one trains), else the best wanted."""
         return next((path for path in self.summarizers if model_ready(path)), next(iter(self.summarizers), None))
 
-    def index_ready(self) -> bool:
-        from index.faq_index import MANIFEST  # imported late: the command line starts without the index stack
+    @property
+    def index_dir(self) -> Path:
+        """The best index on disk (the fine-tuned encoder's once it is built), else the one the set-up builds first."""
+        return next((path for path in self.index_dirs if index_built(path)), self.index_dirs[-1])
 
-        return (self.index_dir / MANIFEST).is_file()
+    @property
+    def faq_index_dir(self) -> Path | None:
+        """Where the set-up builds the fine-tuned encoder's index (None when the index is set by the user)."""
+        return self.index_dirs[0] if len(self.index_dirs) > 1 else None
+
+    def index_ready(self) -> bool:
+        return index_built(self.index_dir)
 
     def index_stamp(self) -> float:
         """Changes whenever the index is rebuilt or edited (cache key for the loaded index)."""
         from index.faq_index import MANIFEST
 
         return (self.index_dir / MANIFEST).stat().st_mtime
+
+
+def index_built(path: Path) -> bool:
+    from index.faq_index import MANIFEST  # imported late: the command line starts without the index stack
+
+    return (path / MANIFEST).is_file()
 
 
 def _summarizer_rank(path: Path) -> int:
@@ -142,6 +167,8 @@ def model_targets(settings: DemoSettings) -> list[tuple[ModelStep, Path | None]]
     for plan in plans:
         if plan.stage == "rerank":
             targets.append((plan, settings.reranker))
+        elif plan.stage == "retrieve":
+            targets.append((plan, models_dir() / plan.model if settings.faq_index_dir else None))
         else:
             targets.append(
                 (plan, custom if custom and plan is rewrite[0] else None if custom else by_name.get(plan.model))
@@ -160,7 +187,7 @@ def default_steps(settings: DemoSettings) -> list[SetupStep]:
     index = SetupStep(
         "index",
         "Fetch MedQuAD and build the FAQ index",
-        (*fetch("medquad"), ("index", "build", "medquad", "--out", str(settings.index_dir))),
+        (*fetch("medquad"), ("index", "build", "medquad", "--out", str(settings.index_dirs[-1]))),
         minutes=INDEX_MINUTES,
     )
     index.status, index.detail = ("done", "ready") if settings.index_ready() else ("pending", "")
@@ -168,14 +195,25 @@ def default_steps(settings: DemoSettings) -> list[SetupStep]:
     for plan, target in model_targets(settings):
         step = SetupStep(plan.key, plan.title, (*fetch(*plan.data), *map(tuple, plan.argv(target))), target)
         step.minutes = plan.minutes
-        if target is None:
-            step.status, step.detail = "done", "switched off"
-        elif model_ready(target):
-            step.status, step.detail = "done", "ready"
-        elif not settings.train:
-            step.status, step.detail = "skipped", "not trained (training is switched off)"
-        steps.append(step)
+        steps.append(_with_status(step, target is None, model_ready(target), settings.train))
+        if plan is BIENCODER:
+            build = ("index", "build", "medquad", "--encoder", str(target), "--out", str(settings.faq_index_dir))
+            reindex = SetupStep("index-faq", "Encode the MedQuAD index with the fine-tuned bi-encoder", (build,))
+            reindex.minutes = INDEX_MINUTES
+            built = settings.faq_index_dir is not None and index_built(settings.faq_index_dir)
+            steps.append(_with_status(reindex, target is None, built, settings.train))
     return steps
+
+
+def _with_status(step: SetupStep, switched_off: bool, ready: bool, train: bool) -> SetupStep:
+    """Mark a step done when it is switched off or what it makes is there, skipped when training is off."""
+    if switched_off:
+        step.status, step.detail = "done", "switched off"
+    elif ready:
+        step.status, step.detail = "done", "ready"
+    elif not train:
+        step.status, step.detail = "skipped", "not trained (training is switched off)"
+    return step
 
 
 class SetupRunner:

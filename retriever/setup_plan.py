@@ -13,6 +13,8 @@ from pathlib import Path
 from index.runtime import models_dir
 
 INTERMEDIATE = "ce-qa-quick"  # the MedQuAD question-answer cross-encoder the FAQ reranker starts from
+FAQ_INDEX = "medquad-faq"  # the MedQuAD index encoded by the fine-tuned retrieval bi-encoder (under indexes_dir())
+STOCK_INDEX = "medquad-minilm"  # the MedQuAD index encoded by stock MiniLM: search works before any training
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,16 @@ class ModelStep:
         return " && ".join("medfaq " + " ".join(command) for command in self.argv(out))
 
 
+BIENCODER = ModelStep(
+    key="biencoder",
+    model="biencoder-faq-quick",
+    title="Fine-tune the retrieval bi-encoder on query -> FAQ pairs (quick preset)",
+    stage="retrieve",
+    data=("meqsum", "healthcaremagic", "chq_summ", "rqe", "mqp", "quebec", "mediqa2021"),
+    commands=(("train", "biencoder", "--task", "faq", "--preset", "quick", "--out", "{out}"),),
+    minutes=30,
+    measured="43 min wall, 29 CPU-minutes, beside 2-3 other jobs (docs/results.md, retrieval bi-encoder)",
+)
 SUMMARIZER_ECL = ModelStep(
     key="summarizer-ecl",
     model="summarizer-ecl-quick",
@@ -100,7 +112,7 @@ SUMMARIZER_GEMMA = ModelStep(
     measured="34 min wall on 2 shared cores (2 epochs, 100 steps; docs/results.md, Gemma summarizer)",
     slow=True,
 )
-MODEL_STEPS = (SUMMARIZER_ECL, RERANKER, SUMMARIZER_GEMMA)
+MODEL_STEPS = (BIENCODER, SUMMARIZER_ECL, RERANKER, SUMMARIZER_GEMMA)
 """In the order they are trained: the quick models first, so the pipeline gains each stage as early as possible."""
 SUMMARIZERS = (SUMMARIZER_GEMMA.model, SUMMARIZER_ECL.model)
 """Summarizer model names, best first (the Gemma fine-tune scores ROUGE-1 50.75 on MeQSum test against 35.3)."""

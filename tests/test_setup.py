@@ -17,9 +17,11 @@ def dry_run(*flags: str) -> str:
 
 def test_dry_run_lists_every_step_with_time_and_command():
     output = dry_run()
-    assert "4 step(s) to run" in output
-    for command in ("index build medquad", "train summarizer --preset quick", "train crossencoder --task faq"):
+    assert "6 step(s) to run" in output
+    commands = ("index build medquad", "train biencoder --task faq", "train summarizer --preset quick")
+    for command in (*commands, "train crossencoder --task faq"):
         assert command in output
+    assert "--encoder " + str(models_dir() / "biencoder-faq-quick") in output
     assert "--backbone gemma-3-270m --variant mle" in output and "about 45 min" in output
 
 
@@ -28,6 +30,22 @@ def test_present_models_are_skipped_and_fast_leaves_out_gemma():
     trained.mkdir(parents=True)
     (trained / "config.json").write_text("{}", encoding="utf-8")
     output = dry_run("--fast")
-    assert "2 step(s) to run" in output
+    assert "4 step(s) to run" in output
     assert "gemma" not in output.lower()
     assert "train summarizer --preset quick" not in output
+
+
+def test_the_demo_serves_the_fine_tuned_index_once_it_is_built(monkeypatch):
+    from app.setup_state import DemoSettings
+    from index.faq_index import MANIFEST
+    from index.runtime import indexes_dir
+
+    monkeypatch.delenv("MEDFAQ_DEMO_INDEX", raising=False)
+    settings = DemoSettings.from_env()
+    assert settings.index_dir == indexes_dir() / "medquad-minilm"  # what the first step builds
+    (indexes_dir() / "medquad-minilm").mkdir(parents=True)
+    (indexes_dir() / "medquad-minilm" / MANIFEST).write_text("{}", encoding="utf-8")
+    assert settings.index_dir.name == "medquad-minilm"
+    (indexes_dir() / "medquad-faq").mkdir()
+    (indexes_dir() / "medquad-faq" / MANIFEST).write_text("{}", encoding="utf-8")
+    assert settings.index_dir.name == "medquad-faq"

@@ -146,8 +146,10 @@ def test_page_shows_set_up_progress_until_the_index_exists(demo_env, tmp_path, m
 def test_default_steps_skip_what_exists_and_respect_no_train(demo_env, monkeypatch):
     ready = DemoSettings.from_env()
     steps = default_steps(ready)
-    assert [step.key for step in steps] == ["index", "summarizer-ecl", "reranker", "summarizer-gemma"]
-    assert [step.status for step in steps] == ["done"] * 4  # a custom summarizer: the Gemma step is switched off
+    keys = ["index", "biencoder", "index-faq", "summarizer-ecl", "reranker", "summarizer-gemma"]
+    assert [step.key for step in steps] == keys
+    # a custom index and summarizer: the bi-encoder, its index and the Gemma step are switched off
+    assert [step.status for step in steps] == ["done"] * 6
     assert not SetupRunner(ready).busy()
     monkeypatch.setenv("MEDFAQ_DEMO_RERANKER", "reranker-not-trained")
     statuses = {step.key: step.status for step in default_steps(DemoSettings.from_env())}
