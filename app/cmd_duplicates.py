@@ -66,6 +66,9 @@ def _train_command(model_type: str) -> Callable[..., None]:
         loss: str | None = LOSS,
         head: str | None = HEAD,
         max_pairs: int | None = typer.Option(None, "--max-pairs", min=1, help="Train on at most this many pairs."),
+        keep_ratio: float | None = typer.Option(
+            None, "--keep-ratio", min=0.01, max=1.0, help="Bi-encoder: keep this share of the fine-tuning change."
+        ),
         device: str | None = DEVICE,
         force: bool = typer.Option(False, "--force", help="Overwrite a non-empty --out directory."),
     ) -> None:
@@ -74,7 +77,9 @@ def _train_command(model_type: str) -> Callable[..., None]:
         from retriever.pair_models import train_pair_model
 
         tuning = _tuning(epochs, batch_size, lr, max_length, loss, head)
-        config = make_config(model_type, task, preset, init=init, seed=seed, max_pairs=max_pairs, **tuning)
+        config = make_config(
+            model_type, task, preset, init=init, seed=seed, max_pairs=max_pairs, keep_ratio=keep_ratio, **tuning
+        )
         _check_out(out, force)
         resolve_model(init)  # a bad --init fails before the data is built
         pairs = task_pairs(config)
