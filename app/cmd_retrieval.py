@@ -97,6 +97,7 @@ def eval_retrieval(
 ) -> None:
     """Recall@1/5/10, MRR@10, nDCG@10, P@5 on the judged test queries; with out-of-scope queries also abstention
     AUROC and accuracy at the threshold calibrated on the dev queries. `--compare` puts the variants side by side."""
+    import retriever.stages  # noqa: F401  (registers the summarizer, reranker and NER stage loaders)
     from eval.benchmarks import read_beir_queries, read_qrels
     from eval.retrieval import RetrievalEvaluator, compare_variants, format_table, run_pipeline
     from index.faq_index import FaqIndex

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
 
 import pytest
 from typer.testing import CliRunner
@@ -276,3 +278,20 @@ def test_bench_json_has_stage_percentiles(bench_dir):
     assert data["throughput"]["queries_per_s"] > 0 and data["peak_memory_mb"] > 0 and data["index_size_mb"] > 0
     text = medfaq("bench", "--index", bench_dir / "index", "--queries", "2", "--ann-vectors", "0", "--no-peers")
     assert text.exit_code == 0 and "end_to_end" in text.stdout and "retrieve" in text.stdout
+
+
+def test_eval_retrieval_loads_the_real_stages_in_a_fresh_process(bench_dir, tmp_path):
+    """The stage loaders register on import: a fresh `medfaq eval retrieval` must import them itself."""
+    args = [
+        "--index",
+        bench_dir / "index",
+        "--queries",
+        bench_dir / "queries.jsonl",
+        "--qrels",
+        bench_dir / "qrels.tsv",
+    ]
+    command = [sys.executable, "-m", "app", "eval", "retrieval", *map(str, args), "--mode", "bm25"]
+    missing = tmp_path / "no-such-summarizer"
+    result = subprocess.run([*command, "--summarize", "--summarizer", str(missing)], capture_output=True, text=True)
+    assert result.returncode == 2 and "no rewrite stage" not in result.stderr
+    assert str(missing) in result.stderr and len(result.stderr.strip().splitlines()) == 1
