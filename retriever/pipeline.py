@@ -61,10 +61,11 @@ class EntityFinder(Protocol):
 class PipelineConfig:
     """What the pipeline runs; saved as ``pipeline.json`` beside an index.
 
-    The defaults are the best configuration measured (docs/results.md, "Retrieval pipeline"): raw-question dense
-    search, which beat hybrid and weighted hybrid RRF on all five benchmarks and on long CHQs against the MedQuAD
-    bank; no summarizing and no reranking (both lowered Recall@1 against dense alone); abstention on wherever a
-    threshold was calibrated for the configuration.
+    The defaults are the best configuration measured (docs/results.md, "Retrieval pipeline" and "Query -> FAQ
+    training set"): raw-question dense search (over an index encoded by the fine-tuned bi-encoder once `medfaq
+    setup` built one), which beat hybrid and weighted hybrid RRF on all six benchmarks; no summarizing and no
+    reranking (the Gemma summaries and the quick cross-encoder both lowered Recall@1 against dense alone);
+    abstention on wherever a threshold was calibrated for the configuration.
 
     `summary_beams` / `summary_max_length`: generation settings (None = those the summarizer was validated with).
     `candidates`: hits per list before hybrid/raw+summary fusion. `rerank_depth`: how many fused hits the
