@@ -120,7 +120,9 @@ def read_texts(path: Path) -> tuple[list[dict], list[str]]:
 
 def summarize(
     text: str | None = typer.Argument(None, help="A consumer health question (omit with --input)."),
-    model: str = typer.Option("summarizer-ecl-quick", "--model", help="Trained summarizer directory or name."),
+    model: str | None = typer.Option(
+        None, "--model", help="Trained summarizer directory or name (default: the best one `medfaq setup` trained)."
+    ),
     input: Path | None = typer.Option(None, "--input", help='JSONL file of {"chq"|"question"|"text": ...} lines.'),
     output: Path | None = typer.Option(None, "--output", help='JSONL to write (input rows plus "summary").'),
     num_beams: int = typer.Option(1, "--num-beams", help="Beam size (1: greedy)."),
@@ -136,7 +138,11 @@ def summarize(
     if input is not None and output is None:
         raise MedfaqError("--input needs --output OUT.jsonl")
     rows, texts = read_texts(input) if input is not None else ([], [text])
-    summaries = Summarizer.load(model, device=device).summarize(texts, num_beams, max_length, batch_size)
+    from retriever.setup_plan import best_summarizer
+    from retriever.stages import set_up_model
+
+    chosen = set_up_model(model, "summarizer", best_summarizer())
+    summaries = Summarizer.load(chosen, device=device).summarize(texts, num_beams, max_length, batch_size)
     if input is None:
         typer.echo(summaries[0])
         return
