@@ -490,8 +490,10 @@ class FaqIndex:
             try:
                 index = cls._load_once(path, encoder, verify)
             except MedfaqError:
-                if attempt == LOAD_ATTEMPTS or disk_version(path) == before:
+                swapping = not path.exists() and _backup_name(path).is_dir()  # a save between its two renames
+                if attempt == LOAD_ATTEMPTS or (disk_version(path) == before and not swapping):
                     raise
+                _restore_interrupted_swap(path)  # waits for that save under the write lock
                 continue
             if attempt == LOAD_ATTEMPTS or disk_version(path) == index.version:
                 return index
