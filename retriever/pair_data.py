@@ -142,8 +142,10 @@ def mine_hard_negatives(
         return []
     unique_pool = list(dict.fromkeys(pool))
     query_vectors, pool_vectors = encode(queries), encode(unique_pool)
-    known = [p for p in dict.fromkeys(p for p in positives if p)]
-    positive_vectors = dict(zip(known, encode(known), strict=True)) if known else {}
+    positive_vectors = dict(zip(unique_pool, pool_vectors, strict=True))  # positives are mostly pool texts
+    outside = list(dict.fromkeys(p for p in positives if p and p not in positive_vectors))
+    if outside:
+        positive_vectors.update(zip(outside, encode(outside), strict=True))
     depth = min(len(unique_pool), 4 * n_negatives + 8)
     top = np.argsort(-(query_vectors @ pool_vectors.T), axis=1)[:, :depth]
     groups = []
