@@ -192,8 +192,9 @@ def medfaq(*args):
     return CliRunner().invoke(app, [str(a) for a in args])
 
 
-def test_eval_retrieval_cli(bench_dir, tmp_path):
-    args = [
+def bench_args(bench_dir) -> list:
+    """The index, queries and qrels options of `medfaq eval retrieval` for the tiny benchmark."""
+    return [
         "--index",
         bench_dir / "index",
         "--queries",
@@ -201,6 +202,10 @@ def test_eval_retrieval_cli(bench_dir, tmp_path):
         "--qrels",
         bench_dir / "qrels.tsv",
     ]
+
+
+def test_eval_retrieval_cli(bench_dir, tmp_path):
+    args = bench_args(bench_dir)
     result = medfaq("eval", "retrieval", *args, "--mode", "bm25", "--json", "--run-out", tmp_path / "run.trec")
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
@@ -282,14 +287,7 @@ def test_bench_json_has_stage_percentiles(bench_dir):
 
 def test_eval_retrieval_loads_the_real_stages_in_a_fresh_process(bench_dir, tmp_path):
     """The stage loaders register on import: a fresh `medfaq eval retrieval` must import them itself."""
-    args = [
-        "--index",
-        bench_dir / "index",
-        "--queries",
-        bench_dir / "queries.jsonl",
-        "--qrels",
-        bench_dir / "qrels.tsv",
-    ]
+    args = bench_args(bench_dir)
     command = [sys.executable, "-m", "app", "eval", "retrieval", *map(str, args), "--mode", "bm25"]
     missing = tmp_path / "no-such-summarizer"
     result = subprocess.run([*command, "--summarize", "--summarizer", str(missing)], capture_output=True, text=True)
