@@ -9,7 +9,7 @@ from pathlib import Path
 
 import typer
 
-from app.setup_state import ENV_NO_TRAIN, EXAMPLE_QUESTIONS, SHARED_DATA, DemoSettings
+from app.setup_state import ENV_NO_TRAIN, EXAMPLE_QUESTIONS, SHARED_DATA, DemoSettings, index_built
 from index.runtime import DEFAULT_ENCODER
 
 APP_SCRIPT = Path(__file__).resolve().parent / "streamlit_app.py"
@@ -66,12 +66,12 @@ def answer_examples(top_k: int, mode: str | None) -> None:
     from index.collections import load_collection
     from index.datasets import fetch_dataset
     from index.encoder import Encoder
-    from index.faq_index import MANIFEST, FaqIndex
+    from index.faq_index import FaqIndex
     from retriever.pipeline import Pipeline, PipelineConfig
 
     fetch_dataset("medquad", SHARED_DATA if SHARED_DATA.is_dir() else None)
     directory = DemoSettings.from_env().index_dir  # the fine-tuned encoder's index once `medfaq setup` built it
-    if not (directory / MANIFEST).is_file():
+    if not index_built(directory):
         typer.echo(f"building the MedQuAD index in {directory} (once; several minutes on a CPU)", err=True)
         records, report = load_collection("medquad")
         typer.echo(report.summary(), err=True)

@@ -131,6 +131,8 @@ def summarize(
     device: str | None = typer.Option(None, "--device", help="cpu or cuda."),
 ) -> None:
     """Summarize consumer health questions into short FAQ-style questions."""
+    from retriever.setup_plan import best_summarizer
+    from retriever.stages import set_up_model
     from summarizer.generation import Summarizer
 
     if (text is None) == (input is None):
@@ -138,9 +140,6 @@ def summarize(
     if input is not None and output is None:
         raise MedfaqError("--input needs --output OUT.jsonl")
     rows, texts = read_texts(input) if input is not None else ([], [text])
-    from retriever.setup_plan import best_summarizer
-    from retriever.stages import set_up_model
-
     chosen = set_up_model(model, "summarizer", best_summarizer())
     summaries = Summarizer.load(chosen, device=device).summarize(texts, num_beams, max_length, batch_size)
     if input is None:

@@ -110,6 +110,7 @@ class DemoSettings:
 
 
 def index_built(path: Path) -> bool:
+    """Whether `path` holds a built index (its manifest)."""
     from index.faq_index import MANIFEST  # imported late: the command line starts without the index stack
 
     return (path / MANIFEST).is_file()
