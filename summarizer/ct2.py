@@ -5,11 +5,10 @@ The conversion is made once, on first use, into ``<summarizer>/ct2-int8`` and re
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
-from index.runtime import MedfaqError
+from index.runtime import MedfaqError, make_once
 from summarizer.modeling import prompt_ids
 
 CT2_DIR = "ct2-int8"
@@ -17,18 +16,15 @@ CT2_DIR = "ct2-int8"
 
 def convert(model_dir: Path) -> Path:
     """``model_dir``'s int8 CTranslate2 conversion (made on the first call)."""
-    out = Path(model_dir) / CT2_DIR
-    if (out / "model.bin").is_file():
-        return out
-    try:
-        from ctranslate2.converters import TransformersConverter
-    except ImportError:
-        raise MedfaqError("int8 generation of a decoder-only summarizer needs the package ctranslate2") from None
-    tmp = out.with_name(CT2_DIR + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    TransformersConverter(str(model_dir)).convert(str(tmp), quantization="int8")
-    tmp.rename(out)
-    return out
+
+    def make(tmp: Path) -> None:
+        try:
+            from ctranslate2.converters import TransformersConverter
+        except ImportError:
+            raise MedfaqError("int8 generation of a decoder-only summarizer needs the package ctranslate2") from None
+        TransformersConverter(str(model_dir)).convert(str(tmp), quantization="int8")
+
+    return make_once(Path(model_dir) / CT2_DIR, "model.bin", make)
 
 
 class CT2Generator:

