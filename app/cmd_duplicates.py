@@ -22,6 +22,9 @@ MAX_LENGTH = typer.Option(None, "--max-length", min=1, help="Max tokens (overrid
 LOSS = typer.Option(None, "--loss", help="Bi-encoder loss: contrastive | mnrl.")
 DEVICE = typer.Option(None, "--device", help="cpu | cuda (default: cuda when available).")
 HEAD = typer.Option(None, "--head", help="Cross-encoder head: cosine (default) | mean | cls | pooler.")
+KEEP_RATIO = typer.Option(
+    None, "--keep-ratio", min=0.01, max=1.0, help="Keep this share of the fine-tuning change (WiSE-FT; override)."
+)
 
 
 def _tuning(
@@ -31,9 +34,18 @@ def _tuning(
     max_length: int | None,
     loss: str | None,
     head: str | None = None,
+    keep_ratio: float | None = None,
 ):
     """The preset overrides both commands share (None = keep the preset)."""
-    return {"epochs": epochs, "batch_size": batch_size, "lr": lr, "max_length": max_length, "loss": loss, "head": head}
+    return {
+        "epochs": epochs,
+        "batch_size": batch_size,
+        "lr": lr,
+        "max_length": max_length,
+        "loss": loss,
+        "head": head,
+        "keep_ratio": keep_ratio,
+    }
 
 
 def render_pair_counts(counts: dict[str, dict[str, int]]) -> str:
@@ -66,9 +78,7 @@ def _train_command(model_type: str) -> Callable[..., None]:
         loss: str | None = LOSS,
         head: str | None = HEAD,
         max_pairs: int | None = typer.Option(None, "--max-pairs", min=1, help="Train on at most this many pairs."),
-        keep_ratio: float | None = typer.Option(
-            None, "--keep-ratio", min=0.01, max=1.0, help="Bi-encoder: keep this share of the fine-tuning change."
-        ),
+        keep_ratio: float | None = KEEP_RATIO,
         device: str | None = DEVICE,
         force: bool = typer.Option(False, "--force", help="Overwrite a non-empty --out directory."),
     ) -> None:
@@ -76,10 +86,8 @@ def _train_command(model_type: str) -> Callable[..., None]:
         from retriever.pair_data import pair_counts, task_pairs
         from retriever.pair_models import train_pair_model
 
-        tuning = _tuning(epochs, batch_size, lr, max_length, loss, head)
-        config = make_config(
-            model_type, task, preset, init=init, seed=seed, max_pairs=max_pairs, keep_ratio=keep_ratio, **tuning
-        )
+        tuning = _tuning(epochs, batch_size, lr, max_length, loss, head, keep_ratio)
+        config = make_config(model_type, task, preset, init=init, seed=seed, max_pairs=max_pairs, **tuning)
         _check_out(out, force)
         resolve_model(init)  # a bad --init fails before the data is built
         pairs = task_pairs(config)
@@ -121,6 +129,7 @@ def eval_duplicates(
     max_length: int | None = MAX_LENGTH,
     loss: str | None = LOSS,
     head: str | None = HEAD,
+    keep_ratio: float | None = KEEP_RATIO,
     max_pairs: int | None = typer.Option(
         None, "--max-pairs", min=1, help="Train each fold on at most this many pairs."
     ),
@@ -147,7 +156,7 @@ def eval_duplicates(
     else:
         if model_type is None:
             raise MedfaqError("give --model-type biencoder|crossencoder (cross-validation) or --model DIR --pairs FILE")
-        tuning = _tuning(epochs, batch_size, lr, max_length, loss, head)
+        tuning = _tuning(epochs, batch_size, lr, max_length, loss, head, keep_ratio)
         config = make_config(model_type, "mqp", preset, init=init, seed=seed, **tuning)
         resolve_model(init)
         if save_models is not None:

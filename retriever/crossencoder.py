@@ -22,7 +22,14 @@ import torch
 from sentence_transformers.base.modules import Module
 
 from index.runtime import MedfaqError, choose_device, quantize_linear, resolve_model, seed_everything
-from retriever.encoder_training import CONFIG_FILE, HEADS, EncoderTrainConfig, split_dev, train_loop
+from retriever.encoder_training import (
+    CONFIG_FILE,
+    HEADS,
+    EncoderTrainConfig,
+    interpolate_weights,
+    split_dev,
+    train_loop,
+)
 from retriever.pair_data import Pair
 
 logger = logging.getLogger("medfaq.crossencoder")
@@ -201,7 +208,8 @@ def both_orders(pairs: Sequence[Pair]) -> list[Pair]:
 def train_crossencoder(
     pairs: Sequence[Pair], config: EncoderTrainConfig, device: str | None = None, dev: Sequence[Pair] | None = None
 ):
-    """Fine-tune `config.init` on `pairs` with binary cross-entropy; returns the CrossEncoder (eval mode).
+    """Fine-tune `config.init` on `pairs` with binary cross-entropy, keeping `config.keep_ratio` of the change to
+    the starting weights (head included); returns the CrossEncoder (eval mode).
 
     The seed is set before the head is created. `config.max_length` None = measured on the training pairs (and
     written back into `config`). With `config.dev_fraction` > 0 and no `dev`, a group-disjoint dev part is carved
@@ -221,6 +229,7 @@ def train_crossencoder(
         )
     if config.head == "cosine":
         calibrate_shift(model, pairs)
+    start = {name: value.detach().clone() for name, value in model.state_dict().items()}
     loss = BinaryCrossEntropyLoss(model)
     examples = both_orders(pairs) if config.symmetric else list(pairs)
 
@@ -248,5 +257,6 @@ def train_crossencoder(
         label=lambda pair: pair.label,
         length=lambda pair: len(pair.text_a) + len(pair.text_b),
     )
+    interpolate_weights(model, start, config.keep_ratio)
     config.extra = {**config.extra, "history": history}
     return model

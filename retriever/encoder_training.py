@@ -82,8 +82,6 @@ class EncoderTrainConfig:
             raise MedfaqError("the dev fraction must be in [0, 1)")
         if not 0 < self.keep_ratio <= 1:
             raise MedfaqError("the keep ratio must be in (0, 1]")
-        if self.keep_ratio < 1 and self.model_type != "biencoder":
-            raise MedfaqError("--keep-ratio is for the bi-encoder")
         self.faq_sources = tuple(self.faq_sources)
 
     def save(self, directory: str | Path) -> Path:
@@ -129,10 +127,12 @@ BIENCODER_PRESETS: dict[tuple[str, str], dict[str, Any]] = {
     ("full", "faq"): {"loss": "mnrl", "lr": 2e-5, "max_length": 256, "epochs": 2, "faq_negatives": 1},
 }
 # Cross-encoder settings over the preset's (chosen on MQP doctor-disjoint dev parts, see docs/results.md): cosine
-# head, max length measured on the training pairs, label-balanced batches, best epoch by dev ROC AUC.
+# head, max length measured on the training pairs, label-balanced batches, best epoch by dev ROC AUC. The quick MQP
+# preset keeps 3/4 of the fine-tuning change (WiSE-FT): 84.1 ± 0.3 % doctor-disjoint accuracy over seeds 0-2
+# against 82.4 ± 0.8 % for the fine-tuned weights alone.
 CROSSENCODER_SETTINGS: dict[str, Any] = {"max_length": None, "dev_fraction": 0.1, "head": "cosine"}
 CROSSENCODER_PRESETS: dict[tuple[str, str], dict[str, Any]] = {
-    ("quick", "mqp"): {"epochs": 1, "lr": 5e-5, "symmetric": True},
+    ("quick", "mqp"): {"epochs": 1, "lr": 5e-5, "symmetric": True, "keep_ratio": 0.75},
     ("full", "mqp"): {"epochs": 3, "lr": 3e-5, "symmetric": True},
 }
 

@@ -48,6 +48,21 @@ def test_train_save_reload_gives_same_scores(tmp_path, tiny_bert_dir, head):
     assert reranker.symmetric
 
 
+def test_keep_ratio_moves_every_weight_back_towards_the_start(tiny_bert_dir):
+    states = {
+        ratio: train_crossencoder(PAIRS, _config(tiny_bert_dir, keep_ratio=ratio), device="cpu").state_dict()
+        for ratio in (1.0, 0.5)
+    }
+    start = load_crossencoder(str(tiny_bert_dir), "cpu", head="cosine").state_dict()
+    encoder = [name for name in start if name.startswith("0.") and start[name].is_floating_point()]
+    changed = [name for name in encoder if not start[name].equal(states[1.0][name])]
+    assert changed
+    for name in encoder:  # half of the change kept: the start is 2 x (ratio 0.5) - (ratio 1)
+        torch.testing.assert_close(2 * states[0.5][name] - states[1.0][name], start[name])
+    for name in ("1.scale", "1.shift"):  # the cosine head too, from its calibrated start
+        assert not states[0.5][name].equal(states[1.0][name])
+
+
 @pytest.mark.parametrize("head", ["cosine", "mean", "cls", "pooler"])
 def test_same_seed_same_scores_other_seed_other_scores(tiny_bert_dir, head):
     def scores(seed: int) -> np.ndarray:
