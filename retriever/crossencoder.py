@@ -205,6 +205,22 @@ def both_orders(pairs: Sequence[Pair]) -> list[Pair]:
     return [*pairs, *(replace(pair, text_a=pair.text_b, text_b=pair.text_a) for pair in pairs)]
 
 
+def initial_crossencoder(pairs: Sequence[Pair], config: EncoderTrainConfig, device: str | None = None):
+    """The model `train_crossencoder` starts from: seeded before the head exists, max length measured on `pairs`
+    when `config.max_length` is None (and written back into `config`), a cosine head's shift calibrated."""
+    seed_everything(config.seed)
+    model = load_crossencoder(config.init, device, config.max_length, config.head)
+    if config.max_length is None:
+        config.max_length = measure_max_length(model.tokenizer, pairs)
+        model.max_seq_length = config.max_length
+        logger.info(
+            "max length %d tokens (%dth percentile of the training pairs)", config.max_length, LENGTH_PERCENTILE
+        )
+    if config.head == "cosine":
+        calibrate_shift(model, pairs)
+    return model
+
+
 def train_crossencoder(
     pairs: Sequence[Pair], config: EncoderTrainConfig, device: str | None = None, dev: Sequence[Pair] | None = None
 ):
@@ -219,16 +235,7 @@ def train_crossencoder(
 
     if dev is None and config.dev_fraction > 0:
         pairs, dev = split_dev(pairs, config.dev_fraction, config.seed)
-    seed_everything(config.seed)
-    model = load_crossencoder(config.init, device, config.max_length, config.head)
-    if config.max_length is None:
-        config.max_length = measure_max_length(model.tokenizer, pairs)
-        model.max_seq_length = config.max_length
-        logger.info(
-            "max length %d tokens (%dth percentile of the training pairs)", config.max_length, LENGTH_PERCENTILE
-        )
-    if config.head == "cosine":
-        calibrate_shift(model, pairs)
+    model = initial_crossencoder(pairs, config, device)
     start = {name: value.detach().clone() for name, value in model.state_dict().items()}
     loss = BinaryCrossEntropyLoss(model)
     examples = both_orders(pairs) if config.symmetric else list(pairs)

@@ -10,8 +10,8 @@ from typing import Protocol
 import numpy as np
 
 from index.runtime import resolve_model
-from retriever.biencoder import BiEncoderScorer, train_biencoder
-from retriever.crossencoder import CrossEncoderReranker, has_classifier_head, train_crossencoder
+from retriever.biencoder import BiEncoderScorer, load_biencoder, train_biencoder
+from retriever.crossencoder import CrossEncoderReranker, has_classifier_head, initial_crossencoder, train_crossencoder
 from retriever.encoder_training import CONFIG_FILE, EncoderTrainConfig
 from retriever.pair_data import Pair
 
@@ -28,6 +28,13 @@ def train_pair_model(
     if config.model_type == "crossencoder":
         return train_crossencoder(pairs, config, device, dev)
     return train_biencoder(pairs, config, device)
+
+
+def initial_weights(pairs: Sequence[Pair], config: EncoderTrainConfig, device: str | None = None) -> dict:
+    """The weights `train_pair_model(pairs, config)` starts from (what its keep ratio moves back towards)."""
+    if config.model_type == "crossencoder":
+        return initial_crossencoder(pairs, config, device).state_dict()
+    return load_biencoder(config.init, device).state_dict()
 
 
 def as_scorer(model, config: EncoderTrainConfig) -> PairScorer:

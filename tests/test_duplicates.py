@@ -13,12 +13,13 @@ from typer.testing import CliRunner
 
 from app.cli import app
 from eval.duplicates import DuplicateEvaluator, binary_metrics, fold_metrics, make_folds, tune_threshold
+from eval.keep_ratio_sweep import keep_ratio_sweep
 from index.pair_sources import load_mqp
 from index.runtime import MedfaqError
 from retriever.biencoder import BiEncoderScorer, load_biencoder, train_biencoder
 from retriever.encoder_training import EncoderTrainConfig, make_config, save_trained
 from retriever.pair_data import Pair, mnrl_triplets, mqp_pairs, read_pairs_file
-from retriever.pair_models import load_pair_scorer
+from retriever.pair_models import as_scorer, load_pair_scorer, train_pair_model
 
 runner = CliRunner()
 
@@ -149,6 +150,22 @@ def test_biencoder_keep_ratio_interpolates_between_start_and_fine_tuned_weights(
     for model_type in ("biencoder", "crossencoder"):
         with pytest.raises(MedfaqError, match="keep ratio"):
             make_config(model_type, "mqp", "quick", keep_ratio=0.0)
+
+
+def test_keep_ratio_sweep_matches_cross_validation_trained_at_each_ratio(tiny_bert_dir):
+    pairs = synthetic_pairs()
+    quiet = {"print_fn": lambda _: None}
+    sweep = keep_ratio_sweep(pairs, init=str(tiny_bert_dir), ratios=(1.0, 0.5), folds=2, device="cpu", **quiet)
+    for ratio in (1.0, 0.5):
+        config = make_config("crossencoder", "mqp", "quick", init=str(tiny_bert_dir), keep_ratio=ratio)
+
+        def fit(train, dev, fold):
+            return as_scorer(train_pair_model(train, replace(config), "cpu", dev), config)
+
+        direct = DuplicateEvaluator(pairs, "doctor", 2, 0, **quiet)(fit)
+        for metric in ("accuracy", "auc"):
+            assert sweep["ratios"][f"{ratio:g}"][metric] == pytest.approx(direct[metric], abs=1e-6)
+    assert sweep["ratios"]["1"]["auc"] != sweep["ratios"]["0.5"]["auc"]
 
 
 def test_mnrl_triplets_prefer_labelled_negatives_and_mine_the_rest():

@@ -1,0 +1,96 @@
+"""WiSE-FT keep-ratio sweep on MQP cross-validation: each fold's model is trained once per seed (keep ratio 1),
+then scored at every keep ratio with its weights moved back towards the start; thresholds are tuned on each fold's
+dev part as in ``medfaq eval duplicates``. The folds are those of ``--fold-seed``, so the seeds vary the training
+only. Prints accuracy, F1 and ROC AUC per ratio (mean ± std over the seeds of each seed's fold mean).
+
+    python -m eval.keep_ratio_sweep --model-type crossencoder --seeds 0,1,2 --ratios 1,0.75,0.5,0.25
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from eval.duplicates import METRICS, fold_metrics, format_table, make_folds, summarise
+from retriever.encoder_training import interpolate_weights, make_config
+from retriever.pair_data import Pair, mqp_pairs
+from retriever.pair_models import as_scorer, initial_weights, train_pair_model
+
+
+def keep_ratio_sweep(
+    pairs: Sequence[Pair],
+    model_type: str = "crossencoder",
+    preset: str = "quick",
+    init: str = "minilm",
+    seeds: Sequence[int] = (0,),
+    ratios: Sequence[float] = (1.0, 0.75, 0.5),
+    split: str = "doctor",
+    folds: int = 3,
+    fold_seed: int = 0,
+    device: str | None = None,
+    print_fn: Callable[[str], Any] = print,
+) -> dict[str, Any]:
+    """Per ratio (``"0.75"``): the mean and ``<metric>_std`` over seeds of each seed's fold-mean metrics
+    (fractions), and ``per_seed``."""
+    pairs = list(pairs)
+    per_fold: dict[float, dict[int, list[dict[str, float]]]] = {ratio: {seed: [] for seed in seeds} for ratio in ratios}
+    for seed in seeds:
+        for index, fold in enumerate(make_folds(pairs, split, folds, fold_seed)):
+            train, dev, test = ([pairs[j] for j in part] for part in (fold.train, fold.dev, fold.test))
+            config = make_config(model_type, "mqp", preset, init=init, seed=seed, keep_ratio=1.0)
+            model = train_pair_model(train, config, device, dev)
+            tuned = {name: value.detach().clone() for name, value in model.state_dict().items()}
+            start = initial_weights(train, replace(config), device)
+            for ratio in ratios:
+                model.load_state_dict(tuned)
+                interpolate_weights(model, start, ratio)
+                scorer = as_scorer(model, config)
+                scores = [scorer.score_pairs([(p.text_a, p.text_b) for p in part]) for part in (dev, test)]
+                labels = [np.array([p.label for p in part]) for part in (dev, test)]
+                metrics = fold_metrics(scores[0], labels[0], scores[1], labels[1])
+                per_fold[ratio][seed].append(metrics)
+                print_fn(f"seed {seed} fold {index + 1} keep {ratio:g}: accuracy {100 * metrics['accuracy']:.1f}")
+    summary: dict[str, Any] = {"model_type": model_type, "preset": preset, "seeds": list(seeds), "ratios": {}}
+    for ratio in ratios:
+        seed_means = [{m: float(np.mean([f[m] for f in per_fold[ratio][seed]])) for m in METRICS} for seed in seeds]
+        summary["ratios"][f"{ratio:g}"] = {**summarise(seed_means), "per_seed": seed_means}
+    seed_list = ", ".join(map(str, seeds))
+    print_fn(f"{split} split, {folds} folds, seeds {seed_list} (test metrics, %, mean ± std over seeds)")
+    print_fn(format_table([(f"keep {ratio}", summary["ratios"][ratio]) for ratio in summary["ratios"]], std=True))
+    return summary
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model-type", default="crossencoder", choices=("crossencoder", "biencoder"))
+    parser.add_argument("--preset", default="quick", choices=("quick", "full"))
+    parser.add_argument("--init", default="minilm", help="Starting weights: minilm, a model directory or name.")
+    parser.add_argument("--seeds", default="0", help="Comma-separated training seeds.")
+    parser.add_argument("--ratios", default="1,0.75,0.5", help="Comma-separated keep ratios in (0, 1].")
+    parser.add_argument("--split", default="doctor", choices=("doctor", "grouped"))
+    parser.add_argument("--folds", type=int, default=3)
+    parser.add_argument("--fold-seed", type=int, default=0)
+    parser.add_argument("--json", action="store_true", help="Also print the result as one JSON object.")
+    args = parser.parse_args(argv)
+    summary = keep_ratio_sweep(
+        mqp_pairs(),
+        args.model_type,
+        args.preset,
+        args.init,
+        [int(seed) for seed in args.seeds.split(",")],
+        [float(ratio) for ratio in args.ratios.split(",")],
+        args.split,
+        args.folds,
+        args.fold_seed,
+    )
+    if args.json:
+        print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()
