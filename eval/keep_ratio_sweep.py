@@ -33,16 +33,18 @@ def keep_ratio_sweep(
     folds: int = 3,
     fold_seed: int = 0,
     device: str | None = None,
+    overrides: dict[str, Any] | None = None,
     print_fn: Callable[[str], Any] = print,
 ) -> dict[str, Any]:
-    """Per ratio (``"0.75"``): the mean and ``<metric>_std`` over seeds of each seed's fold-mean metrics
-    (fractions), and ``per_seed``."""
+    """`overrides`: preset settings to change (e.g. ``{"lr": 1e-4}``). Per ratio (``"0.75"``): the mean and
+    ``<metric>_std`` over seeds of each seed's fold-mean metrics (fractions), and ``per_seed``."""
     pairs = list(pairs)
     per_fold: dict[float, dict[int, list[dict[str, float]]]] = {ratio: {seed: [] for seed in seeds} for ratio in ratios}
     for seed in seeds:
         for index, fold in enumerate(make_folds(pairs, split, folds, fold_seed)):
             train, dev, test = ([pairs[j] for j in part] for part in (fold.train, fold.dev, fold.test))
-            config = make_config(model_type, "mqp", preset, init=init, seed=seed, keep_ratio=1.0)
+            settings = {**(overrides or {}), "keep_ratio": 1.0}
+            config = make_config(model_type, "mqp", preset, init=init, seed=seed, **settings)
             model = train_pair_model(train, config, device, dev)
             tuned = {name: value.detach().clone() for name, value in model.state_dict().items()}
             start = initial_weights(train, replace(config), device)
@@ -75,6 +77,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--split", default="doctor", choices=("doctor", "grouped"))
     parser.add_argument("--folds", type=int, default=3)
     parser.add_argument("--fold-seed", type=int, default=0)
+    parser.add_argument("--lr", type=float, help="Learning rate (override the preset).")
+    parser.add_argument("--epochs", type=int, help="Epochs (override the preset).")
     parser.add_argument("--json", action="store_true", help="Also print the result as one JSON object.")
     args = parser.parse_args(argv)
     summary = keep_ratio_sweep(
@@ -87,6 +91,7 @@ def main(argv: list[str] | None = None) -> None:
         args.split,
         args.folds,
         args.fold_seed,
+        overrides={"lr": args.lr, "epochs": args.epochs},
     )
     if args.json:
         print(json.dumps(summary))
