@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 import numpy as np
 
 from eval.duplicates import METRICS, fold_metrics, format_table, make_folds, summarise
+from index.runtime import MedfaqError
 from retriever.encoder_training import interpolate_weights, make_config
 from retriever.pair_data import Pair, mqp_pairs
 from retriever.pair_models import as_scorer, initial_weights, train_pair_model
@@ -67,32 +70,53 @@ def keep_ratio_sweep(
     return summary
 
 
+def _seeds(text: str) -> list[int]:
+    try:
+        return [int(seed) for seed in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers") from None
+
+
+def _ratios(text: str) -> list[float]:
+    try:
+        ratios = [float(ratio) for ratio in text.split(",")]
+    except ValueError:
+        ratios = []
+    if not ratios or not all(0 < ratio <= 1 for ratio in ratios):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of ratios in (0, 1]")
+    return ratios
+
+
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m eval.keep_ratio_sweep", description=__doc__.splitlines()[0])
     parser.add_argument("--model-type", default="crossencoder", choices=("crossencoder", "biencoder"))
     parser.add_argument("--preset", default="quick", choices=("quick", "full"))
     parser.add_argument("--init", default="minilm", help="Starting weights: minilm, a model directory or name.")
-    parser.add_argument("--seeds", default="0", help="Comma-separated training seeds.")
-    parser.add_argument("--ratios", default="1,0.75,0.5", help="Comma-separated keep ratios in (0, 1].")
+    parser.add_argument("--seeds", type=_seeds, default=[0], help="Comma-separated training seeds.")
+    parser.add_argument("--ratios", type=_ratios, default=[1.0, 0.75, 0.5], help="Comma-separated, in (0, 1].")
     parser.add_argument("--split", default="doctor", choices=("doctor", "grouped"))
     parser.add_argument("--folds", type=int, default=3)
     parser.add_argument("--fold-seed", type=int, default=0)
     parser.add_argument("--lr", type=float, help="Learning rate (override the preset).")
     parser.add_argument("--epochs", type=int, help="Epochs (override the preset).")
-    parser.add_argument("--json", action="store_true", help="Also print the result as one JSON object.")
+    parser.add_argument("--json", action="store_true", help="Print one JSON object (the tables go to stderr).")
     args = parser.parse_args(argv)
-    summary = keep_ratio_sweep(
-        mqp_pairs(),
-        args.model_type,
-        args.preset,
-        args.init,
-        [int(seed) for seed in args.seeds.split(",")],
-        [float(ratio) for ratio in args.ratios.split(",")],
-        args.split,
-        args.folds,
-        args.fold_seed,
-        overrides={"lr": args.lr, "epochs": args.epochs},
-    )
+    try:
+        summary = keep_ratio_sweep(
+            mqp_pairs(),
+            args.model_type,
+            args.preset,
+            args.init,
+            args.seeds,
+            args.ratios,
+            args.split,
+            args.folds,
+            args.fold_seed,
+            overrides={"lr": args.lr, "epochs": args.epochs},
+            print_fn=partial(print, file=sys.stderr if args.json else sys.stdout),
+        )
+    except MedfaqError as error:
+        parser.exit(2, f"error: {error}\n")
     if args.json:
         print(json.dumps(summary))
 
