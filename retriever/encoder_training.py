@@ -128,8 +128,8 @@ BIENCODER_PRESETS: dict[tuple[str, str], dict[str, Any]] = {
 }
 # Cross-encoder settings over the preset's (chosen on MQP doctor-disjoint dev parts, see docs/results.md): cosine
 # head, max length measured on the training pairs, label-balanced batches, best epoch by dev ROC AUC. The quick MQP
-# preset keeps 3/4 of the fine-tuning change (WiSE-FT): 84.1 ± 0.3 % doctor-disjoint accuracy over seeds 0-2
-# against 82.4 ± 0.8 % for the fine-tuned weights alone.
+# preset keeps 3/4 of the fine-tuning change (WiSE-FT): 84.1 ± 0.3 % doctor-disjoint accuracy over training seeds
+# 0-2 on seed 0's folds against 82.4 ± 0.8 % for the fine-tuned weights alone.
 CROSSENCODER_SETTINGS: dict[str, Any] = {"max_length": None, "dev_fraction": 0.1, "head": "cosine"}
 CROSSENCODER_PRESETS: dict[tuple[str, str], dict[str, Any]] = {
     ("quick", "mqp"): {"epochs": 1, "lr": 5e-5, "symmetric": True, "keep_ratio": 0.75},
