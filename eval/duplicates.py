@@ -161,6 +161,19 @@ def _labels(pairs: Sequence[Pair]) -> np.ndarray:
     return np.array([pair.label for pair in pairs])
 
 
+def fold_parts(pairs: Sequence[Pair], fold: Fold) -> tuple[list[Pair], list[Pair], list[Pair]]:
+    """The fold's (train, dev, test) pairs."""
+    train, dev, test = ([pairs[j] for j in part] for part in (fold.train, fold.dev, fold.test))
+    return train, dev, test
+
+
+def score_fold(scorer: PairScorer, dev: Sequence[Pair], test: Sequence[Pair], progress: bool = False) -> dict:
+    """:func:`fold_metrics` of `scorer` on a fold: thresholds tuned on `dev`, applied to `test`."""
+    dev_scores = scorer.score_pairs(_texts(dev), progress=progress)
+    test_scores = scorer.score_pairs(_texts(test), progress=progress)
+    return fold_metrics(dev_scores, _labels(dev), test_scores, _labels(test))
+
+
 class DuplicateEvaluator:
     """Cross-validation of a duplicate detector: ``evaluator(fit)`` trains one model per fold with
     ``fit(train_pairs, dev_pairs, fold_index) -> PairScorer`` (dev may select epochs; test is never seen), tunes
@@ -191,11 +204,9 @@ class DuplicateEvaluator:
         started = time.perf_counter()
         for i, fold in enumerate(self.folds):
             fold_start = time.perf_counter()
-            train, dev, test = ([self.pairs[j] for j in part] for part in (fold.train, fold.dev, fold.test))
+            train, dev, test = fold_parts(self.pairs, fold)
             scorer = fit(train, dev, i)
-            dev_scores = scorer.score_pairs(_texts(dev), progress=True)
-            test_scores = scorer.score_pairs(_texts(test), progress=True)
-            metrics = fold_metrics(dev_scores, _labels(dev), test_scores, _labels(test))
+            metrics = score_fold(scorer, dev, test, progress=True)
             metrics.update(n_train=len(train), n_dev=len(dev), n_test=len(test))
             metrics["fold_wall_s"] = time.perf_counter() - fold_start
             per_fold.append(metrics)

@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from eval.duplicates import METRICS, fold_metrics, format_table, make_folds, summarise
+from eval.duplicates import METRICS, fold_parts, format_table, make_folds, score_fold, summarise
 from index.runtime import MedfaqError
-from retriever.encoder_training import interpolate_weights, make_config
+from retriever.encoder_training import copy_weights, interpolate_weights, make_config
 from retriever.pair_data import Pair, mqp_pairs
 from retriever.pair_models import as_scorer, initial_weights, train_pair_model
 
@@ -45,19 +45,16 @@ def keep_ratio_sweep(
     per_fold: dict[float, dict[int, list[dict[str, float]]]] = {ratio: {seed: [] for seed in seeds} for ratio in ratios}
     for seed in seeds:
         for index, fold in enumerate(make_folds(pairs, split, folds, fold_seed)):
-            train, dev, test = ([pairs[j] for j in part] for part in (fold.train, fold.dev, fold.test))
+            train, dev, test = fold_parts(pairs, fold)
             settings = {**(overrides or {}), "keep_ratio": 1.0}
             config = make_config(model_type, "mqp", preset, init=init, seed=seed, **settings)
             model = train_pair_model(train, config, device, dev)
-            tuned = {name: value.detach().clone() for name, value in model.state_dict().items()}
+            tuned = copy_weights(model)
             start = initial_weights(train, replace(config), device)
             for ratio in ratios:
                 model.load_state_dict(tuned)
                 interpolate_weights(model, start, ratio)
-                scorer = as_scorer(model, config)
-                scores = [scorer.score_pairs([(p.text_a, p.text_b) for p in part]) for part in (dev, test)]
-                labels = [np.array([p.label for p in part]) for part in (dev, test)]
-                metrics = fold_metrics(scores[0], labels[0], scores[1], labels[1])
+                metrics = score_fold(as_scorer(model, config), dev, test)
                 per_fold[ratio][seed].append(metrics)
                 print_fn(f"seed {seed} fold {index + 1} keep {ratio:g}: accuracy {100 * metrics['accuracy']:.1f}")
     summary: dict[str, Any] = {"model_type": model_type, "preset": preset, "seeds": list(seeds), "ratios": {}}

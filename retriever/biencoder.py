@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from index.runtime import choose_device, quantize_linear, resolve_model
-from retriever.encoder_training import EncoderTrainConfig, interpolate_weights, train_loop
+from retriever.encoder_training import EncoderTrainConfig, train_loop
 from retriever.pair_data import Pair, mnrl_triplets, normalise
 
 
@@ -66,7 +66,6 @@ def train_biencoder(pairs: Sequence[Pair], config: EncoderTrainConfig, device: s
     from sentence_transformers.util import batch_to_device
 
     model = load_biencoder(config.init, device)
-    start = {name: value.detach().clone() for name, value in model.state_dict().items()}
     inference_length = model.max_seq_length  # training truncates at config.max_length; the saved model reads as far
     model.max_seq_length = config.max_length or inference_length  # as the model it started from
 
@@ -93,6 +92,5 @@ def train_biencoder(pairs: Sequence[Pair], config: EncoderTrainConfig, device: s
 
     distinct = (lambda triplet: map(normalise, triplet)) if config.loss == "mnrl" else None
     train_loop(model, step, examples, config, desc=f"bi-encoder ({config.loss})", distinct=distinct)
-    interpolate_weights(model, start, config.keep_ratio)
     model.max_seq_length = inference_length
     return model

@@ -22,14 +22,7 @@ import torch
 from sentence_transformers.base.modules import Module
 
 from index.runtime import MedfaqError, choose_device, quantize_linear, resolve_model, seed_everything
-from retriever.encoder_training import (
-    CONFIG_FILE,
-    HEADS,
-    EncoderTrainConfig,
-    interpolate_weights,
-    split_dev,
-    train_loop,
-)
+from retriever.encoder_training import CONFIG_FILE, HEADS, EncoderTrainConfig, split_dev, train_loop
 from retriever.pair_data import Pair
 
 logger = logging.getLogger("medfaq.crossencoder")
@@ -236,7 +229,6 @@ def train_crossencoder(
     if dev is None and config.dev_fraction > 0:
         pairs, dev = split_dev(pairs, config.dev_fraction, config.seed)
     model = initial_crossencoder(pairs, config, device)
-    start = {name: value.detach().clone() for name, value in model.state_dict().items()}
     loss = BinaryCrossEntropyLoss(model)
     examples = both_orders(pairs) if config.symmetric else list(pairs)
 
@@ -264,6 +256,5 @@ def train_crossencoder(
         label=lambda pair: pair.label,
         length=lambda pair: len(pair.text_a) + len(pair.text_b),
     )
-    interpolate_weights(model, start, config.keep_ratio)
     config.extra = {**config.extra, "history": history}
     return model

@@ -238,11 +238,11 @@ def train_loop(
 
     `label`, `length` and `distinct` shape the batches (:func:`make_batches`: label-balanced, similar lengths, no
     shared keys). `dev_score`
-    (higher = better) runs after every epoch; the weights of the best epoch are restored at the end. Returns the
-    history: mean loss and dev score per epoch, the best epoch (1-based) and the training seconds. `model` is a torch
-    module (put into train mode here, eval mode at the end).
+    (higher = better) runs after every epoch; the weights of the best epoch are restored at the end, then moved back
+    towards the weights `model` had on entry, keeping `config.keep_ratio` of the change (:func:`interpolate_weights`).
+    Returns the history: mean loss and dev score per epoch, the best epoch (1-based) and the training seconds. `model`
+    is a torch module (put into train mode here, eval mode at the end).
     """
-    import copy
     import time
 
     import torch
@@ -251,6 +251,7 @@ def train_loop(
     if not examples:
         raise MedfaqError("no training examples")
     seed_everything(config.seed)
+    start = copy_weights(model) if config.keep_ratio < 1 else None
     steps_per_epoch = (len(examples) + config.batch_size - 1) // config.batch_size
     total = steps_per_epoch * config.epochs
     trainable = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
@@ -288,15 +289,22 @@ def train_loop(
                 if score > best_score:
                     best_score, history["best_epoch"] = score, epoch + 1
                     if epoch + 1 < config.epochs:
-                        best_state = copy.deepcopy(model.state_dict())
+                        best_state = copy_weights(model)
                     else:
                         best_state = None  # the current weights are the best
     if best_state is not None:
         model.load_state_dict(best_state)
+    if start is not None:
+        interpolate_weights(model, start, config.keep_ratio)
     model.eval()
     history["train_s"] = time.perf_counter() - started
     logger.info("trained %d steps; best epoch %d", total, history["best_epoch"])
     return history
+
+
+def copy_weights(model: Any) -> dict[str, Any]:
+    """A detached copy of `model`'s state dict (to restore with ``load_state_dict`` or interpolate towards)."""
+    return {name: value.detach().clone() for name, value in model.state_dict().items()}
 
 
 def interpolate_weights(model: Any, start: dict[str, Any], keep_ratio: float) -> None:
