@@ -110,6 +110,9 @@ def eval_duplicates(
     preset: str = typer.Option("quick", "--preset", help="quick | full"),
     folds: int | None = typer.Option(None, "--folds", min=2, help="Number of folds (default: 3 quick, 5 full)."),
     seed: int = typer.Option(0, "--seed"),
+    dev_groups: int | None = typer.Option(
+        None, "--dev-groups", min=1, help="Cross-validation: fewest doctors/groups per fold's dev part [default: 2]."
+    ),
     model: str | None = typer.Option(None, "--model", help="Score a trained model on --pairs instead."),
     pairs: Path | None = typer.Option(None, "--pairs", help="Labelled pairs JSONL (text_a, text_b, label)."),
     threshold: float | None = typer.Option(
@@ -137,7 +140,7 @@ def eval_duplicates(
 ) -> None:
     """Cross-validate a duplicate detector on MQP (one model per fold, dev-tuned thresholds), or score a trained
     model on a labelled pairs file."""
-    from eval.duplicates import CV_FOLDS, DuplicateEvaluator, PairsEvaluator, save_fold
+    from eval.duplicates import CV_FOLDS, MIN_DEV_GROUPS, DuplicateEvaluator, PairsEvaluator, save_fold
     from index.runtime import quantize_linear
     from retriever.encoder_training import make_config, subsample
     from retriever.pair_data import mqp_pairs, read_pairs_file
@@ -163,7 +166,8 @@ def eval_duplicates(
             if quantize:
                 raise MedfaqError("--save-models keeps the full-precision models; drop --quantize")
             _check_out(save_models, force=False)
-        evaluator = DuplicateEvaluator(mqp_pairs(), split, folds or CV_FOLDS[preset], seed, print_fn=echo)
+        n_folds, min_dev_groups = folds or CV_FOLDS[preset], dev_groups or MIN_DEV_GROUPS
+        evaluator = DuplicateEvaluator(mqp_pairs(), split, n_folds, seed, min_dev_groups=min_dev_groups, print_fn=echo)
 
         fold_configs = []
 

@@ -2,7 +2,8 @@
 
 Splits never leak across train/dev/test: ``doctor`` folds keep every doctor (pair author) in one part, as Curai
 did; ``grouped`` folds keep every `question_1` group in one part. Each fold's dev part is carved from its training
-part with the same grouping. Thresholds are tuned on dev only (best F1, best accuracy) and applied to test.
+part with the same grouping, at least two groups of it: a threshold tuned on one doctor's pairs transfers badly to
+other doctors. Thresholds are tuned on dev only (best F1, best accuracy) and applied to test.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ SPLITS = ("doctor", "grouped")
 CV_FOLDS = {"quick": 3, "full": 5}
 METRICS = ("accuracy", "f1", "precision", "recall", "auc")
 TUNE_METRICS = ("f1", "accuracy")
+MIN_DEV_GROUPS = 2
 
 
 @dataclass(frozen=True)
@@ -46,10 +48,16 @@ def _split_key(pair: Pair, split: str) -> str:
 
 
 def make_folds(
-    pairs: Sequence[Pair], split: str = "doctor", k: int = 3, seed: int = 0, dev_fraction: float = 0.15
+    pairs: Sequence[Pair],
+    split: str = "doctor",
+    k: int = 3,
+    seed: int = 0,
+    dev_fraction: float = 0.15,
+    min_dev_groups: int = MIN_DEV_GROUPS,
 ) -> list[Fold]:
     """`k` folds: test = one fold of the split's groups (doctors or `question_1` groups); dev = about
-    `dev_fraction` of the remaining groups (at least one); train = the rest."""
+    `dev_fraction` of the remaining groups, at least `min_dev_groups` of them while one is left to train on;
+    train = the rest."""
     if split not in SPLITS:
         raise MedfaqError(f"unknown split {split!r}; choose one of {', '.join(SPLITS)}")
     groups = np.array([_split_key(pair, split) for pair in pairs])
@@ -62,7 +70,8 @@ def make_folds(
         splitter = GroupKFold(n_splits=k, shuffle=True, random_state=seed)
     folds = []
     for i, (pool, test) in enumerate(splitter.split(np.zeros(len(pairs)), groups=groups)):
-        n_dev = max(1, round(dev_fraction * len(set(groups[pool]))))
+        n_pool = len(set(groups[pool]))
+        n_dev = max(1, min(max(min_dev_groups, round(dev_fraction * n_pool)), n_pool - 1))
         carve = GroupShuffleSplit(n_splits=1, test_size=n_dev, random_state=seed + i)
         train, dev = next(carve.split(pool, groups=groups[pool]))
         folds.append(Fold(sorted(pool[train].tolist()), sorted(pool[dev].tolist()), sorted(test.tolist())))
@@ -187,11 +196,12 @@ class DuplicateEvaluator:
         folds: int = 3,
         seed: int = 0,
         dev_fraction: float = 0.15,
+        min_dev_groups: int = MIN_DEV_GROUPS,
         print_fn: Callable[[str], Any] = print,
     ) -> None:
         self.pairs = list(pairs)
         self.split = split
-        self.folds = make_folds(self.pairs, split, folds, seed, dev_fraction)
+        self.folds = make_folds(self.pairs, split, folds, seed, dev_fraction, min_dev_groups)
         self.print_fn = print_fn
 
     def __call__(

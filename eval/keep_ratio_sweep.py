@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from eval.duplicates import METRICS, fold_parts, format_table, make_folds, score_fold, summarise
+from eval.duplicates import METRICS, MIN_DEV_GROUPS, fold_parts, format_table, make_folds, score_fold, summarise
 from index.runtime import MedfaqError
 from retriever.encoder_training import copy_weights, interpolate_weights, make_config
 from retriever.pair_data import Pair, mqp_pairs
@@ -35,6 +35,7 @@ def keep_ratio_sweep(
     split: str = "doctor",
     folds: int = 3,
     fold_seed: int = 0,
+    min_dev_groups: int = MIN_DEV_GROUPS,
     device: str | None = None,
     overrides: dict[str, Any] | None = None,
     print_fn: Callable[[str], Any] = print,
@@ -44,7 +45,7 @@ def keep_ratio_sweep(
     pairs = list(pairs)
     per_fold: dict[float, dict[int, list[dict[str, float]]]] = {ratio: {seed: [] for seed in seeds} for ratio in ratios}
     for seed in seeds:
-        for index, fold in enumerate(make_folds(pairs, split, folds, fold_seed)):
+        for index, fold in enumerate(make_folds(pairs, split, folds, fold_seed, min_dev_groups=min_dev_groups)):
             train, dev, test = fold_parts(pairs, fold)
             settings = {**(overrides or {}), "keep_ratio": 1.0}
             config = make_config(model_type, "mqp", preset, init=init, seed=seed, **settings)
@@ -94,6 +95,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--split", default="doctor", choices=("doctor", "grouped"))
     parser.add_argument("--folds", type=int, default=3)
     parser.add_argument("--fold-seed", type=int, default=0)
+    parser.add_argument("--dev-groups", type=int, default=MIN_DEV_GROUPS, help="Fewest groups in each dev part.")
     parser.add_argument("--lr", type=float, help="Learning rate (override the preset).")
     parser.add_argument("--epochs", type=int, help="Epochs (override the preset).")
     parser.add_argument("--json", action="store_true", help="Print one JSON object (the tables go to stderr).")
@@ -109,6 +111,7 @@ def main(argv: list[str] | None = None) -> None:
             args.split,
             args.folds,
             args.fold_seed,
+            args.dev_groups,
             overrides={"lr": args.lr, "epochs": args.epochs},
             print_fn=partial(print, file=sys.stderr if args.json else sys.stdout),
         )

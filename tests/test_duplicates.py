@@ -61,7 +61,16 @@ def test_real_mqp_folds_never_leak_a_doctor_or_a_question(shared_data, split):
     assert_no_leak(pairs, folds, lambda p: p.author if split == "doctor" else p.group)
     for fold in folds:  # the question_1 groups never straddle parts either (each group has one doctor)
         assert not ({pairs[i].group for i in fold.train} & {pairs[i].group for i in fold.test})
-        assert fold.dev
+        assert len({pairs[i].author for i in fold.dev}) >= 2  # thresholds are never tuned on one doctor
+
+
+def test_dev_parts_hold_the_fewest_groups_asked_and_leave_one_to_train():
+    pairs = synthetic_pairs()  # 5 doctors: 3 folds leave 3 or 4 doctors per pool
+    for min_dev_groups, expected in ((1, {1}), (2, {2}), (9, {2, 3})):
+        folds = make_folds(pairs, "doctor", 3, seed=0, min_dev_groups=min_dev_groups)
+        assert {len({pairs[i].author for i in fold.dev}) for fold in folds} == expected
+        assert all(fold.train for fold in folds)
+        assert_no_leak(pairs, folds, lambda p: p.author)
 
 
 def test_folds_are_deterministic_and_reject_bad_fold_counts():
