@@ -37,6 +37,9 @@ def train_summarizer(
     freeze_embeddings: bool | None = typer.Option(
         None, "--freeze-embeddings/--train-embeddings", help="Decoder-only backbones: freeze the token embedding."
     ),
+    lora_rank: int | None = typer.Option(
+        None, "--lora-rank", min=0, help="Decoder-only backbones: train LoRA adapters of this rank (0: full weights)."
+    ),
     learned_temperature: float | None = typer.Option(None, "--learned-temperature"),
     alpha: float | None = typer.Option(None, "--alpha", help="Weight of the simple-negative loss."),
     beta: float | None = typer.Option(None, "--beta", help="Weight of the hard-negative loss."),

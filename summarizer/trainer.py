@@ -6,16 +6,18 @@ One trainer runs every variant (`VARIANTS`): ``ecl``, ``mle`` (= ECL−s−h), `
 generator trained adversarially to maximise the contrastive loss at its own temperature, with a diversity loss).
 
 Backbones: seq2seq (anchor = the encoder's CHQ states) or decoder-only causal LMs (input = CHQ + separator + FAQ, loss
-and LM-head logits on the FAQ tokens only, anchor = the CHQ tokens' last hidden states, embedding frozen by default).
-The momentum key encoder copies only the trainable parameters and shares the frozen ones.
+and LM-head logits on the FAQ tokens only, anchor = the CHQ tokens' last hidden states, embedding frozen by default;
+``lora_rank`` trains LoRA adapters (peft) instead of the weights). The momentum key encoder copies only the trainable
+parameters and shares the frozen ones.
 
 The output directory is a ready summarizer (best checkpoint by validation ROUGE-L: model in safetensors, tokenizer,
 ``train_config.json``, ``history.json``); ``<out>/last`` holds the resume checkpoint (model, optimizer, scheduler,
-key encoder, queue, RNG states, epoch and step).
+key encoder, queue, RNG states, epoch and step; with LoRA the adapter instead of the model).
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import logging
@@ -64,6 +66,7 @@ class SummarizerTrainConfig:
     generator_lr: float = 1e-4
     lr: float = 1e-4
     freeze_embeddings: bool = True  # decoder-only backbones: keep the (tied) token embedding frozen
+    lora_rank: int = 0  # decoder-only backbones: train rank-r LoRA adapters of every linear layer instead (0: off)
     weight_decay: float = 0.01
     warmup_ratio: float = 0.1
     max_grad_norm: float = 1.0
@@ -90,6 +93,8 @@ class SummarizerTrainConfig:
             raise MedfaqError(f"unknown variant {self.variant!r}; choose one of {', '.join(VARIANTS)}")
         if self.batch_size < 1 or self.grad_accum < 1 or self.epochs < 1:
             raise MedfaqError("batch size, gradient accumulation and epochs must be at least 1")
+        if self.lora_rank < 0:
+            raise MedfaqError(f"--lora-rank must be 0 (off) or positive, got {self.lora_rank}")
 
     @property
     def uses_queue(self) -> bool:
@@ -352,24 +357,30 @@ class SummarizerTrainer:
             torch.set_num_threads(config.threads)
         seed_everything(config.seed)
         self.device = choose_device(config.device)
-        self.model, self.tokenizer = load_backbone(last if resume else config.backbone)
+        # with LoRA, last/ holds the adapter only: the run continues from the backbone plus that adapter
+        self.network, self.tokenizer = load_backbone(last if resume and not config.lora_rank else config.backbone)
+        self.causal = is_causal_lm(self.network)
+        self.model = self.network
+        if config.lora_rank:
+            if not self.causal:
+                raise MedfaqError("--lora-rank needs a decoder-only backbone (e.g. gemma-3-270m)")
+            self.model = with_lora(self.network, config.lora_rank, last if resume else None)
         self.model.to(self.device)
-        self.causal = is_causal_lm(self.model)
         if self.causal:
-            self.encoder = self.model.base_model  # the transformer under the LM head: hidden states for anchors
+            self.encoder = self.network.base_model  # the transformer under the LM head: hidden states for anchors
             if config.freeze_embeddings:
-                self.model.get_input_embeddings().requires_grad_(False)
+                self.network.get_input_embeddings().requires_grad_(False)
         else:
-            self.encoder = self.model.get_encoder()
+            self.encoder = self.network.get_encoder()
         self.moco: MoCo | None = None
-        bert2bert = self.model.config.model_type == "encoder-decoder"
+        bert2bert = self.network.config.model_type == "encoder-decoder"
         self.collator = Collator(
             self.tokenizer,
             config.max_source_len,
             config.max_target_len,
             config.n_hard_negatives if config.uses_hard else 0,
             causal=self.causal,
-            strip_start=self.model.config.decoder_start_token_id if bert2bert else None,
+            strip_start=self.network.config.decoder_start_token_id if bert2bert else None,
         )
         self.history: list[dict] = []
         self.best_score = -math.inf
@@ -388,7 +399,7 @@ class SummarizerTrainer:
         dim = (
             self.encoder.config.hidden_size
             if hasattr(self.encoder.config, "hidden_size")
-            else self.model.config.d_model
+            else self.network.config.d_model
         )
         learned = config.n_learned_negatives if config.variant == "learned" else 0
         queue = config.queue_size or sized_queue(largest_stage, config.batch_size)
@@ -399,8 +410,8 @@ class SummarizerTrainer:
     # ----- one step -------------------------------------------------------------------------------------------
     def _target_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """LM-head logits for the selected hidden states only (the vocabulary projection is the costliest layer)."""
-        logits = self.model.get_output_embeddings()(hidden)
-        softcap = getattr(self.model.config, "final_logit_softcapping", None)
+        logits = self.network.get_output_embeddings()(hidden)
+        softcap = getattr(self.network.config, "final_logit_softcapping", None)
         return torch.tanh(logits / softcap) * softcap if softcap else logits
 
     def _forward(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
@@ -669,9 +680,14 @@ class SummarizerTrainer:
             self.model.train()
 
     # ----- checkpoints ----------------------------------------------------------------------------------------
-    def _save_model(self, directory: Path) -> None:
+    def _save_model(self, directory: Path, resumable: bool = False) -> None:
+        """The model, tokenizer and config; with LoRA, the merged model (what every loader reads), or the adapter
+        alone when `resumable` (what ``--resume`` continues from)."""
         directory.mkdir(parents=True, exist_ok=True)
-        self.model.save_pretrained(directory, safe_serialization=True)
+        model = self.model
+        if self.config.lora_rank and not resumable:
+            model = copy.deepcopy(self.model).merge_and_unload()
+        model.save_pretrained(directory, safe_serialization=True)
         self.tokenizer.save_pretrained(directory)
         self.config.save(directory)
 
@@ -680,7 +696,7 @@ class SummarizerTrainer:
         final = self.out_dir / LAST_DIR
         tmp = self.out_dir / (LAST_DIR + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
-        self._save_model(tmp)
+        self._save_model(tmp, resumable=True)
         numpy_state = np.random.get_state()
         state = {
             "optimizer": optimizer.state_dict(),
@@ -724,6 +740,17 @@ class SummarizerTrainer:
         self.global_step, self.best_score = progress["global_step"], progress["best_score"]
         self.bad_epochs, self.history = progress["bad_epochs"], progress["history"]
         logger.info("resumed %s at %s epoch %d step %d", self.out_dir, self.stage, self.epoch, self.global_step)
+
+
+def with_lora(model, rank: int, adapter: Path | None = None):
+    """`model` wrapped in rank-`rank` LoRA adapters of every linear layer but the LM head (alpha = 2 x rank, no
+    dropout), all other weights frozen; `adapter`: continue from that saved adapter instead of a fresh one."""
+    from peft import LoraConfig, PeftModel, get_peft_model
+
+    if adapter is not None:
+        return PeftModel.from_pretrained(model, str(adapter), is_trainable=True)
+    lora = LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0, target_modules="all-linear", task_type="CAUSAL_LM")
+    return get_peft_model(model, lora)
 
 
 def train_summarizer(

@@ -210,3 +210,30 @@ def test_speed_benchmark_measures_fp32_and_int8(tiny_gemma_dir):
         generate = torch_generator(str(tiny_gemma_dir), quantize, max_new_tokens=3, max_source_len=16)
         row = latency(generate, [PAIRS[0][0], PAIRS[1][0]])
         assert row["questions"] == 2 and 0 < row["p50_ms"] <= row["p90_ms"] and 0 < row["mean_new_tokens"] <= 3
+
+
+def test_lora_trains_adapters_only_resumes_and_saves_a_merged_model(tiny_gemma_dir, tmp_path):
+    out = tmp_path / "lora"
+    first = train_summarizer(
+        tiny_config("ecl", tiny_gemma_dir, epochs=2, lora_rank=4, max_steps=1), PAIRS[:4], PAIRS[4:], out
+    )
+    assert first == [] and (out / LAST_DIR / "adapter_model.safetensors").is_file()
+    trainer = SummarizerTrainer(tiny_config("ecl", tiny_gemma_dir, epochs=2, lora_rank=4), out, resume=True)
+    trainable = {name for name, param in trainer.model.named_parameters() if param.requires_grad}
+    assert trainable and all("lora_" in name for name in trainable)
+    resumed = trainer.train(PAIRS[:4], PAIRS[4:])
+    assert [h["step"] for h in resumed] == [2, 4]
+    query, key = dict(trainer.encoder.named_parameters()), dict(trainer.moco.key_encoder.named_parameters())
+    assert all((key[name] is param) != param.requires_grad for name, param in query.items())  # adapters copied
+    base, _ = load_backbone(tiny_gemma_dir)
+    merged, _ = load_backbone(out)  # a plain model: every loader reads it
+    assert not any("lora" in name for name in merged.state_dict())
+    changed = [name for name, weight in merged.state_dict().items() if not torch.equal(weight, base.state_dict()[name])]
+    assert changed and all("proj" in name for name in changed)  # adapters of linear layers; embedding untouched
+    summaries = Summarizer.load(out).summarize([PAIRS[0][0]], max_length=5)
+    assert len(summaries) == 1
+
+
+def test_lora_needs_a_decoder_only_backbone(tiny_bert_dir, tmp_path):
+    with pytest.raises(Exception, match="decoder-only"):
+        SummarizerTrainer(tiny_config("mle", tiny_bert_dir, lora_rank=4), tmp_path / "run")
