@@ -14,7 +14,9 @@ from app.cmd_search import (
     QUANTIZE,
     QUERY,
     RERANK,
+    RERANK_DEPTH,
     RERANK_FUSION,
+    RERANK_MAX_LENGTH,
     RERANKER,
     SUMMARIZE,
     SUMMARIZER,
@@ -90,6 +92,8 @@ def eval_retrieval(
     beams: int | None = BEAMS,
     quantize: bool | None = QUANTIZE,
     rerank_fusion: str | None = RERANK_FUSION,
+    rerank_depth: int | None = RERANK_DEPTH,
+    rerank_max_length: int | None = RERANK_MAX_LENGTH,
     min_words: int = typer.Option(0, "--min-words", min=0, help="Evaluate only the questions of at least N words."),
     summaries: Path | None = typer.Option(
         None, "--summaries", help="With --compare: JSONL of questions and their 'summary' (`medfaq summarize --input`)."
@@ -127,7 +131,18 @@ def eval_retrieval(
         dev_ids={r["_id"] for r in rows if r["metadata"].get("split") == "dev"},
     )
     flags = StageFlags(
-        summarize, query, rerank, abstain, summarizer, reranker, threshold, beams, quantize, rerank_fusion
+        summarize,
+        query,
+        rerank,
+        abstain,
+        summarizer,
+        reranker,
+        threshold,
+        beams,
+        quantize,
+        rerank_fusion,
+        rerank_depth,
+        rerank_max_length,
     )
     config = flags.apply(PipelineConfig.load(index), mode=mode, top_k=10)
     faq_index = FaqIndex.load(index)

@@ -48,6 +48,8 @@ class StageFlags:
     beams: int | None = None
     quantize: bool | None = None
     rerank_fusion: str | None = None
+    rerank_depth: int | None = None
+    rerank_max_length: int | None = None
 
     def apply(self, config: PipelineConfig, **changes: Any) -> PipelineConfig:
         if self.query is not None and self.query not in QUERY_SOURCES:
@@ -63,6 +65,8 @@ class StageFlags:
             summary_beams=self.beams,
             quantize=self.quantize,
             rerank_fusion=self.rerank_fusion,
+            rerank_depth=self.rerank_depth,
+            rerank_max_length=self.rerank_max_length,
             **changes,
         )
 
@@ -84,6 +88,10 @@ BEAMS = typer.Option(None, "--beams", min=1, help="Summarizer beams (1 = greedy)
 QUANTIZE = typer.Option(None, "--quantize/--no-quantize", help="int8 dynamic quantisation of summarizer and reranker.")
 RERANK_FUSION = typer.Option(
     None, "--rerank-fusion", help="replace: order by the cross-encoder; rrf: RRF of retrieval and cross-encoder ranks."
+)
+RERANK_DEPTH = typer.Option(None, "--rerank-depth", min=1, help="How many top hits the cross-encoder rescores.")
+RERANK_MAX_LENGTH = typer.Option(
+    None, "--rerank-max-length", min=8, help="Tokens per (question, FAQ) pair the cross-encoder reads."
 )
 
 
@@ -148,6 +156,8 @@ def search(
     beams: int | None = BEAMS,
     quantize: bool | None = QUANTIZE,
     rerank_fusion: str | None = RERANK_FUSION,
+    rerank_depth: int | None = RERANK_DEPTH,
+    rerank_max_length: int | None = RERANK_MAX_LENGTH,
 ) -> None:
     """Search an index with one question (table or --json), or a query file (--queries Q.jsonl --output RUN).
 
@@ -162,7 +172,18 @@ def search(
     if output is not None:
         check_output(output)
     flags = StageFlags(
-        summarize, query, rerank, abstain, summarizer, reranker, threshold, beams, quantize, rerank_fusion
+        summarize,
+        query,
+        rerank,
+        abstain,
+        summarizer,
+        reranker,
+        threshold,
+        beams,
+        quantize,
+        rerank_fusion,
+        rerank_depth,
+        rerank_max_length,
     )
     if question is not None:
         check_query(question)  # invalid text fails before anything is loaded
@@ -213,12 +234,27 @@ def bench(
     beams: int | None = BEAMS,
     quantize: bool | None = QUANTIZE,
     rerank_fusion: str | None = RERANK_FUSION,
+    rerank_depth: int | None = RERANK_DEPTH,
+    rerank_max_length: int | None = RERANK_MAX_LENGTH,
 ) -> None:
     """p50/p95 latency of the pipeline end to end and per stage, of each search mode, and batch throughput on the
     given index (seconds); --peers and --ann-vectors N add the peer comparisons. Ctrl-C prints what was measured."""
     from eval import speed
 
-    flags = StageFlags(summarize, query, rerank, False, summarizer, reranker, None, beams, quantize, rerank_fusion)
+    flags = StageFlags(
+        summarize,
+        query,
+        rerank,
+        False,
+        summarizer,
+        reranker,
+        None,
+        beams,
+        quantize,
+        rerank_fusion,
+        rerank_depth,
+        rerank_max_length,
+    )
     texts = read_queries(query_file).questions[:queries] if query_file else None
     pipeline = open_pipeline(index, flags, top_k=top_k, log_unanswered=False)
     texts = texts or speed.sample_queries(pipeline.index, queries)

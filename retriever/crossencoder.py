@@ -150,11 +150,17 @@ class CrossEncoderReranker:
 
     @classmethod
     def load(
-        cls, model: str | Path, device: str | None = None, quantize: bool = False, batch_size: int = 32
+        cls,
+        model: str | Path,
+        device: str | None = None,
+        quantize: bool = False,
+        batch_size: int = 32,
+        max_length: int | None = None,
     ) -> CrossEncoderReranker:
-        """Load a trained cross-encoder (any name `resolve_model` accepts); `quantize` = int8 dynamic (CPU only)."""
+        """Load a trained cross-encoder (any name `resolve_model` accepts); `quantize` = int8 dynamic (CPU only);
+        `max_length`: tokens per pair (None = the trained length)."""
         path = Path(resolve_model(model))
-        encoder = load_crossencoder(path, device="cpu" if quantize else device)
+        encoder = load_crossencoder(path, device="cpu" if quantize else device, max_length=max_length)
         if quantize:
             quantize_linear(encoder)
         symmetric = (path / CONFIG_FILE).is_file() and EncoderTrainConfig.load(path).symmetric

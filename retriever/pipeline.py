@@ -69,12 +69,14 @@ class PipelineConfig:
 
     `summary_beams` / `summary_max_length`: generation settings (None = those the summarizer was validated with).
     `candidates`: hits per list before hybrid/raw+summary fusion. `rerank_depth`: how many fused hits the
-    cross-encoder rescores (the rest keep their order below them). `rerank_query`: what the cross-encoder reads,
-    ``auto`` = the summary when the search used the summary alone, else the question. `rerank_fusion`: ``replace``
-    orders the rescored hits by the cross-encoder alone, ``rrf`` by RRF of their retrieval and cross-encoder
-    ranks (a weak reranker then cannot bury a strong retrieval hit). `quantize`: int8 dynamic quantisation of the
-    summarizer and reranker. `key_terms`: drop hits sharing no key term (entities, else content words) with the
-    query (precision bias). `dense_weight`: weight of the dense list against BM25's 1 in hybrid RRF.
+    cross-encoder rescores (the rest keep their order below them). `rerank_max_length`: tokens of each
+    (question, FAQ) pair the cross-encoder reads, the question cut first (None = the length it was trained with).
+    `rerank_query`: what the cross-encoder reads, ``auto`` = the summary when the search used the summary alone,
+    else the question. `rerank_fusion`: ``replace`` orders the rescored hits by the cross-encoder alone, ``rrf`` by
+    RRF of their retrieval and cross-encoder ranks (a weak reranker then cannot bury a strong retrieval hit).
+    `quantize`: int8 dynamic quantisation of the summarizer and reranker. `key_terms`: drop hits sharing no key term
+    (entities, else content words) with the query (precision bias). `dense_weight`: weight of the dense list against
+    BM25's 1 in hybrid RRF.
     `abstain`: abstain when the confidence (:func:`confidence`) is below the threshold of the configuration that
     runs: `threshold` when given (a command-line override), else `thresholds[threshold_key]`, calibrated per
     configuration (mode x rerank x query source) by ``medfaq eval retrieval --save-threshold``; a configuration
@@ -93,6 +95,7 @@ class PipelineConfig:
     rerank: bool = False
     reranker: str | None = None
     rerank_depth: int = 20
+    rerank_max_length: int | None = None
     rerank_query: str = "auto"
     rerank_fusion: str = "rrf"
     quantize: bool = False
@@ -122,8 +125,8 @@ class PipelineConfig:
             raise MedfaqError(f"query source {self.query_source!r} needs summarize=true")
         if self.top_k < 1 or self.candidates < 1 or self.rerank_depth < 1:
             raise MedfaqError("top_k, candidates and rerank_depth must be at least 1")
-        if (self.summary_beams or 1) < 1 or (self.summary_max_length or 1) < 1:
-            raise MedfaqError("summary_beams and summary_max_length must be at least 1")
+        if (self.summary_beams or 1) < 1 or (self.summary_max_length or 1) < 1 or (self.rerank_max_length or 8) < 8:
+            raise MedfaqError("summary_beams and summary_max_length must be at least 1, rerank_max_length at least 8")
         values = [self.dense_weight, *([] if self.threshold is None else [self.threshold])]
         if not all(isinstance(v, int | float) and math.isfinite(v) for v in [*values, *self.thresholds.values()]):
             raise MedfaqError(f"dense_weight and thresholds must be finite numbers, got {values} {self.thresholds}")

@@ -145,3 +145,7 @@ def test_reranker_protocol_and_quantized_scores(tmp_path, tiny_bert_dir):
     assert reranker.score("Is shingles contagious?", []) == []
     q_scores = quantized.score("Is shingles contagious?", ["Can I catch shingles?", "What is asthma?"])
     np.testing.assert_allclose(scores, q_scores, atol=0.05)
+    short = CrossEncoderReranker.load(tmp_path / "ce", device="cpu", max_length=12)  # --rerank-max-length
+    assert short.model.max_seq_length == 12 and reranker.model.max_seq_length == config.max_length
+    question, faq = "my doctor said " * 20 + "is shingles contagious?", ["Can I catch shingles?"]
+    assert short.score(question, faq) != reranker.score(question, faq)  # the question is cut to fit

@@ -4,6 +4,7 @@ import logging
 
 import pytest
 
+from app.cmd_search import StageFlags
 from index.faq_index import FaqIndex
 from index.runtime import MedfaqError
 from retriever.pipeline import Pipeline, PipelineConfig, SearchResponse, register_stage_loader
@@ -104,6 +105,12 @@ def test_pipeline_config_round_trip_and_validation(tmp_path, index):
         PipelineConfig(query_source="summary")
     with pytest.raises(MedfaqError, match="no query-rewrite stage"):
         Pipeline(index, PipelineConfig(summarize=True))
+    with pytest.raises(MedfaqError, match="rerank_max_length at least 8"):
+        PipelineConfig(rerank_max_length=4)
+    flags = StageFlags(rerank=True, rerank_depth=5, rerank_max_length=64)  # --rerank-depth / --rerank-max-length
+    applied = flags.apply(config)
+    assert (applied.rerank, applied.rerank_depth, applied.rerank_max_length) == (True, 5, 64)
+    assert StageFlags().apply(applied) == applied  # flags not given keep the index's settings
 
 
 def test_stage_loaders_build_stages_from_config(monkeypatch, index):
