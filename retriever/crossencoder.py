@@ -46,23 +46,33 @@ def has_classifier_head(path: str) -> bool:
 
 class SegmentCosine(Module):
     """Score = scale * (cosine(mean token vector of text 1, mean token vector of text 2) - shift); the segments come
-    from ``token_type_ids``."""
+    from ``token_type_ids``, or for encoders without them (MPNet, RoBERTa) from the first `separator_id` on: text 2
+    is every later token but the separators."""
 
-    config_keys = ["scale", "shift"]
+    config_keys = ["scale", "shift", "separator_id"]
 
-    def __init__(self, scale: float = 10.0, shift: float = 0.5) -> None:
+    def __init__(self, scale: float = 10.0, shift: float = 0.5, separator_id: int | None = None) -> None:
         super().__init__()
         self.scale = torch.nn.Parameter(torch.tensor(float(scale)))
         self.shift = torch.nn.Parameter(torch.tensor(float(shift)))
+        self.separator_id = separator_id
 
-    def get_config_dict(self) -> dict[str, float]:
-        return {"scale": self.scale.detach().item(), "shift": self.shift.detach().item()}
+    def get_config_dict(self) -> dict[str, float | int | None]:
+        return {
+            "scale": self.scale.detach().item(),
+            "shift": self.shift.detach().item(),
+            "separator_id": self.separator_id,
+        }
 
     def forward(self, features: dict, **kwargs) -> dict:
-        if "token_type_ids" not in features:
-            raise MedfaqError("the cosine head needs an encoder with token type ids (a BERT-like model)")
         tokens, mask = features["token_embeddings"], features["attention_mask"].unsqueeze(-1).float()
-        second = features["token_type_ids"].unsqueeze(-1).float()
+        if "token_type_ids" in features:
+            second = features["token_type_ids"].unsqueeze(-1).float()
+        elif self.separator_id is not None:
+            separators = features["input_ids"] == self.separator_id
+            second = ((separators.cumsum(1) >= 1) & ~separators).unsqueeze(-1).float()
+        else:
+            raise MedfaqError("the cosine head needs token type ids or the encoder's separator token id")
         means = [(tokens * m).sum(1) / m.sum(1).clamp(min=1.0) for m in (mask * (1 - second), mask * second)]
         cosine = torch.nn.functional.cosine_similarity(*means, dim=-1)
         features["scores"] = (self.scale * (cosine - self.shift)).unsqueeze(1)
@@ -106,7 +116,9 @@ def load_crossencoder(model: str | Path, device: str | None = None, max_length: 
     transformer = Transformer(path, transformer_task="feature-extraction", processor_kwargs=processor)
     if head == "cosine":
         transformer.model.config.num_labels = 1  # what CrossEncoder reads as its number of outputs
-        return CrossEncoder(modules=[transformer, SegmentCosine()], device=device)
+        tokenizer = transformer.tokenizer
+        separator = None if "token_type_ids" in tokenizer.model_input_names else tokenizer.sep_token_id
+        return CrossEncoder(modules=[transformer, SegmentCosine(separator_id=separator)], device=device)
     dim = transformer.get_embedding_dimension()
     pooling = Pooling(dim, pooling_mode=head)
     score = Dense(dim, 1, activation_function=None, module_output_name="scores")

@@ -7,8 +7,10 @@ import numpy as np
 import pytest
 import torch
 
+from index.runtime import MedfaqError
 from retriever.crossencoder import (
     CrossEncoderReranker,
+    SegmentCosine,
     both_orders,
     load_crossencoder,
     train_crossencoder,
@@ -149,3 +151,15 @@ def test_reranker_protocol_and_quantized_scores(tmp_path, tiny_bert_dir):
     assert short.model.max_seq_length == 12 and reranker.model.max_seq_length == config.max_length
     question, faq = "my doctor said " * 20 + "is shingles contagious?", ["Can I catch shingles?"]
     assert short.score(question, faq) != reranker.score(question, faq)  # the question is cut to fit
+
+
+def test_cosine_head_finds_the_second_text_after_the_separator_without_token_type_ids():
+    tokens = torch.randn(1, 8, 4)
+    ids = torch.tensor([[101, 5, 6, 102, 7, 8, 102, 0]])  # [CLS] a a [SEP] b b [SEP] [PAD]
+    mask = torch.tensor([[1, 1, 1, 1, 1, 1, 1, 0]])
+    derived = SegmentCosine(separator_id=102)({"token_embeddings": tokens, "attention_mask": mask, "input_ids": ids})
+    types = torch.tensor([[0, 0, 0, 0, 1, 1, 0, 0]])  # text 2 = its own tokens, separators on the side of text 1
+    given = SegmentCosine()({"token_embeddings": tokens, "attention_mask": mask, "token_type_ids": types})
+    assert torch.allclose(derived["scores"], given["scores"])
+    with pytest.raises(MedfaqError, match="separator"):
+        SegmentCosine()({"token_embeddings": tokens, "attention_mask": mask, "input_ids": ids})
