@@ -130,20 +130,7 @@ def eval_retrieval(
         ood_ids={r["_id"] for r in rows if r["metadata"].get("ood")},
         dev_ids={r["_id"] for r in rows if r["metadata"].get("split") == "dev"},
     )
-    flags = StageFlags(
-        summarize,
-        query,
-        rerank,
-        abstain,
-        summarizer,
-        reranker,
-        threshold,
-        beams,
-        quantize,
-        rerank_fusion,
-        rerank_depth,
-        rerank_max_length,
-    )
+    flags = StageFlags.from_options(locals())
     config = flags.apply(PipelineConfig.load(index), mode=mode, top_k=10)
     faq_index = FaqIndex.load(index)
     result: dict[str, Any] = {"queries": len(texts), "judged_test": len(evaluator.test_qrels())}

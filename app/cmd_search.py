@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -50,6 +50,11 @@ class StageFlags:
     rerank_fusion: str | None = None
     rerank_depth: int | None = None
     rerank_max_length: int | None = None
+
+    @classmethod
+    def from_options(cls, options: dict[str, Any], **fixed: Any) -> StageFlags:
+        """The flags among a command's parameters (its ``locals()``), `fixed` ones overriding them."""
+        return cls(**{**{flag.name: options.get(flag.name) for flag in fields(cls)}, **fixed})
 
     def apply(self, config: PipelineConfig, **changes: Any) -> PipelineConfig:
         if self.query is not None and self.query not in QUERY_SOURCES:
@@ -171,20 +176,7 @@ def search(
         raise MedfaqError(f"unknown run format {format!r}; choose one of {', '.join(RUN_FORMATS)}")
     if output is not None:
         check_output(output)
-    flags = StageFlags(
-        summarize,
-        query,
-        rerank,
-        abstain,
-        summarizer,
-        reranker,
-        threshold,
-        beams,
-        quantize,
-        rerank_fusion,
-        rerank_depth,
-        rerank_max_length,
-    )
+    flags = StageFlags.from_options(locals())
     if question is not None:
         check_query(question)  # invalid text fails before anything is loaded
         pipeline = open_pipeline(
@@ -241,20 +233,7 @@ def bench(
     given index (seconds); --peers and --ann-vectors N add the peer comparisons. Ctrl-C prints what was measured."""
     from eval import speed
 
-    flags = StageFlags(
-        summarize,
-        query,
-        rerank,
-        False,
-        summarizer,
-        reranker,
-        None,
-        beams,
-        quantize,
-        rerank_fusion,
-        rerank_depth,
-        rerank_max_length,
-    )
+    flags = StageFlags.from_options(locals(), abstain=False)
     texts = read_queries(query_file).questions[:queries] if query_file else None
     pipeline = open_pipeline(index, flags, top_k=top_k, log_unanswered=False)
     texts = texts or speed.sample_queries(pipeline.index, queries)

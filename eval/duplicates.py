@@ -196,13 +196,12 @@ class DuplicateEvaluator:
         split: str = "doctor",
         folds: int = 3,
         seed: int = 0,
-        dev_fraction: float = 0.15,
         min_dev_groups: int = MIN_DEV_GROUPS,
         print_fn: Callable[[str], Any] = print,
     ) -> None:
         self.pairs = list(pairs)
         self.split = split
-        self.folds = make_folds(self.pairs, split, folds, seed, dev_fraction, min_dev_groups)
+        self.folds = make_folds(self.pairs, split, folds, seed, min_dev_groups=min_dev_groups)
         self.print_fn = print_fn
 
     def __call__(
