@@ -75,6 +75,12 @@ def _seeds(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers") from None
 
 
+def _at_least_one(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer of at least 1")
+    return int(text)
+
+
 def _ratios(text: str) -> list[float]:
     try:
         ratios = [float(ratio) for ratio in text.split(",")]
@@ -95,7 +101,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--split", default="doctor", choices=("doctor", "grouped"))
     parser.add_argument("--folds", type=int, default=3)
     parser.add_argument("--fold-seed", type=int, default=0)
-    parser.add_argument("--dev-groups", type=int, default=MIN_DEV_GROUPS, help="Fewest groups in each dev part.")
+    parser.add_argument(
+        "--dev-groups", type=_at_least_one, default=MIN_DEV_GROUPS, help="Fewest groups in each dev part."
+    )
     parser.add_argument("--lr", type=float, help="Learning rate (override the preset).")
     parser.add_argument("--epochs", type=int, help="Epochs (override the preset).")
     parser.add_argument("--json", action="store_true", help="Print one JSON object (the tables go to stderr).")

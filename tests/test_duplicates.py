@@ -178,7 +178,9 @@ def test_keep_ratio_sweep_matches_cross_validation_trained_at_each_ratio(tiny_be
     assert sweep["ratios"]["1"]["auc"] != sweep["ratios"]["0.5"]["auc"]
 
 
-@pytest.mark.parametrize("args", [["--ratios", "0"], ["--ratios", "1.5"], ["--ratios", "x"], ["--seeds", "a"]])
+@pytest.mark.parametrize(
+    "args", [["--ratios", "0"], ["--ratios", "1.5"], ["--ratios", "x"], ["--seeds", "a"], ["--dev-groups", "0"]]
+)
 def test_keep_ratio_sweep_rejects_bad_arguments_with_one_line(args, capsys):
     with pytest.raises(SystemExit) as exit_info:
         keep_ratio_sweep_main(args)
