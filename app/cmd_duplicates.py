@@ -111,7 +111,7 @@ def eval_duplicates(
     folds: int | None = typer.Option(None, "--folds", min=2, help="Number of folds (default: 3 quick, 5 full)."),
     seed: int = typer.Option(0, "--seed"),
     dev_groups: int | None = typer.Option(
-        None, "--dev-groups", min=1, help="Cross-validation: fewest doctors/groups per fold's dev part [default: 1]."
+        None, "--dev-groups", min=1, help="Cross-validation: fewest doctors/groups per fold's dev part (default: 1)."
     ),
     model: str | None = typer.Option(None, "--model", help="Score a trained model on --pairs instead."),
     pairs: Path | None = typer.Option(None, "--pairs", help="Labelled pairs JSONL (text_a, text_b, label)."),

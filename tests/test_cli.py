@@ -136,3 +136,26 @@ def test_demo_fetches_builds_once_and_answers(monkeypatch, tmp_path, tiny_encode
     assert "building the MedQuAD index" in first.stderr
     assert first.stdout.count("query: ") == len(cmd_demo.EXAMPLE_QUESTIONS)
     assert "building" not in medfaq("demo", "--cli", "--top-k", "1").stderr  # the index is reused
+
+
+def _commands(command, path=("medfaq",)):
+    yield path, command
+    for name, sub in getattr(command, "commands", {}).items():
+        yield from _commands(sub, (*path, name))
+
+
+def test_help_texts_survive_rich_markup():
+    """`--help` renders help texts as Rich markup, which silently drops unescaped square brackets."""
+    import inspect
+
+    import typer.main
+    from rich.text import Text
+
+    lost = []
+    for path, command in _commands(typer.main.get_command(app)):
+        for text in [command.help] + [getattr(param, "help", None) for param in command.params]:
+            text = inspect.cleandoc(text or "")
+            if Text.from_markup(text).plain != text.replace("\\[", "["):
+                lost.append(f"{' '.join(path)}: {text}")
+    assert not lost, lost
+    assert "'medfaq[mpnet]'" in medfaq("index", "build", "--help").stdout
