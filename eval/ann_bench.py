@@ -30,7 +30,7 @@ from tqdm.auto import tqdm
 
 from eval.speed import measure
 from index.faiss_store import TRAIN_SAMPLE, FaissStore, default_nlist, gpu_count
-from index.runtime import MedfaqError
+from index.runtime import MedfaqError, positive_int
 
 logger = logging.getLogger("medfaq.ann_bench")
 
@@ -256,29 +256,18 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def _positive(text: str) -> int:
-    """argparse type: an integer of at least 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} is not at least 1")
-    return value
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--n-vectors", type=_positive, default=1_000_000)
+    parser.add_argument("--n-vectors", type=positive_int, default=1_000_000)
     parser.add_argument("--index", type=Path, default=None, help="measure a medfaq index's own vectors instead")
-    parser.add_argument("--dim", type=_positive, default=384)
-    parser.add_argument("--queries", type=_positive, default=200)
+    parser.add_argument("--dim", type=positive_int, default=384)
+    parser.add_argument("--queries", type=positive_int, default=200)
     parser.add_argument("--families", default=",".join(FAMILIES), help="comma-separated: flat,ivf,hnsw,milvus")
-    parser.add_argument("--nlist", type=_positive, default=None)
-    parser.add_argument("--hnsw-m", type=_positive, default=32)
-    parser.add_argument("--ef-construction", type=_positive, default=40)
+    parser.add_argument("--nlist", type=positive_int, default=None)
+    parser.add_argument("--hnsw-m", type=positive_int, default=32)
+    parser.add_argument("--ef-construction", type=positive_int, default=40)
     parser.add_argument("--milvus-uri", default=None, help="a Milvus server to measure instead of Milvus Lite")
-    parser.add_argument("--threads", type=_positive, default=None)
+    parser.add_argument("--threads", type=positive_int, default=None)
     parser.add_argument("--json", type=Path, default=None, help="also write the rows to this JSON file")
     args = parser.parse_args(argv)
     options = dict(

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from eval.duplicates import METRICS, MIN_DEV_GROUPS, fold_parts, format_table, make_folds, score_fold, summarise
-from index.runtime import MedfaqError
+from index.runtime import MedfaqError, positive_int
 from retriever.encoder_training import copy_weights, interpolate_weights, make_config
 from retriever.pair_data import Pair, mqp_pairs
 from retriever.pair_models import as_scorer, initial_weights, train_pair_model
@@ -75,12 +75,6 @@ def _seeds(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers") from None
 
 
-def _at_least_one(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer of at least 1")
-    return int(text)
-
-
 def _ratios(text: str) -> list[float]:
     try:
         ratios = [float(ratio) for ratio in text.split(",")]
@@ -102,7 +96,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--folds", type=int, default=3)
     parser.add_argument("--fold-seed", type=int, default=0)
     parser.add_argument(
-        "--dev-groups", type=_at_least_one, default=MIN_DEV_GROUPS, help="Fewest groups in each dev part."
+        "--dev-groups", type=positive_int, default=MIN_DEV_GROUPS, help="Fewest groups in each dev part."
     )
     parser.add_argument("--lr", type=float, help="Learning rate (override the preset).")
     parser.add_argument("--epochs", type=int, help="Epochs (override the preset).")

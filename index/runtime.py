@@ -6,6 +6,7 @@ This module sits at the bottom of the dependency graph (it imports no other medf
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import random
@@ -199,6 +200,17 @@ class _StderrHandler(logging.StreamHandler):
     @stream.setter
     def stream(self, value: Any) -> None:
         """Ignored: the stream is always the current `sys.stderr`."""
+
+
+def positive_int(text: str) -> int:
+    """argparse type of the `python -m eval.*` scripts: an integer of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not at least 1")
+    return value
 
 
 def one_line(message: str) -> str:
