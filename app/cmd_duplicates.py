@@ -125,6 +125,9 @@ def eval_duplicates(
     save_models: Path | None = typer.Option(
         None, "--save-models", help="Cross-validation: save each fold's model, thresholds and test pairs here."
     ),
+    scores_out: Path | None = typer.Option(
+        None, "--scores-out", help="Cross-validation: write every dev and test pair's score here (JSONL)."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object (fractions) instead of tables."),
     epochs: int | None = EPOCHS,
     batch_size: int | None = BATCH_SIZE,
@@ -167,7 +170,11 @@ def eval_duplicates(
                 raise MedfaqError("--save-models keeps the full-precision models; drop --quantize")
             _check_out(save_models, force=False)
         n_folds, min_dev_groups = folds or CV_FOLDS[preset], dev_groups or MIN_DEV_GROUPS
-        evaluator = DuplicateEvaluator(mqp_pairs(), split, n_folds, seed, min_dev_groups=min_dev_groups, print_fn=echo)
+        if scores_out is not None and not scores_out.parent.is_dir():
+            raise MedfaqError(f"--scores-out: directory {scores_out.parent} does not exist")
+        evaluator = DuplicateEvaluator(
+            mqp_pairs(), split, n_folds, seed, min_dev_groups=min_dev_groups, print_fn=echo, scores_path=scores_out
+        )
 
         fold_configs = []
 

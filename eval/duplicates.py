@@ -9,12 +9,13 @@ accuracy) and applied to test.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import numpy as np
 from sklearn.metrics import accuracy_score, precision_recall_fscore_support, roc_auc_score, roc_curve
@@ -177,18 +178,29 @@ def fold_parts(pairs: Sequence[Pair], fold: Fold) -> tuple[list[Pair], list[Pair
     return train, dev, test
 
 
-def score_fold(scorer: PairScorer, dev: Sequence[Pair], test: Sequence[Pair], progress: bool = False) -> dict:
-    """:func:`fold_metrics` of `scorer` on a fold: thresholds tuned on `dev`, applied to `test`."""
+def score_fold(
+    scorer: PairScorer, dev: Sequence[Pair], test: Sequence[Pair], progress: bool = False
+) -> tuple[dict[str, float], np.ndarray, np.ndarray]:
+    """:func:`fold_metrics` of `scorer` on a fold (thresholds tuned on `dev`, applied to `test`), with the dev and
+    test scores."""
     dev_scores = scorer.score_pairs(_texts(dev), progress=progress)
     test_scores = scorer.score_pairs(_texts(test), progress=progress)
-    return fold_metrics(dev_scores, _labels(dev), test_scores, _labels(test))
+    return fold_metrics(dev_scores, _labels(dev), test_scores, _labels(test)), dev_scores, test_scores
+
+
+def write_scores(handle: TextIO, fold: int, part: str, pairs: Sequence[Pair], scores: np.ndarray) -> None:
+    """One JSON line per scored pair: fold (1-based), part (dev or test), the pair and its score."""
+    for pair, score in zip(pairs, scores, strict=True):
+        record = {"fold": fold, "part": part, **pair.to_dict(), "score": float(score)}
+        handle.write(json.dumps(record, ensure_ascii=False) + "\n")
 
 
 class DuplicateEvaluator:
     """Cross-validation of a duplicate detector: ``evaluator(fit)`` trains one model per fold with
     ``fit(train_pairs, dev_pairs, fold_index) -> PairScorer`` (dev may select epochs; test is never seen), tunes
     thresholds on the fold's dev part, scores its test part, prints a table and returns mean/std metrics (fractions)
-    plus ``per_fold``."""
+    plus ``per_fold``. With `scores_path`, every dev and test score is written there (:func:`write_scores`), so other
+    threshold rules or tools can be checked on the same run."""
 
     def __init__(
         self,
@@ -198,11 +210,13 @@ class DuplicateEvaluator:
         seed: int = 0,
         min_dev_groups: int = MIN_DEV_GROUPS,
         print_fn: Callable[[str], Any] = print,
+        scores_path: Path | None = None,
     ) -> None:
         self.pairs = list(pairs)
         self.split = split
         self.folds = make_folds(self.pairs, split, folds, seed, min_dev_groups=min_dev_groups)
         self.print_fn = print_fn
+        self.scores_path = scores_path
 
     def __call__(
         self,
@@ -212,17 +226,10 @@ class DuplicateEvaluator:
         """`after_fold(fold_index, scorer, fold_metrics, test_pairs)` runs after each fold (e.g. to save it)."""
         per_fold = []
         started = time.perf_counter()
-        for i, fold in enumerate(self.folds):
-            fold_start = time.perf_counter()
-            train, dev, test = fold_parts(self.pairs, fold)
-            scorer = fit(train, dev, i)
-            metrics = score_fold(scorer, dev, test, progress=True)
-            metrics.update(n_train=len(train), n_dev=len(dev), n_test=len(test))
-            metrics["fold_wall_s"] = time.perf_counter() - fold_start
-            per_fold.append(metrics)
-            if after_fold is not None:
-                after_fold(i, scorer, metrics, test)
-            self.print_fn(f"fold {i + 1}/{len(self.folds)}: " + format_table([("test", metrics)]).splitlines()[1])
+        scores_file = self.scores_path.open("w", encoding="utf-8") if self.scores_path else contextlib.nullcontext()
+        with scores_file as handle:
+            for i, fold in enumerate(self.folds):
+                per_fold.append(self._fold(i, fold, fit, after_fold, handle))
         summary: dict[str, Any] = summarise(per_fold)
         rows = [(f"fold {i + 1}", fold) for i, fold in enumerate(per_fold)]
         self.print_fn(f"{self.split} split, {len(self.folds)} folds (test metrics, %)")
@@ -231,6 +238,22 @@ class DuplicateEvaluator:
         summary.update(split=self.split, folds=len(self.folds), total_wall_s=time.perf_counter() - started)
         summary["per_fold"] = per_fold
         return summary
+
+    def _fold(self, i: int, fold: Fold, fit: Callable, after_fold: Callable | None, handle: TextIO | None) -> dict:
+        fold_start = time.perf_counter()
+        train, dev, test = fold_parts(self.pairs, fold)
+        scorer = fit(train, dev, i)
+        metrics, dev_scores, test_scores = score_fold(scorer, dev, test, progress=True)
+        if handle is not None:
+            write_scores(handle, i + 1, "dev", dev, dev_scores)
+            write_scores(handle, i + 1, "test", test, test_scores)
+            handle.flush()
+        metrics.update(n_train=len(train), n_dev=len(dev), n_test=len(test))
+        metrics["fold_wall_s"] = time.perf_counter() - fold_start
+        if after_fold is not None:
+            after_fold(i, scorer, metrics, test)
+        self.print_fn(f"fold {i + 1}/{len(self.folds)}: " + format_table([("test", metrics)]).splitlines()[1])
+        return metrics
 
 
 def save_fold(

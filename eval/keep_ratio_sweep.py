@@ -55,7 +55,7 @@ def keep_ratio_sweep(
             for ratio in ratios:
                 model.load_state_dict(tuned)
                 interpolate_weights(model, start, ratio)
-                metrics = score_fold(as_scorer(model, config), dev, test)
+                metrics = score_fold(as_scorer(model, config), dev, test)[0]
                 per_fold[ratio][seed].append(metrics)
                 print_fn(f"seed {seed} fold {index + 1} keep {ratio:g}: accuracy {100 * metrics['accuracy']:.1f}")
     summary: dict[str, Any] = {"model_type": model_type, "preset": preset, "seeds": list(seeds), "ratios": {}}

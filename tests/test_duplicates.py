@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import zlib
 from collections import Counter
 from dataclasses import replace
 
@@ -125,6 +126,35 @@ def test_evaluator_thresholds_ignore_test_labels():
         assert after["threshold_f1"] == result["per_fold"][k]["threshold_f1"]
         assert after["threshold_accuracy"] == result["per_fold"][k]["threshold_accuracy"]
         assert after["accuracy"] == 0.0
+
+
+class NoisyScorer:
+    """The rule of RuleScorer blurred by a checksum of the second text, so some pairs are scored wrongly."""
+
+    def score_pairs(self, pairs, progress=False):
+        return np.array([float(b.startswith("similar")) + zlib.crc32(b.encode()) % 100 / 60 for a, b in pairs])
+
+
+def test_evaluator_writes_every_dev_and_test_score(tmp_path):
+    pairs = synthetic_pairs()
+    path = tmp_path / "scores.jsonl"
+    result = DuplicateEvaluator(pairs, "doctor", folds=3, print_fn=lambda _: None, scores_path=path)(
+        lambda train, dev, k: NoisyScorer()
+    )
+    assert result["accuracy"] < 1
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    for k, fold in enumerate(make_folds(pairs, "doctor", 3)):
+        for part, indices in (("dev", fold.dev), ("test", fold.test)):
+            written = [r for r in records if r["fold"] == k + 1 and r["part"] == part]
+            assert [(r["text_a"], r["text_b"], r["label"]) for r in written] == [
+                (pairs[i].text_a, pairs[i].text_b, pairs[i].label) for i in indices
+            ]
+            scores = np.array([r["score"] for r in written])
+            np.testing.assert_allclose(scores, NoisyScorer().score_pairs([(r["text_a"], r["text_b"]) for r in written]))
+        test = [r for r in records if r["fold"] == k + 1 and r["part"] == "test"]
+        threshold = result["per_fold"][k]["threshold_accuracy"]
+        accuracy = np.mean([(r["score"] >= threshold) == r["label"] for r in test])
+        assert accuracy == pytest.approx(result["per_fold"][k]["accuracy"])
 
 
 @pytest.mark.parametrize("loss", ["contrastive", "mnrl"])
