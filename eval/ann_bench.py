@@ -257,7 +257,7 @@ def format_table(rows: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m eval.ann_bench", description=__doc__.splitlines()[0])
     parser.add_argument("--n-vectors", type=positive_int, default=1_000_000)
     parser.add_argument("--index", type=Path, default=None, help="measure a medfaq index's own vectors instead")
     parser.add_argument("--dim", type=positive_int, default=384)

@@ -104,7 +104,7 @@ def format_table(results: list[LoadResult]) -> str:
 def main() -> None:
     import argparse
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m eval.load_test", description=__doc__.splitlines()[0])
     parser.add_argument("--url", default="http://127.0.0.1:8000")
     parser.add_argument("--queries", type=Path, required=True, help="JSONL with a question (or BEIR text) per line")
     parser.add_argument("--limit", type=int, default=50, help="use the first N questions")

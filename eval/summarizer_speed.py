@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from index.runtime import MedfaqError
+from index.runtime import MedfaqError, positive_int
 
 
 def latency(generate: Callable[[str], tuple[str, int]], texts: Sequence[str]) -> dict[str, float]:
@@ -85,18 +85,16 @@ def ct2_generator(model_name: str, max_new_tokens: int, max_source_len: int, thr
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m eval.summarizer_speed", description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="gemma-3-270m")
     parser.add_argument("--data", default="meqsum:test")
-    parser.add_argument("--questions", type=int, default=20)
-    parser.add_argument("--max-new-tokens", type=int, default=32)
-    parser.add_argument("--max-source-len", type=int, default=120)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--questions", type=positive_int, default=20)
+    parser.add_argument("--max-new-tokens", type=positive_int, default=32)
+    parser.add_argument("--max-source-len", type=positive_int, default=120)
+    parser.add_argument("--threads", type=positive_int, default=2)
     parser.add_argument("--no-ct2", action="store_true", help="Skip CTranslate2 (decoder-only models only).")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
-    if args.questions < 1 or args.max_new_tokens < 1 or args.threads < 1:
-        parser.error("--questions, --max-new-tokens and --threads must be at least 1")
     try:
         import torch
 
