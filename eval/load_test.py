@@ -11,11 +11,14 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
+
+from index.runtime import positive_int
 
 REQUEST_TIMEOUT_S = 120.0
 
@@ -101,22 +104,26 @@ def format_table(results: list[LoadResult]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def _client_counts(text: str) -> list[int]:
+    return [positive_int(count) for count in text.split(",")]
+
+
+def main(argv: Sequence[str] | None = None) -> None:
     import argparse
 
     parser = argparse.ArgumentParser(prog="python -m eval.load_test", description=__doc__.splitlines()[0])
     parser.add_argument("--url", default="http://127.0.0.1:8000")
     parser.add_argument("--queries", type=Path, required=True, help="JSONL with a question (or BEIR text) per line")
-    parser.add_argument("--limit", type=int, default=50, help="use the first N questions")
-    parser.add_argument("--clients", default="1,4,16")
-    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--limit", type=positive_int, default=50, help="use the first N questions")
+    parser.add_argument("--clients", type=_client_counts, default=[1, 4, 16], help="comma-separated client counts")
+    parser.add_argument("--rounds", type=positive_int, default=1)
     parser.add_argument("--json", action="store_true")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     with args.queries.open(encoding="utf-8") as lines:
         rows = [json.loads(line) for line in lines if line.strip()]
     questions = [row.get("question") or row["text"] for row in rows][: args.limit]
     expected = serial_answers(args.url, questions)
-    results = [run_load(args.url, questions, int(c), expected, args.rounds) for c in args.clients.split(",")]
+    results = [run_load(args.url, questions, clients, expected, args.rounds) for clients in args.clients]
     print(json.dumps([asdict(r) for r in results], indent=2) if args.json else format_table(results))
 
 

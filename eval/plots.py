@@ -68,7 +68,9 @@ def negative_similarity_plot(history_files: Sequence[Path], out_png: Path, title
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="Plot CHQ-to-negative cosine similarity per epoch (ECL Fig. 4).")
+    parser = argparse.ArgumentParser(
+        prog="python -m eval.plots", description="Plot CHQ-to-negative cosine similarity per epoch (ECL Fig. 4)."
+    )
     parser.add_argument("histories", nargs="+", type=Path, help="history.json files of ECL-family runs")
     parser.add_argument("--out", type=Path, required=True, help="PNG to write")
     parser.add_argument("--title", default="", help="figure title")

@@ -15,7 +15,6 @@ from typer.testing import CliRunner
 from app.cli import app
 from eval.duplicates import DuplicateEvaluator, binary_metrics, fold_metrics, make_folds, tune_threshold
 from eval.keep_ratio_sweep import keep_ratio_sweep
-from eval.keep_ratio_sweep import main as keep_ratio_sweep_main
 from index.pair_sources import load_mqp
 from index.runtime import MedfaqError
 from retriever.biencoder import BiEncoderScorer, load_biencoder, train_biencoder
@@ -206,17 +205,6 @@ def test_keep_ratio_sweep_matches_cross_validation_trained_at_each_ratio(tiny_be
         for metric in ("accuracy", "auc"):
             assert sweep["ratios"][f"{ratio:g}"][metric] == pytest.approx(direct[metric], abs=1e-6)
     assert sweep["ratios"]["1"]["auc"] != sweep["ratios"]["0.5"]["auc"]
-
-
-@pytest.mark.parametrize(
-    "args", [["--ratios", "0"], ["--ratios", "1.5"], ["--ratios", "x"], ["--seeds", "a"], ["--dev-groups", "0"]]
-)
-def test_keep_ratio_sweep_rejects_bad_arguments_with_one_line(args, capsys):
-    with pytest.raises(SystemExit) as exit_info:
-        keep_ratio_sweep_main(args)
-    assert exit_info.value.code == 2
-    last_line = capsys.readouterr().err.strip().splitlines()[-1]
-    assert last_line.startswith("python -m eval.keep_ratio_sweep: error: argument")
 
 
 def test_mnrl_triplets_prefer_labelled_negatives_and_mine_the_rest():

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import importlib
 import io
 import zipfile
 from importlib import metadata
@@ -114,3 +115,28 @@ def test_make_once_makes_in_a_temporary_sibling_and_only_once(tmp_path):
         assert runtime.make_once(tmp_path / "model", "done", make) == tmp_path / "model"
     assert calls == [stale] and not stale.exists()
     assert sorted(path.name for path in (tmp_path / "model").iterdir()) == ["done"]
+
+
+@pytest.mark.parametrize(
+    "module, args",
+    [
+        ("eval.keep_ratio_sweep", ["--ratios", "0"]),
+        ("eval.keep_ratio_sweep", ["--ratios", "1.5"]),
+        ("eval.keep_ratio_sweep", ["--ratios", "x"]),
+        ("eval.keep_ratio_sweep", ["--seeds", "a"]),
+        ("eval.keep_ratio_sweep", ["--dev-groups", "0"]),
+        ("eval.summarizer_speed", ["--questions", "0"]),
+        ("eval.summarizer_speed", ["--max-source-len", "x"]),
+        ("eval.summarizer_speed", ["--threads", "-1"]),
+        ("eval.ann_bench", ["--queries", "0"]),
+        ("eval.load_test", ["--queries", "q.jsonl", "--clients", "1,0"]),
+        ("eval.load_test", ["--queries", "q.jsonl", "--limit", "x"]),
+        ("eval.plots", ["history.json", "--out"]),
+    ],
+)
+def test_eval_scripts_reject_bad_arguments_with_one_line_naming_themselves(module, args, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        importlib.import_module(module).main(args)
+    assert exit_info.value.code == 2
+    last_line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last_line.startswith(f"python -m {module}: error: argument")
