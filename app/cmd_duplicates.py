@@ -148,6 +148,7 @@ def eval_duplicates(
     from retriever.encoder_training import make_config, subsample
     from retriever.pair_data import mqp_pairs, read_pairs_file
     from retriever.pair_models import as_scorer, load_pair_scorer, saved_threshold, train_pair_model
+    from retriever.runs import check_output
 
     def echo(text: str) -> None:
         typer.echo(text, err=as_json)
@@ -170,8 +171,8 @@ def eval_duplicates(
                 raise MedfaqError("--save-models keeps the full-precision models; drop --quantize")
             _check_out(save_models, force=False)
         n_folds, min_dev_groups = folds or CV_FOLDS[preset], dev_groups or MIN_DEV_GROUPS
-        if scores_out is not None and not scores_out.parent.is_dir():
-            raise MedfaqError(f"--scores-out: directory {scores_out.parent} does not exist")
+        if scores_out is not None:
+            check_output(scores_out)
         evaluator = DuplicateEvaluator(
             mqp_pairs(), split, n_folds, seed, min_dev_groups=min_dev_groups, print_fn=echo, scores_path=scores_out
         )
