@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from eval.duplicates import METRICS, MIN_DEV_GROUPS, fold_parts, format_table, make_folds, score_fold, summarise
-from index.runtime import MedfaqError, positive_int
+from index.runtime import MedfaqError, int_at_least, positive_int
 from retriever.encoder_training import copy_weights, interpolate_weights, make_config
 from retriever.pair_data import Pair, mqp_pairs
 from retriever.pair_models import as_scorer, initial_weights, train_pair_model
@@ -93,13 +93,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seeds", type=_seeds, default=[0], help="Comma-separated training seeds.")
     parser.add_argument("--ratios", type=_ratios, default=[1.0, 0.75, 0.5], help="Comma-separated, in (0, 1].")
     parser.add_argument("--split", default="doctor", choices=("doctor", "grouped"))
-    parser.add_argument("--folds", type=int, default=3)
+    parser.add_argument("--folds", type=int_at_least(2), default=3)
     parser.add_argument("--fold-seed", type=int, default=0)
     parser.add_argument(
         "--dev-groups", type=positive_int, default=MIN_DEV_GROUPS, help="Fewest groups in each dev part."
     )
     parser.add_argument("--lr", type=float, help="Learning rate (override the preset).")
-    parser.add_argument("--epochs", type=int, help="Epochs (override the preset).")
+    parser.add_argument("--epochs", type=positive_int, help="Epochs (override the preset).")
     parser.add_argument("--json", action="store_true", help="Print one JSON object (the tables go to stderr).")
     args = parser.parse_args(argv)
     try:

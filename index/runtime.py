@@ -202,15 +202,22 @@ class _StderrHandler(logging.StreamHandler):
         """Ignored: the stream is always the current `sys.stderr`."""
 
 
-def positive_int(text: str) -> int:
-    """argparse type of the `python -m eval.*` scripts: an integer of at least 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} is not at least 1")
-    return value
+def int_at_least(minimum: int) -> Callable[[str], int]:
+    """argparse type of the `python -m eval.*` scripts: an integer of at least `minimum`."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{value} is not at least {minimum}")
+        return value
+
+    return parse
+
+
+positive_int = int_at_least(1)
 
 
 def one_line(message: str) -> str:

@@ -125,6 +125,8 @@ def test_make_once_makes_in_a_temporary_sibling_and_only_once(tmp_path):
         ("eval.keep_ratio_sweep", ["--ratios", "x"]),
         ("eval.keep_ratio_sweep", ["--seeds", "a"]),
         ("eval.keep_ratio_sweep", ["--dev-groups", "0"]),
+        ("eval.keep_ratio_sweep", ["--folds", "1"]),
+        ("eval.keep_ratio_sweep", ["--epochs", "0"]),
         ("eval.summarizer_speed", ["--questions", "0"]),
         ("eval.summarizer_speed", ["--max-source-len", "x"]),
         ("eval.summarizer_speed", ["--threads", "-1"]),
