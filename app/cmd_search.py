@@ -139,7 +139,11 @@ def search(
     question: str | None = typer.Argument(None, help="The question (omit with --queries)."),
     index: Path = typer.Option(..., "--index", help="Index directory."),
     top_k: int | None = typer.Option(None, "--top-k", min=1, help="Number of results (default 10)."),
-    mode: str | None = typer.Option(None, "--mode", help=f"Retrieval mode: {'|'.join(MODES)} (default hybrid)."),
+    mode: str | None = typer.Option(
+        None,
+        "--mode",
+        help=f"Retrieval mode: {'|'.join(MODES)} (default: pipeline.json's, {PipelineConfig.mode} unless changed).",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the response as JSON."),
     queries: Path | None = typer.Option(
         None, "--queries", help='Batch: JSONL file of {"id", "question"} lines ("-": standard input).'
