@@ -102,6 +102,16 @@ def train_summarizer(
     )
 
 
+def average(
+    runs: list[str] = typer.Argument(..., help="Trained summarizer directories: one recipe, different seeds."),
+    out: Path = typer.Option(..., "--out", help="Output directory for the averaged summarizer."),
+) -> None:
+    """Average the weights of summarizers trained with different seeds (a model soup): one model, as fast as each."""
+    from summarizer.averaging import average_summarizers
+
+    typer.echo(f"averaged {len(runs)} summarizers into {average_summarizers(runs, out)}")
+
+
 def read_texts(path: Path) -> tuple[list[dict], list[str]]:
     if not path.is_file():
         raise MedfaqError(f"input file {path} does not exist")
@@ -158,4 +168,5 @@ def summarize(
 def register(app: typer.Typer, *, data_app: typer.Typer, train_app: typer.Typer, eval_app: typer.Typer) -> None:
     """Add this module's commands to the `medfaq` command groups."""
     train_app.command("summarizer")(train_summarizer)
+    train_app.command("average")(average)
     app.command("summarize")(summarize)

@@ -87,6 +87,7 @@ class SummarizerTrainConfig:
     threads: int = 0  # torch threads (0: torch's default)
     save_every_steps: int = 0  # also checkpoint every N optimizer steps (0: at epoch ends only)
     max_steps: int = 0  # stop (with a checkpoint) after N optimizer steps in total (0: no limit)
+    averaged_from: list[str] = field(default_factory=list)  # runs whose weights this model averages (soup)
 
     def __post_init__(self) -> None:
         if self.variant not in VARIANTS:

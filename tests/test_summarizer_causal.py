@@ -237,3 +237,31 @@ def test_lora_trains_adapters_only_resumes_and_saves_a_merged_model(tiny_gemma_d
 def test_lora_needs_a_decoder_only_backbone(tiny_bert_dir, tmp_path):
     with pytest.raises(Exception, match="decoder-only"):
         SummarizerTrainer(tiny_config("mle", tiny_bert_dir, lora_rank=4), tmp_path / "run")
+
+
+def test_average_of_seeds_is_the_parameter_mean_and_generates(tiny_gemma_dir, tiny_bert_dir, tmp_path):
+    from index.runtime import MedfaqError
+    from summarizer.averaging import average_summarizers
+
+    runs = [tmp_path / f"seed{seed}" for seed in (0, 1)]
+    for seed, run in enumerate(runs):
+        config = tiny_config("mle", tiny_gemma_dir, seed=seed, batch_size=1, threads=1)  # the seed orders 4 batches
+        train_summarizer(config, PAIRS[:4], PAIRS[4:], run)
+    out = average_summarizers(runs, tmp_path / "soup")
+    weights = [load_backbone(run)[0].state_dict() for run in runs]
+    averaged = load_backbone(out)[0].state_dict()
+    assert any(not torch.equal(weights[0][name], weights[1][name]) for name in averaged)  # the seeds differ
+    assert all(torch.allclose(averaged[name], (weights[0][name] + weights[1][name]) / 2) for name in averaged)
+    assert json.loads((out / CONFIG_FILE).read_text())["averaged_from"] == [str(run) for run in runs]
+    assert len(Summarizer.load(out).summarize([PAIRS[0][0]], max_length=4)) == 1
+
+    train_summarizer(tiny_config("ecl", tiny_gemma_dir, threads=1), PAIRS[:4], PAIRS[4:], tmp_path / "ecl")
+    with pytest.raises(MedfaqError, match="differ in .*variant"):
+        average_summarizers([runs[0], tmp_path / "ecl"], tmp_path / "mixed")
+    with pytest.raises(MedfaqError, match="not empty"):
+        average_summarizers(runs, out)
+    bert_runs = [tmp_path / f"bert{seed}" for seed in (0, 1)]
+    for seed, run in enumerate(bert_runs):
+        train_summarizer(tiny_config("mle", tiny_bert_dir, seed=seed, threads=1), PAIRS[:4], PAIRS[4:], run)
+    with pytest.raises(MedfaqError, match="cross-attention"):
+        average_summarizers(bert_runs, tmp_path / "bert-soup")
