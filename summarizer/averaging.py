@@ -1,7 +1,7 @@
 """Weight averaging ("model soup") of summarizers trained by one recipe with different seeds.
 
 Runs fine-tuned from the same pretrained weights stay close enough in weight space that their average is a model of
-its own: it generates exactly as fast as each run and, for Gemma 3 270M, scores above every one of them
+its own: it generates exactly as fast as each run and, for Gemma 3 270M, scores above the runs' mean
 (docs/results.md). The MiniLM encoder-decoder starts its cross-attention from seed-dependent random weights, so its
 runs share no starting point and are refused.
 """
