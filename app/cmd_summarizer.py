@@ -48,6 +48,9 @@ def train_summarizer(
     queue_size: int | None = typer.Option(None, "--queue-size", help="Queued FAQ keys (0: half the data)."),
     temperature: float | None = typer.Option(None, "--temperature"),
     n_hard_negatives: int | None = typer.Option(None, "--n-hard-negatives"),
+    n_frame_negatives: int | None = typer.Option(
+        None, "--n-frame-negatives", help="Extra hard negatives per pair with the FAQ's question frame swapped."
+    ),
     n_learned_negatives: int | None = typer.Option(None, "--n-learned-negatives"),
     diversity_weight: float | None = typer.Option(None, "--diversity-weight"),
     generator_lr: float | None = typer.Option(None, "--generator-lr"),

@@ -43,6 +43,19 @@ def focus_hard_negatives(chqs: list[str], faqs: list[str], n_negatives: int, see
     return swap_negatives(faqs, [focus_phrases(chq, faq) for chq, faq in zip(chqs, faqs)], n_negatives, seed)
 
 
+def frame_hard_negatives(faqs: list[str], n_negatives: int, seed: int, entities: list[list[Entity]]) -> list[list[str]]:
+    """Question-type hard negatives: each FAQ's frame (the words before its first entity, e.g. "What are the
+    treatments for") swapped for other FAQs' frames, so the same entity is asked about in another way."""
+    return swap_negatives(faqs, [question_frame(faq, spans) for faq, spans in zip(faqs, entities)], n_negatives, seed)
+
+
+def question_frame(faq: str, entities: list[Entity]) -> list[Entity]:
+    """The span of `faq` before its first whole-word entity, as a one-element list (empty when there is none)."""
+    starts = [span.start for span in entities if is_whole_words(faq, span)]
+    frame = faq[: min(starts)].rstrip() if starts else ""
+    return [Entity(frame, 0, len(frame), "frame")] if frame else []
+
+
 def _same_text_key(text: str) -> str:
     return " ".join(text.casefold().split())
 

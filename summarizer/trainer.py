@@ -61,6 +61,7 @@ class SummarizerTrainConfig:
     temperature: float = 0.07
     learned_temperature: float = 1.0  # InfoNCE temperature against learned negatives (the paper's 1.0)
     n_hard_negatives: int = 4
+    n_frame_negatives: int = 0  # extra hard negatives with the FAQ's question frame swapped (see frame_hard_negatives)
     n_learned_negatives: int = 4
     diversity_weight: float = 1.0
     generator_lr: float = 1e-4
@@ -319,18 +320,24 @@ def epoch_batches(
 
 
 def build_examples(pairs: Sequence[tuple[str, str]], config: SummarizerTrainConfig, start_id: int = 0) -> list[Example]:
-    """Attach each pair's hard negatives (entity swaps for ECL, focus swaps for QFCL) as its own group."""
+    """Attach each pair's hard negatives as its own group: entity swaps (ECL) or focus swaps (QFCL), then
+    `n_frame_negatives` question-frame swaps."""
     chqs, faqs = [p[0] for p in pairs], [p[1] for p in pairs]
-    if not config.uses_hard or config.n_hard_negatives < 1:
-        groups: list[list[str]] = [[] for _ in pairs]
-    elif config.variant == "qfcl":
-        from summarizer.negatives import focus_hard_negatives
+    groups: list[list[str]] = [[] for _ in pairs]
+    if config.uses_hard:
+        from summarizer import negatives
+        from summarizer.entities import load_recognizer
 
-        groups = focus_hard_negatives(chqs, faqs, config.n_hard_negatives, config.seed)
-    else:
-        from summarizer.negatives import entity_hard_negatives
-
-        groups = entity_hard_negatives(faqs, config.n_hard_negatives, config.seed)
+        qfcl = config.variant == "qfcl"
+        recognizer = load_recognizer() if not qfcl or config.n_frame_negatives > 0 else None
+        entities = [recognizer.find(faq) for faq in faqs] if recognizer else []
+        if config.n_hard_negatives > 0 and qfcl:
+            groups = negatives.focus_hard_negatives(chqs, faqs, config.n_hard_negatives, config.seed)
+        elif config.n_hard_negatives > 0:
+            groups = negatives.entity_hard_negatives(faqs, config.n_hard_negatives, config.seed, entities=entities)
+        if config.n_frame_negatives > 0:
+            frames = negatives.frame_hard_negatives(faqs, config.n_frame_negatives, config.seed, entities)
+            groups = [group + frame for group, frame in zip(groups, frames, strict=True)]
     return [Example(start_id + i, c, f, tuple(g)) for i, (c, f, g) in enumerate(zip(chqs, faqs, groups, strict=True))]
 
 
@@ -379,7 +386,7 @@ class SummarizerTrainer:
             self.tokenizer,
             config.max_source_len,
             config.max_target_len,
-            config.n_hard_negatives if config.uses_hard else 0,
+            config.n_hard_negatives + config.n_frame_negatives if config.uses_hard else 0,
             causal=self.causal,
             strip_start=self.network.config.decoder_start_token_id if bert2bert else None,
         )

@@ -3,7 +3,7 @@ from __future__ import annotations
 import re
 
 from summarizer.entities import DictionaryRecognizer, Entity, term_key
-from summarizer.negatives import entity_hard_negatives, focus_hard_negatives, swap_negatives
+from summarizer.negatives import entity_hard_negatives, focus_hard_negatives, frame_hard_negatives, swap_negatives
 
 TERMS = {
     "flu": "disease",
@@ -103,3 +103,18 @@ def test_focus_negatives_swap_shared_phrases():
     assert groups[0] and all(g.startswith("How can I treat a ") and "migraine headache" not in g for g in groups[0])
     assert all(normalised(g) != normalised(f) for f, group in zip(faqs, groups) for g in group)
     assert groups == focus_hard_negatives(chqs, faqs, 2, seed=0)
+
+
+def test_frame_negatives_ask_about_the_same_entity_in_another_way():
+    faqs = ["What are the treatments for asthma?", "Who makes aspirin?", "Is metformin safe?", "Flu: how long?"]
+    found = [recognizer().find(faq) for faq in faqs]
+    groups = frame_hard_negatives(faqs, 2, seed=0, entities=found)
+    frames = {"What are the treatments for", "Who makes", "Is"}
+    for faq, group, entities in zip(faqs[:3], groups, found):
+        own = faq[: entities[0].start].rstrip()
+        assert len(group) == 2 and all(normalised(g) != normalised(faq) for g in group)
+        for negative in group:
+            frame = next(f for f in frames if negative.startswith(f + " "))
+            assert frame != own and negative == frame + faq[entities[0].start - 1 :]
+    assert groups[3] == []  # the entity opens the FAQ: no frame to swap
+    assert groups == frame_hard_negatives(faqs, 2, seed=0, entities=found)

@@ -15,6 +15,7 @@ from summarizer.trainer import (
     Collator,
     Example,
     SummarizerTrainer,
+    build_examples,
     epoch_batches,
     preset_config,
     train_summarizer,
@@ -51,6 +52,15 @@ def test_collator_keeps_each_examples_hard_negatives_with_it(tiny_bert_dir):
         labels = [[t for t in row if t != -100] for row in batch.labels.tolist()]
         assert all(row[0] != tokenizer.cls_token_id for row in labels)  # BERT2BERT targets start after [CLS]
     assert seen != sorted(seen) and sorted(seen) == list(range(7))  # shuffled, each example once
+
+
+def test_frame_negatives_follow_the_entity_negatives_in_each_group():
+    pairs = [("chq 1", "What are the treatments for asthma?"), ("chq 2", "Who makes ibuprofen?")]
+    plain = build_examples(pairs, tiny_config("ecl", n_hard_negatives=1))
+    framed = build_examples(pairs, tiny_config("ecl", n_hard_negatives=1, n_frame_negatives=1))
+    assert [e.negatives[:1] for e in framed] == [e.negatives for e in plain]
+    assert [e.negatives[1:] for e in framed] == [("Who makes asthma?",), ("What are the treatments for ibuprofen?",)]
+    assert all(not e.negatives for e in build_examples(pairs, tiny_config("mle", n_frame_negatives=1)))
 
 
 def test_hard_negatives_never_enter_the_queue(tiny_bert_dir, tmp_path):
