@@ -51,14 +51,17 @@ def average_summarizers(runs: Sequence[str | Path], out: str | Path) -> Path:
             "warm-started encoder-decoders (the MiniLM backbone) start their cross-attention from the seed; "
             "only runs fine-tuned from the same pretrained weights can be averaged"
         )
-    mean = dict(model.named_parameters())  # tied weights appear once
-    for count, path in enumerate(paths[1:], start=2):
+    parameters = dict(model.named_parameters())  # tied weights appear once
+    totals = {name: parameter.detach().double() for name, parameter in parameters.items()}
+    for path in paths[1:]:
         other = dict(load_backbone(path)[0].named_parameters())
-        if other.keys() != mean.keys() or any(other[k].shape != p.shape for k, p in mean.items()):
+        if other.keys() != totals.keys() or any(other[k].shape != total.shape for k, total in totals.items()):
             raise MedfaqError(f"{path} has other parameters than {paths[0]}; average runs of one backbone")
-        with torch.no_grad():
-            for name, parameter in mean.items():
-                parameter.add_(other[name].to(parameter.dtype) - parameter, alpha=1 / count)  # running mean
+        for name, total in totals.items():
+            total += other[name].detach().double()
+    with torch.no_grad():
+        for name, parameter in parameters.items():
+            parameter.copy_(totals[name] / len(paths))
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp, safe_serialization=True)
