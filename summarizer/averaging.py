@@ -35,7 +35,7 @@ def average_summarizers(runs: Sequence[str | Path], out: str | Path) -> Path:
         raise MedfaqError("averaging needs at least two trained summarizers")
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise MedfaqError(f"output directory {out} is not empty; choose another --out")
+        raise MedfaqError(f"{out} is not an empty directory; choose another --out")
     paths = [Path(resolve_model(run)) for run in runs]
     configs = [_config(path) for path in paths]
     differing = sorted(

@@ -95,6 +95,8 @@ class SummarizerTrainConfig:
             raise MedfaqError(f"unknown variant {self.variant!r}; choose one of {', '.join(VARIANTS)}")
         if self.batch_size < 1 or self.grad_accum < 1 or self.epochs < 1:
             raise MedfaqError("batch size, gradient accumulation and epochs must be at least 1")
+        if min(self.n_hard_negatives, self.n_frame_negatives, self.n_learned_negatives) < 0:
+            raise MedfaqError("the numbers of hard, frame and learned negatives must be 0 or more")
         if self.lora_rank < 0:
             raise MedfaqError(f"--lora-rank must be 0 (off) or positive, got {self.lora_rank}")
 

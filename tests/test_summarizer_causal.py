@@ -258,7 +258,7 @@ def test_average_of_seeds_is_the_parameter_mean_and_generates(tiny_gemma_dir, ti
     train_summarizer(tiny_config("ecl", tiny_gemma_dir, threads=1), PAIRS[:4], PAIRS[4:], tmp_path / "ecl")
     with pytest.raises(MedfaqError, match="differ in .*variant"):
         average_summarizers([runs[0], tmp_path / "ecl"], tmp_path / "mixed")
-    with pytest.raises(MedfaqError, match="not empty"):
+    with pytest.raises(MedfaqError, match="not an empty directory"):
         average_summarizers(runs, out)
     bert_runs = [tmp_path / f"bert{seed}" for seed in (0, 1)]
     for seed, run in enumerate(bert_runs):
