@@ -9,17 +9,17 @@ runs share no starting point and are refused.
 from __future__ import annotations
 
 import dataclasses
-import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
-from index.runtime import MedfaqError, resolve_model
+from index.runtime import MedfaqError, make_once, resolve_model
 from summarizer.modeling import load_backbone
 from summarizer.trainer import CONFIG_FILE, SummarizerTrainConfig
 
-# settings that do not change the weights a recipe ends with, or that only the seed changes
+# settings averaged runs may differ in: the seed, where and how they ran, checkpointing, and validation (which only
+# decides the epoch a run's best model holds and when it stops early)
 FREE_SETTINGS = {"seed", "device", "threads", "save_every_steps", "max_steps", "eval_examples", "patience"}
 
 
@@ -62,12 +62,10 @@ def average_summarizers(runs: Sequence[str | Path], out: str | Path) -> Path:
     with torch.no_grad():
         for name, parameter in parameters.items():
             parameter.copy_(totals[name] / len(paths))
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, safe_serialization=True)
-    tokenizer.save_pretrained(tmp)
-    dataclasses.replace(configs[0], averaged_from=[str(path) for path in paths]).save(tmp)
-    if out.exists():
-        out.rmdir()
-    tmp.rename(out)
-    return out
+
+    def write(tmp: Path) -> None:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        dataclasses.replace(configs[0], averaged_from=[str(path) for path in paths]).save(tmp)
+
+    return make_once(out, CONFIG_FILE, write)

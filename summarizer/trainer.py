@@ -331,9 +331,10 @@ def build_examples(pairs: Sequence[tuple[str, str]], config: SummarizerTrainConf
         from summarizer.entities import load_recognizer
 
         qfcl = config.variant == "qfcl"
-        needs_entities = (not qfcl and config.n_hard_negatives > 0) or config.n_frame_negatives > 0
-        recognizer = load_recognizer() if needs_entities else None
-        entities = [recognizer.find(faq) for faq in faqs] if recognizer else []
+        entities: list = []
+        if (not qfcl and config.n_hard_negatives > 0) or config.n_frame_negatives > 0:
+            recognizer = load_recognizer()
+            entities = [recognizer.find(faq) for faq in faqs]
         if config.n_hard_negatives > 0 and qfcl:
             groups = negatives.focus_hard_negatives(chqs, faqs, config.n_hard_negatives, config.seed)
         elif config.n_hard_negatives > 0:
