@@ -10,7 +10,7 @@ from pathlib import Path
 import typer
 
 from app.cmd_search import finite, positive
-from index.runtime import MedfaqError, resolve_model
+from index.runtime import PRECISION_HELP, MedfaqError, resolve_model
 
 TASK_HELP = "mqp (question pairs) | qa (MedQuAD question-answer, intermediate) | faq (query -> FAQ reranker)"
 
@@ -22,6 +22,7 @@ MAX_LENGTH = typer.Option(None, "--max-length", min=1, help="Max tokens (overrid
 LOSS = typer.Option(None, "--loss", help="Bi-encoder loss: contrastive | mnrl.")
 DEVICE = typer.Option(None, "--device", help="cpu | cuda (default: cuda when available).")
 HEAD = typer.Option(None, "--head", help="Cross-encoder head: cosine (default) | mean | cls | pooler.")
+PRECISION = typer.Option(None, "--precision", help=PRECISION_HELP)
 KEEP_RATIO = typer.Option(
     None, "--keep-ratio", min=0.01, max=1.0, help="Keep this share of the fine-tuning change (WiSE-FT; override)."
 )
@@ -35,6 +36,7 @@ def _tuning(
     loss: str | None,
     head: str | None = None,
     keep_ratio: float | None = None,
+    precision: str | None = None,
 ):
     """The preset overrides both commands share (None = keep the preset)."""
     return {
@@ -45,6 +47,7 @@ def _tuning(
         "loss": loss,
         "head": head,
         "keep_ratio": keep_ratio,
+        "precision": precision,
     }
 
 
@@ -79,6 +82,7 @@ def _train_command(model_type: str) -> Callable[..., None]:
         head: str | None = HEAD,
         max_pairs: int | None = typer.Option(None, "--max-pairs", min=1, help="Train on at most this many pairs."),
         keep_ratio: float | None = KEEP_RATIO,
+        precision: str | None = PRECISION,
         device: str | None = DEVICE,
         force: bool = typer.Option(False, "--force", help="Overwrite a non-empty --out directory."),
     ) -> None:
@@ -86,7 +90,7 @@ def _train_command(model_type: str) -> Callable[..., None]:
         from retriever.pair_data import pair_counts, task_pairs
         from retriever.pair_models import train_pair_model
 
-        tuning = _tuning(epochs, batch_size, lr, max_length, loss, head, keep_ratio)
+        tuning = _tuning(epochs, batch_size, lr, max_length, loss, head, keep_ratio, precision)
         config = make_config(model_type, task, preset, init=init, seed=seed, max_pairs=max_pairs, **tuning)
         _check_out(out, force)
         resolve_model(init)  # a bad --init fails before the data is built
@@ -136,6 +140,7 @@ def eval_duplicates(
     loss: str | None = LOSS,
     head: str | None = HEAD,
     keep_ratio: float | None = KEEP_RATIO,
+    precision: str | None = PRECISION,
     max_pairs: int | None = typer.Option(
         None, "--max-pairs", min=1, help="Train each fold on at most this many pairs."
     ),
@@ -163,7 +168,7 @@ def eval_duplicates(
     else:
         if model_type is None:
             raise MedfaqError("give --model-type biencoder|crossencoder (cross-validation) or --model DIR --pairs FILE")
-        tuning = _tuning(epochs, batch_size, lr, max_length, loss, head, keep_ratio)
+        tuning = _tuning(epochs, batch_size, lr, max_length, loss, head, keep_ratio, precision)
         config = make_config(model_type, "mqp", preset, init=init, seed=seed, **tuning)
         resolve_model(init)
         if save_models is not None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from index.runtime import MedfaqError
+from index.runtime import PRECISION_HELP, MedfaqError
 
 DEFAULT_PRETRAIN = ["rqe:train", "healthcaremagic:train", "chq_summ:train"]
 TEXT_FIELDS = ("chq", "question", "text")
@@ -70,6 +70,7 @@ def train_summarizer(
     pretrain_examples: int | None = typer.Option(None, "--pretrain-examples", help="Sample N pre-training pairs."),
     device: str | None = typer.Option(None, "--device", help="cpu or cuda (default: cuda when visible)."),
     threads: int | None = typer.Option(None, "--threads", help="Torch CPU threads."),
+    precision: str | None = typer.Option(None, "--precision", help=PRECISION_HELP),
     save_every_steps: int | None = typer.Option(None, "--save-every-steps"),
     max_steps: int | None = typer.Option(None, "--max-steps", help="Stop with a checkpoint after N steps."),
 ) -> None:

@@ -189,6 +189,58 @@ def choose_device(device: str | None = None) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+PRECISIONS = ("auto", "fp32", "bf16")
+PRECISION_HELP = "fp32 | bf16 | auto: bf16 where this machine measures it faster (AMX CPUs, recent GPUs)."
+BF16_MIN_SPEEDUP = 1.5  # `auto` picks bf16 where it multiplies matrices at least this much faster than fp32
+_measured_precision: dict[str, str] = {}
+
+
+def resolve_precision(precision: str, device: str = "cpu") -> str:
+    """``fp32`` or ``bf16`` for `precision` (one of `PRECISIONS`). ``auto`` measures instead of guessing: on a CPU
+    it times a bf16 and an fp32 matrix product once per process and picks bf16 only where it is at least
+    `BF16_MIN_SPEEDUP` times faster (CPUs with AMX or AVX-512 BF16 units; on AVX2-only CPUs bf16 is slower); on a
+    GPU it picks bf16 where the GPU supports it."""
+    if precision not in PRECISIONS:
+        raise MedfaqError(f"unknown precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
+    if precision != "auto":
+        return precision
+    if device not in _measured_precision:
+        import torch
+
+        if device.startswith("cuda"):
+            _measured_precision[device] = "bf16" if torch.cuda.is_bf16_supported() else "fp32"
+        else:
+            speedup = _time_matmul(torch.float32) / _time_matmul(torch.bfloat16)
+            _measured_precision[device] = "bf16" if speedup >= BF16_MIN_SPEEDUP else "fp32"
+            logger.info("bf16 matrix products %.1fx the speed of fp32 on this CPU", speedup)
+    return _measured_precision[device]
+
+
+def _time_matmul(dtype: Any, size: int = 512, repeats: int = 8) -> float:
+    """Seconds of the fastest of `repeats` (size x size) matrix products in `dtype` on the CPU."""
+    import time
+
+    import torch
+
+    a, b = torch.ones(size, size, dtype=dtype), torch.ones(size, size, dtype=dtype)
+    a @ b  # warm-up: the first call may build kernels
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - start)
+    return max(best, 1e-9)
+
+
+def autocast(precision: str, device: str = "cpu") -> Any:
+    """A context in which matrix products run in bf16 (torch autocast; weights, optimizer state and losses stay
+    fp32) when `precision` resolves to ``bf16``, and that changes nothing for ``fp32``."""
+    import torch
+
+    resolved = resolve_precision(precision, device)
+    return torch.autocast(device.split(":")[0], dtype=torch.bfloat16, enabled=resolved == "bf16")
+
+
 class _StderrHandler(logging.StreamHandler):
     """The handler `configure_logging` installs (replaced, not duplicated, when it is called again); it writes to
     whatever `sys.stderr` is when a message comes (so a redirected or captured stderr is honoured)."""

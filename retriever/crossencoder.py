@@ -65,7 +65,7 @@ class SegmentCosine(Module):
         }
 
     def forward(self, features: dict, **kwargs) -> dict:
-        tokens, mask = features["token_embeddings"], features["attention_mask"].unsqueeze(-1).float()
+        tokens, mask = features["token_embeddings"].float(), features["attention_mask"].unsqueeze(-1).float()
         if "token_type_ids" in features:
             second = features["token_type_ids"].unsqueeze(-1).float()
         elif self.separator_id is not None:

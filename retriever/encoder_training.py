@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 from tqdm.auto import tqdm
 
-from index.runtime import MedfaqError, seed_everything
+from index.runtime import PRECISIONS, MedfaqError, autocast, resolve_precision, seed_everything
 
 logger = logging.getLogger("medfaq.training")
 
@@ -64,6 +64,7 @@ class EncoderTrainConfig:
     symmetric: bool = False  # train on both pair orders and score both (tasks where order carries no meaning)
     dev_fraction: float = 0.0  # group-disjoint dev part carved from the training pairs for best-epoch selection
     keep_ratio: float = 1.0  # final weights = start + keep_ratio x (fine-tuned - start); 1: the fine-tuned ones
+    precision: str = "auto"  # training matrix products: fp32 | bf16 | auto (bf16 where measured faster; the one used)
     n_train_pairs: int = 0  # filled in by training
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -73,6 +74,7 @@ class EncoderTrainConfig:
         _check_choice("preset", self.preset, PRESETS)
         _check_choice("loss", self.loss, LOSSES)
         _check_choice("head", self.head, HEADS)
+        _check_choice("precision", self.precision, PRECISIONS)
         if (self.loss == "bce") != (self.model_type == "crossencoder"):
             wanted = "bce" if self.model_type == "crossencoder" else "contrastive or mnrl"
             raise MedfaqError(f"loss {self.loss!r} does not fit a {self.model_type}; use {wanted}")
@@ -241,7 +243,8 @@ def train_loop(
     (higher = better) runs after every epoch; the weights of the best epoch are restored at the end, then moved back
     towards the weights `model` had on entry, keeping `config.keep_ratio` of the change (:func:`interpolate_weights`).
     Returns the history: mean loss and dev score per epoch, the best epoch (1-based) and the training seconds. `model`
-    is a torch module (put into train mode here, eval mode at the end).
+    is a torch module (put into train mode here, eval mode at the end). The forward passes run in
+    `config.precision`, resolved here (``auto``: bf16 where this machine measures it faster) and written back.
     """
     import time
 
@@ -251,6 +254,8 @@ def train_loop(
     if not examples:
         raise MedfaqError("no training examples")
     seed_everything(config.seed)
+    device = next(model.parameters()).device.type
+    config.precision = resolve_precision(config.precision, device)
     start = copy_weights(model) if config.keep_ratio < 1 else None
     steps_per_epoch = (len(examples) + config.batch_size - 1) // config.batch_size
     total = steps_per_epoch * config.epochs
@@ -271,7 +276,8 @@ def train_loop(
             model.train()
             losses: list[float] = []
             for batch in make_batches(examples, config.batch_size, rng, label, length, distinct=distinct):
-                loss = loss_fn(batch)
+                with autocast(config.precision, device):
+                    loss = loss_fn(batch)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
                 optimizer.step()

@@ -15,7 +15,9 @@ from torch import nn
 
 
 def masked_mean(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Mean of `hidden` (B, T, D) over the positions where `mask` (B, T) is 1, L2-normalised to (B, D)."""
+    """Mean of `hidden` (B, T, D) over the positions where `mask` (B, T) is 1, L2-normalised to (B, D), in fp32
+    (contrastive logits divide cosines by a small temperature: bf16's rounding would be magnified)."""
+    hidden = hidden.float()
     weights = mask.unsqueeze(-1).to(hidden.dtype)
     pooled = (hidden * weights).sum(1) / weights.sum(1).clamp(min=1.0)
     return F.normalize(pooled, dim=-1)

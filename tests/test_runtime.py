@@ -7,9 +7,10 @@ from importlib import metadata
 from pathlib import Path
 
 import pytest
+import torch
 
 from index import runtime
-from index.runtime import ModelNotFoundError, models_dir, resolve_model, seed_everything
+from index.runtime import MedfaqError, ModelNotFoundError, models_dir, resolve_model, seed_everything
 
 
 def test_minilm_name_resolves_to_bundled_weights():
@@ -142,3 +143,42 @@ def test_eval_scripts_reject_bad_arguments_with_one_line_naming_themselves(modul
     assert exit_info.value.code == 2
     last_line = capsys.readouterr().err.strip().splitlines()[-1]
     assert last_line.startswith(f"python -m {module}: error: argument")
+
+
+def test_precision_resolves_to_fp32_or_bf16_and_auto_is_measured_once(monkeypatch):
+    assert runtime.resolve_precision("fp32") == "fp32" and runtime.resolve_precision("bf16") == "bf16"
+    with pytest.raises(MedfaqError, match="unknown precision 'fp16'"):
+        runtime.resolve_precision("fp16")
+    monkeypatch.setattr(runtime, "_measured_precision", {})
+    timings = {torch.float32: 1.0, torch.bfloat16: 0.9}  # bf16 barely faster (an AVX2 CPU would be slower)
+    monkeypatch.setattr(runtime, "_time_matmul", lambda dtype: timings.pop(dtype))
+    assert runtime.resolve_precision("auto") == "fp32"
+    assert runtime.resolve_precision("auto") == "fp32"  # cached: measuring again would have found no timings
+    monkeypatch.setattr(runtime, "_measured_precision", {})
+    timings = {torch.float32: 1.0, torch.bfloat16: 0.25}  # AMX-like
+    assert runtime.resolve_precision("auto") == "bf16"
+
+
+@pytest.mark.parametrize(("precision", "dtype"), [("fp32", torch.float32), ("bf16", torch.bfloat16)])
+def test_autocast_runs_matrix_products_in_the_resolved_precision(precision, dtype):
+    from index.runtime import autocast
+
+    with autocast(precision):
+        product = torch.ones(2, 3) @ torch.ones(3, 2)
+    assert product.dtype == dtype
+
+
+def test_training_configs_refuse_an_unknown_precision_and_record_the_resolved_one(tiny_bert_dir):
+    from retriever.crossencoder import train_crossencoder
+    from retriever.encoder_training import make_config
+    from retriever.pair_data import Pair
+    from summarizer.trainer import SummarizerTrainConfig
+
+    with pytest.raises(MedfaqError, match="unknown precision"):
+        make_config("crossencoder", "mqp", "quick", precision="half")
+    with pytest.raises(MedfaqError, match="unknown precision"):
+        SummarizerTrainConfig(precision="half")
+    pairs = [Pair("is flu contagious", "can flu spread", 1, "a"), Pair("is flu contagious", "gout diet", 0, "a")]
+    config = make_config("crossencoder", "mqp", "quick", init=str(tiny_bert_dir), dev_fraction=0.0, precision="auto")
+    train_crossencoder(pairs, config, device="cpu")
+    assert config.precision in ("fp32", "bf16")
