@@ -250,10 +250,15 @@ def faq_pairs(
             encode,
             n_negatives,
         )
+        positives_of: dict[str, set[str]] = defaultdict(set)  # a query's other positives are no negatives of it
+        for query, positive, _ in query_set.items:
+            if positive:
+                positives_of[query].add(normalise(positive))
         for i, ((query, positive, labelled), negatives) in enumerate(zip(chosen, mined, strict=True)):
             group = f"{source}-{picked[i]}"
             if positive is not None:
                 pairs.append(Pair(query, positive, 1, group, source=source))
+            negatives = [text for text in negatives if normalise(text) not in positives_of[query]]
             negatives = list(dict.fromkeys([*labelled, *negatives]))[: max(n_negatives, len(labelled))]
             pairs.extend(Pair(query, negative, 0, group, source=source) for negative in negatives)
         logger.info("%s: %d of %d training queries used", source, len(chosen), len(query_set.items))

@@ -157,3 +157,21 @@ def test_distinct_batches_keep_shared_texts_apart():
     for batch in batches:
         keys = [key for triplet in batch for key in triplet[1:]]
         assert len(keys) == len(set(keys))
+
+
+def test_a_querys_other_positives_are_never_its_mined_negatives(tmp_path):
+    rows = [
+        {"pid": "1", "chq": "flu shot side effects and safety", "faq": "flu shot side effects", "label": 1},
+        {"pid": "2", "chq": "flu shot side effects and safety", "faq": "is the flu shot safe", "label": 1},
+        {"pid": "3", "chq": "broken arm cast care", "faq": "how to care for a cast", "label": 1},
+        {"pid": "4", "chq": "flu shot side effects and safety", "faq": "flu shot for children", "label": 0},
+    ]
+    (tmp_path / "mediqa2019_rqe").mkdir()
+    (tmp_path / "mediqa2019_rqe" / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+    pairs = faq_pairs(bag_of_words, ("rqe",), n_negatives=3, data_root=tmp_path)
+    flu = [p for p in pairs if p.text_a == rows[0]["chq"]]
+    positives = {p.text_b for p in flu if p.label == 1}
+    assert positives == {"flu shot side effects", "is the flu shot safe"}
+    assert not positives & {p.text_b for p in flu if p.label == 0}
+    assert "flu shot for children" in {p.text_b for p in flu if p.label == 0}
