@@ -19,7 +19,12 @@ EPOCHS = typer.Option(None, "--epochs", min=1, help="Override the preset.")
 BATCH_SIZE = typer.Option(None, "--batch-size", min=1, help="Override the preset.")
 LR = typer.Option(None, "--lr", callback=positive, help="Learning rate (override the preset).")
 MAX_LENGTH = typer.Option(None, "--max-length", min=1, help="Max tokens (override the preset).")
-LOSS = typer.Option(None, "--loss", help="Bi-encoder loss: contrastive | mnrl.")
+LOSS = typer.Option(
+    None,
+    "--loss",
+    help="Bi-encoder: contrastive | mnrl; cross-encoder: bce | listwise (task faq: softmax over each query's "
+    "positive and its mined negatives).",
+)
 DEVICE = typer.Option(None, "--device", help="cpu | cuda (default: cuda when available).")
 HEAD = typer.Option(None, "--head", help="Cross-encoder head: cosine (default) | mean | cls | pooler.")
 PRECISION = typer.Option(None, "--precision", help=PRECISION_HELP)
@@ -81,6 +86,14 @@ def _train_command(model_type: str) -> Callable[..., None]:
         loss: str | None = LOSS,
         head: str | None = HEAD,
         max_pairs: int | None = typer.Option(None, "--max-pairs", min=1, help="Train on at most this many pairs."),
+        negatives: int | None = typer.Option(
+            None, "--negatives", min=1, help="Task faq: hard negatives mined per query (override the preset)."
+        ),
+        negatives_encoder: str | None = typer.Option(
+            None,
+            "--negatives-encoder",
+            help="Task faq: the bi-encoder that mines them (default minilm; for a reranker, the index's encoder).",
+        ),
         keep_ratio: float | None = KEEP_RATIO,
         precision: str | None = PRECISION,
         device: str | None = DEVICE,
@@ -91,9 +104,20 @@ def _train_command(model_type: str) -> Callable[..., None]:
         from retriever.pair_models import train_pair_model
 
         tuning = _tuning(epochs, batch_size, lr, max_length, loss, head, keep_ratio, precision)
-        config = make_config(model_type, task, preset, init=init, seed=seed, max_pairs=max_pairs, **tuning)
+        config = make_config(
+            model_type,
+            task,
+            preset,
+            init=init,
+            seed=seed,
+            max_pairs=max_pairs,
+            faq_negatives=negatives,
+            negatives_encoder=negatives_encoder,
+            **tuning,
+        )
         _check_out(out, force)
-        resolve_model(init)  # a bad --init fails before the data is built
+        for name in (init, config.negatives_encoder):
+            resolve_model(name)  # a bad --init or --negatives-encoder fails before the data is built
         pairs = task_pairs(config)
         config.n_train_pairs = len(pairs)
         typer.echo(f"{model_type} on {task}: {len(pairs)} training pairs", err=True)

@@ -23,7 +23,7 @@ from sentence_transformers.base.modules import Module
 
 from index.runtime import MedfaqError, choose_device, quantize_linear, resolve_model, seed_everything
 from retriever.encoder_training import CONFIG_FILE, HEADS, EncoderTrainConfig, split_dev, train_loop
-from retriever.pair_data import Pair
+from retriever.pair_data import Pair, ranking_groups
 
 logger = logging.getLogger("medfaq.crossencoder")
 
@@ -232,23 +232,56 @@ def initial_crossencoder(pairs: Sequence[Pair], config: EncoderTrainConfig, devi
     return model
 
 
+def pair_logits(model, pairs: Sequence[tuple[str, str]], max_length: int) -> torch.Tensor:
+    """The cross-encoder's raw scores (logits) of `pairs`, with gradients, the first text cut to fit."""
+    from sentence_transformers.util import batch_to_device
+
+    fitted = truncate_first(model.tokenizer, pairs, max_length)
+    features = batch_to_device(model.preprocess(fitted), model.device)
+    return model(features)["scores"].view(-1)
+
+
+def mean_reciprocal_rank(scores: np.ndarray, group_sizes: Sequence[int]) -> float:
+    """Mean over groups of 1 / the rank of each group's first item (its positive) among the group's scores."""
+    ranks, start = [], 0
+    for size in group_sizes:
+        group = scores[start : start + size]
+        ranks.append(1 + int((group[1:] > group[0]).sum()))
+        start += size
+    return float(np.mean([1.0 / rank for rank in ranks]))
+
+
 def train_crossencoder(
     pairs: Sequence[Pair], config: EncoderTrainConfig, device: str | None = None, dev: Sequence[Pair] | None = None
 ):
-    """Fine-tune `config.init` on `pairs` with binary cross-entropy, keeping `config.keep_ratio` of the change to
-    the starting weights (head included); returns the CrossEncoder (eval mode).
+    """Fine-tune `config.init` on `pairs`, keeping `config.keep_ratio` of the change to the starting weights (head
+    included); returns the CrossEncoder (eval mode).
 
-    The seed is set before the head is created. `config.max_length` None = measured on the training pairs (and
-    written back into `config`). With `config.dev_fraction` > 0 and no `dev`, a group-disjoint dev part is carved
-    from `pairs`; the epoch with the best dev ROC AUC is kept."""
-    from sentence_transformers.cross_encoder.losses import BinaryCrossEntropyLoss
-    from sklearn.metrics import roc_auc_score
-
+    `config.loss`: ``bce`` = binary cross-entropy on each labelled pair; ``listwise`` = softmax cross-entropy over
+    each query's positive and its mined negatives (:func:`ranking_groups`), the task a reranker faces: pick the
+    right FAQ among the retriever's best candidates. The seed is set before the head is created.
+    `config.max_length` None = measured on the training pairs (and written back into `config`). With
+    `config.dev_fraction` > 0 and no `dev`, a group-disjoint dev part is carved from `pairs`; the epoch with the best
+    dev score (ROC AUC; listwise: mean reciprocal rank of the positive in its group) is kept."""
     if dev is None and config.dev_fraction > 0:
         pairs, dev = split_dev(pairs, config.dev_fraction, config.seed)
     model = initial_crossencoder(pairs, config, device)
+    task = _listwise_task if config.loss == "listwise" else _pointwise_task
+    examples, step, dev_score, shaping = task(model, pairs, dev or [], config)
+    history = train_loop(
+        model, step, examples, config, desc=f"cross-encoder ({config.loss})", dev_score=dev_score, **shaping
+    )
+    config.extra = {**config.extra, "history": history}
+    return model
+
+
+def _pointwise_task(model, pairs: Sequence[Pair], dev: Sequence[Pair], config: EncoderTrainConfig):
+    """Binary cross-entropy on each pair (both orders when symmetric); dev score: ROC AUC. Label-balanced batches
+    of similar lengths."""
+    from sentence_transformers.cross_encoder.losses import BinaryCrossEntropyLoss
+    from sklearn.metrics import roc_auc_score
+
     loss = BinaryCrossEntropyLoss(model)
-    examples = both_orders(pairs) if config.symmetric else list(pairs)
 
     def step(batch: list[Pair]):
         labels = torch.tensor([pair.label for pair in batch], dtype=torch.float32, device=model.device)
@@ -257,22 +290,38 @@ def train_crossencoder(
 
     dev_score = None
     if dev:
-        dev_texts = [(p.text_a, p.text_b) for p in dev]
-        dev_labels = [p.label for p in dev]
         scorer = CrossEncoderReranker(model, symmetric=config.symmetric)
+        dev_texts, dev_labels = [(p.text_a, p.text_b) for p in dev], [p.label for p in dev]
 
         def dev_score() -> float:
             return float(roc_auc_score(dev_labels, scorer.score_pairs(dev_texts)))
 
-    history = train_loop(
-        model,
-        step,
-        examples,
-        config,
-        desc="cross-encoder",
-        dev_score=dev_score,
-        label=lambda pair: pair.label,
-        length=lambda pair: len(pair.text_a) + len(pair.text_b),
-    )
-    config.extra = {**config.extra, "history": history}
-    return model
+    examples = both_orders(pairs) if config.symmetric else list(pairs)
+    shaping = {"label": lambda pair: pair.label, "length": lambda pair: len(pair.text_a) + len(pair.text_b)}
+    return examples, step, dev_score, shaping
+
+
+def _listwise_task(model, pairs: Sequence[Pair], dev: Sequence[Pair], config: EncoderTrainConfig):
+    """Softmax cross-entropy over each query's group ``[positive, *negatives]``; dev score: mean reciprocal rank of
+    the positive in its dev group. Batches of groups of similar lengths."""
+    examples = ranking_groups(pairs)
+    if not examples:
+        raise MedfaqError("the listwise loss needs queries with a positive and at least one negative")
+
+    def step(batch: list[list[Pair]]):
+        logits = pair_logits(model, [(p.text_a, p.text_b) for group in batch for p in group], config.max_length)
+        rows = torch.split(logits.float(), [len(group) for group in batch])
+        padded = torch.nn.utils.rnn.pad_sequence(list(rows), batch_first=True, padding_value=float("-inf"))
+        return torch.nn.functional.cross_entropy(padded, torch.zeros(len(batch), dtype=torch.long, device=model.device))
+
+    dev_score = None
+    dev_groups = ranking_groups(dev)
+    if dev_groups:
+        scorer = CrossEncoderReranker(model)
+        dev_texts = [(pair.text_a, pair.text_b) for group in dev_groups for pair in group]
+
+        def dev_score() -> float:
+            return mean_reciprocal_rank(scorer.score_pairs(dev_texts), [len(group) for group in dev_groups])
+
+    shaping = {"length": lambda group: sum(len(pair.text_a) + len(pair.text_b) for pair in group)}
+    return examples, step, dev_score, shaping

@@ -24,7 +24,8 @@ CONFIG_FILE = "train_config.json"
 MODEL_TYPES = ("biencoder", "crossencoder")
 TASKS = ("mqp", "qa", "faq")
 PRESETS = ("quick", "full")
-LOSSES = ("contrastive", "mnrl", "bce")
+LOSSES = ("contrastive", "mnrl", "bce", "listwise")
+CROSSENCODER_LOSSES = ("bce", "listwise")
 HEADS = ("cosine", "mean", "cls", "pooler")
 FAQ_SOURCES = ("meqsum", "healthcaremagic", "chq_summ", "rqe", "mqp", "quebec")
 """Training sources of the query -> FAQ task (see ``retriever.pair_data``), all on by default."""
@@ -50,7 +51,7 @@ class EncoderTrainConfig:
     batch_size: int = 16
     lr: float = 3e-5
     max_length: int | None = 64  # None: measured on the training pairs (cross-encoder)
-    loss: str = "bce"  # crossencoder: bce; biencoder: contrastive | mnrl
+    loss: str = "bce"  # crossencoder: bce | listwise (task faq); biencoder: contrastive | mnrl
     margin: float = 0.3  # ContrastiveLoss margin (cosine distance)
     warmup_ratio: float = 0.1
     weight_decay: float = 0.01
@@ -75,9 +76,11 @@ class EncoderTrainConfig:
         _check_choice("loss", self.loss, LOSSES)
         _check_choice("head", self.head, HEADS)
         _check_choice("precision", self.precision, PRECISIONS)
-        if (self.loss == "bce") != (self.model_type == "crossencoder"):
-            wanted = "bce" if self.model_type == "crossencoder" else "contrastive or mnrl"
+        if (self.loss in CROSSENCODER_LOSSES) != (self.model_type == "crossencoder"):
+            wanted = "bce or listwise" if self.model_type == "crossencoder" else "contrastive or mnrl"
             raise MedfaqError(f"loss {self.loss!r} does not fit a {self.model_type}; use {wanted}")
+        if self.loss == "listwise" and self.task != "faq":
+            raise MedfaqError("the listwise loss ranks each query's mined candidates: it needs --task faq")
         if self.epochs < 1 or self.batch_size < 1 or (self.max_length or 8) < 8 or self.lr <= 0:
             raise MedfaqError("epochs and batch size must be >= 1, max length >= 8 and the learning rate > 0")
         if not 0 <= self.dev_fraction < 1:

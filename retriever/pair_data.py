@@ -265,6 +265,22 @@ def faq_pairs(
     return pairs
 
 
+def ranking_groups(pairs: Sequence[Pair]) -> list[list[Pair]]:
+    """The pairs of each query (same `group`) as ``[positive, *negatives]``, for a listwise loss; groups without a
+    positive (out-of-scope queries) or without a negative are left out. `faq_pairs` gives each positive its own
+    group, so every group has one positive."""
+    by_group: dict[str, list[Pair]] = defaultdict(list)
+    for pair in pairs:
+        by_group[pair.group or pair.text_a].append(pair)
+    groups = []
+    for members in by_group.values():
+        positives = [pair for pair in members if pair.label == 1]
+        negatives = [pair for pair in members if pair.label == 0]
+        if positives and negatives:
+            groups.append([positives[0], *negatives])
+    return groups
+
+
 def pair_counts(pairs: Sequence[Pair]) -> dict[str, dict[str, int]]:
     """Per source: distinct queries, positive pairs and negative pairs."""
     counts: dict[str, dict[str, int]] = {}

@@ -13,11 +13,12 @@ from retriever.crossencoder import (
     SegmentCosine,
     both_orders,
     load_crossencoder,
+    mean_reciprocal_rank,
     train_crossencoder,
     truncate_first,
 )
 from retriever.encoder_training import EncoderTrainConfig, make_batches, make_config, save_trained, train_loop
-from retriever.pair_data import Pair
+from retriever.pair_data import Pair, ranking_groups
 from retriever.pipeline import Reranker
 
 PAIRS = [
@@ -163,3 +164,56 @@ def test_cosine_head_finds_the_second_text_after_the_separator_without_token_typ
     assert torch.allclose(derived["scores"], given["scores"])
     with pytest.raises(MedfaqError, match="separator"):
         SegmentCosine()({"token_embeddings": tokens, "attention_mask": mask, "input_ids": ids})
+
+
+LISTWISE = [
+    Pair("Can I drink alcohol on amoxicillin?", "Is alcohol safe with antibiotics?", 1, "q1"),
+    Pair("Can I drink alcohol on amoxicillin?", "What causes migraine headaches?", 0, "q1"),
+    Pair("Can I drink alcohol on amoxicillin?", "How is type 2 diabetes treated?", 0, "q1"),
+    Pair("Is shingles contagious?", "Can I catch shingles from someone?", 1, "q2"),
+    Pair("Is shingles contagious?", "How is type 2 diabetes treated?", 0, "q2"),
+    Pair("Is covid over?", "What causes migraine headaches?", 0, "q3"),  # out of scope: no positive
+]
+
+
+def test_ranking_groups_put_the_positive_first_and_drop_groups_without_one():
+    groups = ranking_groups(LISTWISE)
+    assert [[pair.label for pair in group] for group in groups] == [[1, 0, 0], [1, 0]]
+    assert {pair.group for group in groups for pair in group} == {"q1", "q2"}
+
+
+def test_mean_reciprocal_rank_of_each_groups_first_item():
+    scores = np.array([0.9, 0.1, 0.5, 0.2, 0.8, 0.3, 0.6, 0.7])  # positives ranked first, second and third
+    assert mean_reciprocal_rank(scores, [2, 3, 3]) == pytest.approx((1 + 1 / 2 + 1 / 3) / 3)
+
+
+def test_listwise_training_is_seeded_ranks_positives_first_and_keeps_the_best_dev_epoch(tiny_bert_dir):
+    def train(seed: int):
+        config = make_config(
+            "crossencoder",
+            "faq",
+            "quick",
+            init=str(tiny_bert_dir),
+            loss="listwise",
+            epochs=3,
+            batch_size=2,
+            lr=5e-3,
+            seed=seed,
+            precision="fp32",
+        )
+        model = train_crossencoder(LISTWISE, config, device="cpu", dev=LISTWISE)
+        return config, CrossEncoderReranker(model).score_pairs([(p.text_a, p.text_b) for p in LISTWISE])
+
+    config, first = train(1)
+    history = config.extra["history"]
+    assert len(history["dev_score"]) == 3 and history["best_epoch"] == 1 + int(np.argmax(history["dev_score"]))
+    np.testing.assert_array_equal(first, train(1)[1])
+    assert not np.allclose(first, train(2)[1])
+    assert first[0] > max(first[1], first[2]) and first[3] > first[4]
+
+
+def test_listwise_loss_needs_the_faq_task_and_fits_cross_encoders_only():
+    with pytest.raises(MedfaqError, match="needs --task faq"):
+        make_config("crossencoder", "mqp", "quick", loss="listwise")
+    with pytest.raises(MedfaqError, match="does not fit a biencoder"):
+        make_config("biencoder", "faq", "quick", loss="listwise")
