@@ -312,7 +312,23 @@ def task_pairs(config: EncoderTrainConfig, data_root: Path | None = None) -> lis
             config.seed,
             data_root,
         )
+    if config.loss == "listwise":  # whole queries: a group cut in two would lose its positive or its negatives
+        return subsample_groups(pairs, config.max_pairs, config.seed)
     return subsample(pairs, config.max_pairs, config.seed)
+
+
+def subsample_groups(pairs: Sequence[Pair], limit: int | None, seed: int) -> list[Pair]:
+    """The pairs of whole groups (queries) in a seeded random order of the groups, stopping before `limit` pairs
+    would be exceeded."""
+    by_group: dict[str, list[Pair]] = defaultdict(list)
+    for pair in pairs:
+        by_group[pair.group or pair.text_a].append(pair)
+    kept: list[Pair] = []
+    for group in subsample(list(by_group), None, seed):
+        if limit and len(kept) + len(by_group[group]) > limit:
+            break
+        kept.extend(by_group[group])
+    return kept
 
 
 # --- triplets for MultipleNegativesRankingLoss, pair files ---------------------------------------------------------

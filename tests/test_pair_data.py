@@ -175,3 +175,14 @@ def test_a_querys_other_positives_are_never_its_mined_negatives(tmp_path):
     assert positives == {"flu shot side effects", "is the flu shot safe"}
     assert not positives & {p.text_b for p in flu if p.label == 0}
     assert "flu shot for children" in {p.text_b for p in flu if p.label == 0}
+
+
+def test_listwise_subsampling_keeps_whole_queries():
+    from retriever.pair_data import Pair, subsample_groups
+
+    pairs = [Pair(f"q{g}", f"faq{g}-{i}", int(i == 0), f"g{g}") for g in range(10) for i in range(4)]
+    kept = subsample_groups(pairs, 10, seed=3)
+    assert len(kept) == 8  # two whole groups of 4; a third would pass the limit
+    assert {p.group for p in kept} == {p.group for p in kept if p.label == 1}
+    assert all(sum(p.group == g for p in kept) == 4 for g in {p.group for p in kept})
+    assert subsample_groups(pairs, 10, seed=3) == kept and subsample_groups(pairs, None, seed=0) != pairs
