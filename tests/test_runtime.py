@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import importlib
 import io
+import json
 import zipfile
 from importlib import metadata
 from pathlib import Path
@@ -131,6 +132,8 @@ def test_make_once_makes_in_a_temporary_sibling_and_only_once(tmp_path):
         ("eval.summarizer_speed", ["--questions", "0"]),
         ("eval.summarizer_speed", ["--max-source-len", "x"]),
         ("eval.summarizer_speed", ["--threads", "-1"]),
+        ("eval.precision_speed", ["--repeats", "0"]),
+        ("eval.precision_speed", ["--threads", "x"]),
         ("eval.ann_bench", ["--queries", "0"]),
         ("eval.load_test", ["--queries", "q.jsonl", "--clients", "1,0"]),
         ("eval.load_test", ["--queries", "q.jsonl", "--limit", "x"]),
@@ -182,3 +185,16 @@ def test_training_configs_refuse_an_unknown_precision_and_record_the_resolved_on
     config = make_config("crossencoder", "mqp", "quick", init=str(tiny_bert_dir), dev_fraction=0.0, precision="auto")
     train_crossencoder(pairs, config, device="cpu")
     assert config.precision in ("fp32", "bf16")
+
+
+def test_precision_speed_times_training_steps_and_inference_in_both_precisions(tiny_bert_dir, tmp_path, capsys):
+    from eval.precision_speed import main
+
+    out = tmp_path / "speed.json"
+    assert (
+        main(["--models", str(tiny_bert_dir), "--batch", "2", "--tokens", "8", "--repeats", "1", "--out", str(out)])
+        == 0
+    )
+    row = json.loads(out.read_text())["rows"][str(tiny_bert_dir)]
+    assert row["train_step_s_fp32"] > 0 and row["inference_s_bf16"] > 0
+    assert row["train_speedup"] == pytest.approx(row["train_step_s_fp32"] / row["train_step_s_bf16"])
