@@ -94,6 +94,13 @@ def _train_command(model_type: str) -> Callable[..., None]:
             "--negatives-encoder",
             help="Task faq: the bi-encoder that mines them (default minilm; for a reranker, the index's encoder).",
         ),
+        prior_scale: float | None = typer.Option(
+            None,
+            "--prior-scale",
+            min=0.0,
+            help="Listwise: add this x the --negatives-encoder cosine to every logit, so the reranker learns a "
+            "correction of that first stage (saved with it; 0: off).",
+        ),
         keep_ratio: float | None = KEEP_RATIO,
         precision: str | None = PRECISION,
         device: str | None = DEVICE,
@@ -113,6 +120,7 @@ def _train_command(model_type: str) -> Callable[..., None]:
             max_pairs=max_pairs,
             faq_negatives=negatives,
             negatives_encoder=negatives_encoder,
+            prior_scale=prior_scale,
             **tuning,
         )
         _check_out(out, force)

@@ -22,12 +22,14 @@ import torch
 from sentence_transformers.base.modules import Module
 
 from index.runtime import MedfaqError, choose_device, quantize_linear, resolve_model, seed_everything
+from retriever.biencoder import BiEncoderScorer, load_biencoder
 from retriever.encoder_training import CONFIG_FILE, HEADS, EncoderTrainConfig, split_dev, train_loop
 from retriever.pair_data import Pair, ranking_groups
 
 logger = logging.getLogger("medfaq.crossencoder")
 
 LENGTH_PERCENTILE = 99  # the automatic max length covers this percentile of the training pairs' token counts
+PRIOR_DIR = "prior"  # a reranker trained as a correction of a bi-encoder keeps that bi-encoder here
 
 
 def has_classifier_head(path: str) -> bool:
@@ -152,13 +154,25 @@ def measure_max_length(tokenizer, pairs: Sequence[Pair], percentile: float = LEN
 class CrossEncoderReranker:
     """Scores text pairs with a cross-encoder: probabilities in [0, 1], higher = the same question / a match.
 
-    `symmetric` (a task where the pair order carries no meaning, e.g. MQP) scores both orders and averages them."""
+    `symmetric` (a task where the pair order carries no meaning, e.g. MQP) scores both orders and averages them.
+    With a `prior` bi-encoder (a reranker trained as a correction of it, ``--prior-scale``), a score is the prior's
+    cosine plus the cross-encoder's logit divided by `prior_scale`: the first stage's score, corrected."""
 
-    def __init__(self, model, batch_size: int = 32, name: str = "", symmetric: bool = False) -> None:
+    def __init__(
+        self,
+        model,
+        batch_size: int = 32,
+        name: str = "",
+        symmetric: bool = False,
+        prior: BiEncoderScorer | None = None,
+        prior_scale: float = 0.0,
+    ) -> None:
         self.model = model
         self.batch_size = batch_size
         self.name = name
         self.symmetric = symmetric
+        self.prior = prior
+        self.prior_scale = prior_scale
 
     @classmethod
     def load(
@@ -175,25 +189,29 @@ class CrossEncoderReranker:
         encoder = load_crossencoder(path, device="cpu" if quantize else device, max_length=max_length)
         if quantize:
             quantize_linear(encoder)
-        symmetric = (path / CONFIG_FILE).is_file() and EncoderTrainConfig.load(path).symmetric
-        return cls(encoder, batch_size=batch_size, name=str(model), symmetric=symmetric)
+        config = EncoderTrainConfig.load(path) if (path / CONFIG_FILE).is_file() else EncoderTrainConfig()
+        prior = BiEncoderScorer.load(path / PRIOR_DIR, device, quantize) if config.prior_scale else None
+        return cls(encoder, batch_size, str(model), config.symmetric, prior, config.prior_scale)
 
     def score(self, query: str, candidates: list[str]) -> list[float]:
-        """Probability that each candidate matches `query` (pipeline `Reranker` protocol)."""
+        """How well each candidate matches `query`, higher = better (pipeline `Reranker` protocol)."""
         return self.score_pairs([(query, candidate) for candidate in candidates]).tolist()
 
     def _predict(self, pairs: Sequence[tuple[str, str]], progress: bool) -> np.ndarray:
         fitted = truncate_first(self.model.tokenizer, pairs, self.model.max_seq_length)
-        scores = self.model.predict(fitted, batch_size=self.batch_size, show_progress_bar=progress)
+        logits_only = {"activation_fn": torch.nn.Identity()} if self.prior is not None else {}
+        scores = self.model.predict(fitted, batch_size=self.batch_size, show_progress_bar=progress, **logits_only)
         return np.asarray(scores, dtype=np.float32).reshape(-1)
 
     def score_pairs(self, pairs: Sequence[tuple[str, str]], progress: bool = False) -> np.ndarray:
-        """Probabilities for many (text_a, text_b) pairs."""
+        """Scores of many (text_a, text_b) pairs: probabilities, or with a prior its corrected cosines."""
         if not pairs:
             return np.zeros(0, dtype=np.float32)
         scores = self._predict(pairs, progress)
         if self.symmetric:
             scores = (scores + self._predict([(b, a) for a, b in pairs], progress)) / 2
+        if self.prior is not None:
+            scores = self.prior.score_pairs(pairs) + scores / self.prior_scale
         return scores
 
 
@@ -303,21 +321,39 @@ def _pointwise_task(model, pairs: Sequence[Pair], dev: Sequence[Pair], config: E
 
 def _listwise_task(model, pairs: Sequence[Pair], dev: Sequence[Pair], config: EncoderTrainConfig):
     """Softmax cross-entropy over each query's group ``[positive, *negatives]``; dev score: mean reciprocal rank of
-    the positive in its dev group. Batches of groups of similar lengths."""
+    the positive in its dev group. Batches of groups of similar lengths.
+
+    With `config.prior_scale` > 0 every logit gets `prior_scale` x the cosine of `config.negatives_encoder` (the
+    first stage) added, and the cosine head starts at scale 0: training starts at the first stage's ranking and the
+    cross-encoder learns only a correction of it (the prior is saved with the model, see :func:`save_prior`)."""
     examples = ranking_groups(pairs)
     if not examples:
         raise MedfaqError("the listwise loss needs queries with a positive and at least one negative")
+    prior, prior_of = None, {}
+    if config.prior_scale:
+        if config.head != "cosine":
+            raise MedfaqError("a prior (--prior-scale) needs the cosine head, which can start at zero")
+        with torch.no_grad():
+            model[-1].scale.zero_()
+        prior = BiEncoderScorer(load_biencoder(config.negatives_encoder, str(model.device)))
+        texts = list(dict.fromkeys((p.text_a, p.text_b) for p in [*pairs, *dev]))
+        prior_of = dict(
+            zip(texts, (config.prior_scale * prior.score_pairs(texts, progress=True)).tolist(), strict=True)
+        )
 
     def step(batch: list[list[Pair]]):
-        logits = pair_logits(model, [(p.text_a, p.text_b) for group in batch for p in group], config.max_length)
-        rows = torch.split(logits.float(), [len(group) for group in batch])
+        texts = [(p.text_a, p.text_b) for group in batch for p in group]
+        logits = pair_logits(model, texts, config.max_length).float()
+        if prior is not None:
+            logits = logits + torch.tensor([prior_of[text] for text in texts], device=logits.device)
+        rows = torch.split(logits, [len(group) for group in batch])
         padded = torch.nn.utils.rnn.pad_sequence(list(rows), batch_first=True, padding_value=float("-inf"))
         return torch.nn.functional.cross_entropy(padded, torch.zeros(len(batch), dtype=torch.long, device=model.device))
 
     dev_score = None
     dev_groups = ranking_groups(dev)
     if dev_groups:
-        scorer = CrossEncoderReranker(model)
+        scorer = CrossEncoderReranker(model, prior=prior, prior_scale=config.prior_scale)
         dev_texts = [(pair.text_a, pair.text_b) for group in dev_groups for pair in group]
 
         def dev_score() -> float:
@@ -325,3 +361,9 @@ def _listwise_task(model, pairs: Sequence[Pair], dev: Sequence[Pair], config: En
 
     shaping = {"length": lambda group: sum(len(pair.text_a) + len(pair.text_b) for pair in group)}
     return examples, step, dev_score, shaping
+
+
+def save_prior(config: EncoderTrainConfig, out: str | Path) -> None:
+    """Copy the bi-encoder a reranker was trained to correct (``config.negatives_encoder``) into ``out/prior``."""
+    if config.prior_scale:
+        load_biencoder(config.negatives_encoder, "cpu").save(str(Path(out) / PRIOR_DIR))

@@ -65,6 +65,7 @@ class EncoderTrainConfig:
     symmetric: bool = False  # train on both pair orders and score both (tasks where order carries no meaning)
     dev_fraction: float = 0.0  # group-disjoint dev part carved from the training pairs for best-epoch selection
     keep_ratio: float = 1.0  # final weights = start + keep_ratio x (fine-tuned - start); 1: the fine-tuned ones
+    prior_scale: float = 0.0  # listwise: logits += prior_scale x cosine of negatives_encoder (learn a correction)
     precision: str = "auto"  # training matrix products: fp32 | bf16 | auto (bf16 where measured faster; the one used)
     n_train_pairs: int = 0  # filled in by training
     extra: dict[str, Any] = field(default_factory=dict)
@@ -81,6 +82,8 @@ class EncoderTrainConfig:
             raise MedfaqError(f"loss {self.loss!r} does not fit a {self.model_type}; use {wanted}")
         if self.loss == "listwise" and self.task != "faq":
             raise MedfaqError("the listwise loss ranks each query's mined candidates: it needs --task faq")
+        if self.prior_scale < 0 or (self.prior_scale and self.loss != "listwise"):
+            raise MedfaqError("--prior-scale must be 0 (off) or positive, with the listwise loss")
         if self.epochs < 1 or self.batch_size < 1 or (self.max_length or 8) < 8 or self.lr <= 0:
             raise MedfaqError("epochs and batch size must be >= 1, max length >= 8 and the learning rate > 0")
         if not 0 <= self.dev_fraction < 1:
@@ -342,10 +345,14 @@ def split_dev(pairs: Sequence[T], fraction: float, seed: int) -> tuple[list[T], 
 
 
 def save_trained(model: Any, config: EncoderTrainConfig, out: str | Path) -> Path:
-    """Save a trained model (safetensors + tokenizer) and its config into `out`."""
+    """Save a trained model (safetensors + tokenizer), its config and (a reranker trained as a correction of a
+    bi-encoder) that bi-encoder into `out`."""
+    from retriever.crossencoder import save_prior
+
     out = Path(out).expanduser()
     out.mkdir(parents=True, exist_ok=True)
     model.save(str(out))
+    save_prior(config, out)
     config.save(out)
     logger.info("saved %s to %s", config.model_type, out)
     return out
