@@ -324,17 +324,14 @@ def _listwise_task(model, pairs: Sequence[Pair], dev: Sequence[Pair], config: En
     the positive in its dev group. Batches of groups of similar lengths.
 
     With `config.prior_scale` > 0 every logit gets `prior_scale` x the cosine of `config.negatives_encoder` (the
-    first stage) added, and the cosine head starts at scale 0: training starts at the first stage's ranking and the
-    cross-encoder learns only a correction of it (the prior is saved with the model, see :func:`save_prior`)."""
+    first stage) added: the cross-encoder is trained as a correction of the first stage's ranking, not as a
+    replacement (the prior is saved with the model, see :func:`save_prior`). Its head starts as usual: a head
+    started at zero would stay there, since its gradient is what multiplies the encoder's."""
     examples = ranking_groups(pairs)
     if not examples:
         raise MedfaqError("the listwise loss needs queries with a positive and at least one negative")
     prior, prior_of = None, {}
     if config.prior_scale:
-        if config.head != "cosine":
-            raise MedfaqError("a prior (--prior-scale) needs the cosine head, which can start at zero")
-        with torch.no_grad():
-            model[-1].scale.zero_()
         prior = BiEncoderScorer(load_biencoder(config.negatives_encoder, str(model.device)))
         texts = list(dict.fromkeys((p.text_a, p.text_b) for p in [*pairs, *dev]))
         prior_of = dict(
