@@ -21,6 +21,12 @@ def _pairs(spec: str, data_root: Path | None) -> list[tuple[str, str]]:
 
 def train_summarizer(
     data: str = typer.Option("meqsum", "--data", help="Data set with train and valid splits (e.g. meqsum)."),
+    train_data: str | None = typer.Option(
+        None,
+        "--train-data",
+        help="Training pairs instead of DATA:train, e.g. meqsum:train+meqsum:valid for a final model (its "
+        "validation then scores pairs it trained on: keep last/, with a recipe chosen on a held-out valid split).",
+    ),
     variant: str = typer.Option("ecl", "--variant", help="ecl|mle|ecl-s|ecl-h|qfcl|learned."),
     preset: str = typer.Option(
         "quick", "--preset", help="quick (MiniLM: ≤ 20 min on 2 CPU cores; Gemma: 2 epochs) | full (GPU)."
@@ -95,7 +101,7 @@ def train_summarizer(
         config = SummarizerTrainConfig(**{**saved.__dict__, **options})
     else:
         config = preset_config(preset, variant, seed=seed, **options)
-    train = _pairs(f"{data}:train", data_root)
+    train = _pairs(config.train_data or f"{data}:train", data_root)
     valid = _pairs(f"{data}:valid", data_root)
     extra = [pair for spec in config.pretrain for pair in _pairs(spec, data_root)]
     history = train_summarizer(config, train, valid, out, resume=resume, pretrain_pairs=extra)

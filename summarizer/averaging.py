@@ -20,7 +20,7 @@ from summarizer.trainer import CONFIG_FILE, SummarizerTrainConfig
 
 # settings averaged runs may differ in: the seed, where and how they ran, checkpointing, and validation (which only
 # decides the epoch a run's best model holds and when it stops early)
-FREE_SETTINGS = {"seed", "device", "threads", "save_every_steps", "max_steps", "eval_examples", "patience"}
+FREE_SETTINGS = {"seed", "device", "threads", "precision", "save_every_steps", "max_steps", "eval_examples", "patience"}
 
 
 def _config(path: Path) -> SummarizerTrainConfig:

@@ -81,6 +81,7 @@ class SummarizerTrainConfig:
     eval_examples: int = 30  # validate on the first N validation pairs (0: all)
     patience: int = 2
     seed: int = 0
+    train_data: str = ""  # training pairs spec (e.g. meqsum:train+meqsum:valid); empty: the data set's train split
     pretrain: list[str] = field(default_factory=list)  # CHQ->FAQ data sets trained on before the main data
     pretrain_epochs: int = 1
     pretrain_examples: int = 0  # sample this many pre-training pairs (0: all)

@@ -62,3 +62,19 @@ def test_cli_errors_are_one_line(tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"id": 1}\n')
     one_line_error(medfaq("summarize", "--input", bad, "--output", tmp_path / "o.jsonl"), "needs a text field")
+
+
+def test_train_data_spec_trains_on_the_named_splits_and_is_saved(tmp_path, tiny_bert_dir):
+    root = tmp_path / "data" / "meqsum"
+    root.mkdir(parents=True)
+    for split, rows in (("train", PAIRS[:4]), ("valid", PAIRS[4:6])):
+        (root / f"{split}.jsonl").write_text("".join(json.dumps({"chq": c, "faq": f}) + "\n" for c, f in rows))
+    out = tmp_path / "model"
+    result = medfaq(
+        "train", "summarizer", "--variant", "mle", "--backbone", tiny_bert_dir, "--epochs", 1, "--batch-size", 2,
+        "--data-root", tmp_path / "data", "--train-data", "meqsum:train+meqsum:valid", "--out", out,
+        "--max-source-len", 24, "--max-target-len", 12, "--eval-max-length", 5, "--device", "cpu",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert json.loads((out / "history.json").read_text())[-1]["step"] == 3  # 6 pairs in batches of 2
+    assert json.loads((out / "train_config.json").read_text())["train_data"] == "meqsum:train+meqsum:valid"
