@@ -17,6 +17,7 @@ from app.cmd_search import (
     RERANK_DEPTH,
     RERANK_FUSION,
     RERANK_MAX_LENGTH,
+    RERANK_PRECISION,
     RERANKER,
     SUMMARIZE,
     SUMMARIZER,
@@ -94,6 +95,7 @@ def eval_retrieval(
     rerank_fusion: str | None = RERANK_FUSION,
     rerank_depth: int | None = RERANK_DEPTH,
     rerank_max_length: int | None = RERANK_MAX_LENGTH,
+    rerank_precision: str | None = RERANK_PRECISION,
     min_words: int = typer.Option(0, "--min-words", min=0, help="Evaluate only the questions of at least N words."),
     summaries: Path | None = typer.Option(
         None, "--summaries", help="With --compare: JSONL of questions and their 'summary' (`medfaq summarize --input`)."

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from app.render import hits_table
-from index.runtime import MedfaqError
+from index.runtime import PRECISION_HELP, MedfaqError
 from retriever.pipeline import QUERY_SOURCES, PipelineConfig
 from retriever.runs import RUN_FORMATS, check_output, is_stdio, read_queries, write_run, write_text_atomic
 from retriever.search import MODES, check_query
@@ -50,6 +50,7 @@ class StageFlags:
     rerank_fusion: str | None = None
     rerank_depth: int | None = None
     rerank_max_length: int | None = None
+    rerank_precision: str | None = None
 
     @classmethod
     def from_options(cls, options: dict[str, Any], **fixed: Any) -> StageFlags:
@@ -72,6 +73,7 @@ class StageFlags:
             rerank_fusion=self.rerank_fusion,
             rerank_depth=self.rerank_depth,
             rerank_max_length=self.rerank_max_length,
+            rerank_precision=self.rerank_precision,
             **changes,
         )
 
@@ -98,6 +100,7 @@ RERANK_DEPTH = typer.Option(None, "--rerank-depth", min=1, help="How many top hi
 RERANK_MAX_LENGTH = typer.Option(
     None, "--rerank-max-length", min=8, help="Tokens per (question, FAQ) pair the cross-encoder reads."
 )
+RERANK_PRECISION = typer.Option(None, "--rerank-precision", help=f"The cross-encoder's arithmetic: {PRECISION_HELP}")
 
 
 SEARCH_BATCH = 64  # questions per pipeline call in batch runs (the progress bar moves per batch)
@@ -167,6 +170,7 @@ def search(
     rerank_fusion: str | None = RERANK_FUSION,
     rerank_depth: int | None = RERANK_DEPTH,
     rerank_max_length: int | None = RERANK_MAX_LENGTH,
+    rerank_precision: str | None = RERANK_PRECISION,
 ) -> None:
     """Search an index with one question (table or --json), or a query file (--queries Q.jsonl --output RUN).
 
@@ -232,6 +236,7 @@ def bench(
     rerank_fusion: str | None = RERANK_FUSION,
     rerank_depth: int | None = RERANK_DEPTH,
     rerank_max_length: int | None = RERANK_MAX_LENGTH,
+    rerank_precision: str | None = RERANK_PRECISION,
 ) -> None:
     """p50/p95 latency of the pipeline end to end and per stage, of each search mode, and batch throughput on the
     given index (seconds); --peers and --ann-vectors N add the peer comparisons. Ctrl-C prints what was measured."""

@@ -21,7 +21,15 @@ import numpy as np
 import torch
 from sentence_transformers.base.modules import Module
 
-from index.runtime import MedfaqError, choose_device, quantize_linear, resolve_model, seed_everything
+from index.runtime import (
+    MedfaqError,
+    autocast,
+    choose_device,
+    quantize_linear,
+    resolve_model,
+    resolve_precision,
+    seed_everything,
+)
 from retriever.biencoder import BiEncoderScorer, load_biencoder
 from retriever.encoder_training import CONFIG_FILE, HEADS, EncoderTrainConfig, split_dev, train_loop
 from retriever.pair_data import Pair, ranking_groups
@@ -166,8 +174,10 @@ class CrossEncoderReranker:
         symmetric: bool = False,
         prior: BiEncoderScorer | None = None,
         prior_scale: float = 0.0,
+        precision: str = "fp32",
     ) -> None:
         self.model = model
+        self.precision = resolve_precision(precision, str(model.device))
         self.batch_size = batch_size
         self.name = name
         self.symmetric = symmetric
@@ -182,16 +192,18 @@ class CrossEncoderReranker:
         quantize: bool = False,
         batch_size: int = 32,
         max_length: int | None = None,
+        precision: str = "fp32",
     ) -> CrossEncoderReranker:
         """Load a trained cross-encoder (any name `resolve_model` accepts); `quantize` = int8 dynamic (CPU only);
-        `max_length`: tokens per pair (None = the trained length)."""
+        `max_length`: tokens per pair (None = the trained length); `precision`: of its matrix products (fp32, bf16
+        or auto, see `index.runtime.resolve_precision`)."""
         path = Path(resolve_model(model))
         encoder = load_crossencoder(path, device="cpu" if quantize else device, max_length=max_length)
         if quantize:
             quantize_linear(encoder)
         config = EncoderTrainConfig.load(path) if (path / CONFIG_FILE).is_file() else EncoderTrainConfig()
         prior = BiEncoderScorer.load(path / PRIOR_DIR, device, quantize) if config.prior_scale else None
-        return cls(encoder, batch_size, str(model), config.symmetric, prior, config.prior_scale)
+        return cls(encoder, batch_size, str(model), config.symmetric, prior, config.prior_scale, precision)
 
     def score(self, query: str, candidates: list[str]) -> list[float]:
         """How well each candidate matches `query`, higher = better (pipeline `Reranker` protocol)."""
@@ -200,7 +212,8 @@ class CrossEncoderReranker:
     def _predict(self, pairs: Sequence[tuple[str, str]], progress: bool) -> np.ndarray:
         fitted = truncate_first(self.model.tokenizer, pairs, self.model.max_seq_length)
         logits_only = {"activation_fn": torch.nn.Identity()} if self.prior is not None else {}
-        scores = self.model.predict(fitted, batch_size=self.batch_size, show_progress_bar=progress, **logits_only)
+        with autocast(self.precision, str(self.model.device)):
+            scores = self.model.predict(fitted, batch_size=self.batch_size, show_progress_bar=progress, **logits_only)
         return np.asarray(scores, dtype=np.float32).reshape(-1)
 
     def score_pairs(self, pairs: Sequence[tuple[str, str]], progress: bool = False) -> np.ndarray:

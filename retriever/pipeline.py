@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from index.runtime import MedfaqError
+from index.runtime import PRECISIONS, MedfaqError
 from retriever.search import MAX_QUERY_CHARS, MODES, RRF_K, Hit, Retriever, clean_queries, reciprocal_rank_fusion
 from retriever.unanswered import UnansweredLog
 
@@ -74,9 +74,10 @@ class PipelineConfig:
     `rerank_query`: what the cross-encoder reads, ``auto`` = the summary when the search used the summary alone,
     else the question. `rerank_fusion`: ``replace`` orders the rescored hits by the cross-encoder alone, ``rrf`` by
     RRF of their retrieval and cross-encoder ranks (a weak reranker then cannot bury a strong retrieval hit).
-    `quantize`: int8 dynamic quantisation of the summarizer and reranker. `key_terms`: drop hits sharing no key term
-    (entities, else content words) with the query (precision bias). `dense_weight`: weight of the dense list against
-    BM25's 1 in hybrid RRF.
+    `quantize`: int8 dynamic quantisation of the summarizer and reranker. `rerank_precision`: the cross-encoder's
+    matrix products, ``fp32``, ``bf16`` or ``auto`` (bf16 where this machine measures it faster, e.g. AMX CPUs).
+    `key_terms`: drop hits sharing no key term (entities, else content words) with the query (precision bias).
+    `dense_weight`: weight of the dense list against BM25's 1 in hybrid RRF.
     `abstain`: abstain when the confidence (:func:`confidence`) is below the threshold of the configuration that
     runs: `threshold` when given (a command-line override), else `thresholds[threshold_key]`, calibrated per
     configuration (mode x rerank x query source) by ``medfaq eval retrieval --save-threshold``; a configuration
@@ -98,6 +99,7 @@ class PipelineConfig:
     rerank_max_length: int | None = None
     rerank_query: str = "auto"
     rerank_fusion: str = "rrf"
+    rerank_precision: str = "fp32"
     quantize: bool = False
     entities: bool = True
     key_terms: bool = False
@@ -116,6 +118,7 @@ class PipelineConfig:
             "query_source": QUERY_SOURCES,
             "rerank_query": RERANK_QUERIES,
             "rerank_fusion": RERANK_FUSIONS,
+            "rerank_precision": PRECISIONS,
         }
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:

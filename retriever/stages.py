@@ -67,7 +67,9 @@ def load_reranker(name: str | None, config: PipelineConfig) -> Any:
             f"reranker {path} has no classification head (a bi-encoder or plain encoder?); "
             "pass a cross-encoder, e.g. one trained with `medfaq train crossencoder --task faq`"
         )
-    return CrossEncoderReranker.load(name, quantize=config.quantize, max_length=config.rerank_max_length)
+    return CrossEncoderReranker.load(
+        name, quantize=config.quantize, max_length=config.rerank_max_length, precision=config.rerank_precision
+    )
 
 
 def load_entities(name: str | None) -> Any:

@@ -242,3 +242,17 @@ def test_a_reranker_with_a_prior_scores_its_cosine_plus_a_learned_correction_and
 def test_a_prior_needs_the_listwise_loss():
     with pytest.raises(MedfaqError, match="prior-scale"):
         make_config("crossencoder", "mqp", "quick", prior_scale=20.0)
+
+
+def test_reranker_precision_bf16_scores_close_to_fp32_and_is_validated(tmp_path, tiny_bert_dir):
+    from retriever.pipeline import PipelineConfig
+
+    config = _config(tiny_bert_dir, precision="fp32")
+    save_trained(train_crossencoder(PAIRS, config, device="cpu"), config, tmp_path / "ce")
+    fp32 = CrossEncoderReranker.load(tmp_path / "ce", device="cpu").score_pairs(TEXTS)
+    bf16 = CrossEncoderReranker.load(tmp_path / "ce", device="cpu", precision="bf16").score_pairs(TEXTS)
+    assert not np.array_equal(fp32, bf16)  # the products did run in bf16
+    np.testing.assert_allclose(fp32, bf16, atol=0.05)
+    assert PipelineConfig(rerank_precision="auto").rerank_precision == "auto"
+    with pytest.raises(MedfaqError, match="unknown rerank precision"):
+        PipelineConfig(rerank_precision="int4")
