@@ -12,14 +12,13 @@ training commands themselves (docs/results.md).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from index.runtime import MedfaqError, autocast, positive_int, resolve_precision
+from index.runtime import MedfaqError, autocast, positive_int, print_report, resolve_precision
 
 
 def median_seconds(run: Callable[[], None], repeats: int, warmup: int = 2) -> float:
@@ -120,10 +119,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except MedfaqError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.out is not None:
-        args.out.write_text(text + "\n", encoding="utf-8")
+    print_report(report, args.out)
     return 0
 
 

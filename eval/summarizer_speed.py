@@ -11,14 +11,13 @@ reported beside every figure. Questions are MeQSum test CHQs in file order.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from index.runtime import MedfaqError, positive_int
+from index.runtime import MedfaqError, positive_int, print_report
 
 
 def latency(generate: Callable[[str], tuple[str, int]], texts: Sequence[str]) -> dict[str, float]:
@@ -114,10 +113,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     report = {"model": args.model, "threads": args.threads, "max_new_tokens": args.max_new_tokens, "rows": rows}
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.out is not None:
-        args.out.write_text(text + "\n", encoding="utf-8")
+    print_report(report, args.out)
     return 0
 
 

@@ -7,6 +7,7 @@ This module sits at the bottom of the dependency graph (it imports no other medf
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import random
@@ -270,6 +271,14 @@ def int_at_least(minimum: int) -> Callable[[str], int]:
 
 
 positive_int = int_at_least(1)
+
+
+def print_report(report: dict[str, Any], out: Path | None = None) -> None:
+    """Print a `python -m eval.*` script's report as indented JSON, and write it to `out` when given."""
+    text = json.dumps(report, indent=2)
+    print(text)
+    if out is not None:
+        out.write_text(text + "\n", encoding="utf-8")
 
 
 def one_line(message: str) -> str:
