@@ -94,7 +94,10 @@ THRESHOLD = typer.Option(
 BEAMS = typer.Option(None, "--beams", min=1, help="Summarizer beams (1 = greedy).")
 QUANTIZE = typer.Option(None, "--quantize/--no-quantize", help="int8 dynamic quantisation of summarizer and reranker.")
 RERANK_FUSION = typer.Option(
-    None, "--rerank-fusion", help="replace: order by the cross-encoder; rrf: RRF of retrieval and cross-encoder ranks."
+    None,
+    "--rerank-fusion",
+    help="replace: order by the cross-encoder; rrf: RRF of retrieval and cross-encoder ranks; "
+    "auto: replace for a reranker trained with --prior-scale, else rrf.",
 )
 RERANK_DEPTH = typer.Option(None, "--rerank-depth", min=1, help="How many top hits the cross-encoder rescores.")
 RERANK_MAX_LENGTH = typer.Option(

@@ -48,7 +48,7 @@ class SearchRequest(BaseModel):
     abstain: bool | None = None
     threshold: float | None = None
     query_source: Literal["raw", "summary", "both"] | None = None
-    rerank_fusion: Literal["replace", "rrf"] | None = None
+    rerank_fusion: Literal["auto", "replace", "rrf"] | None = None
 
     @field_validator("threshold")
     @classmethod

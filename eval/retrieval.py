@@ -23,7 +23,14 @@ from tqdm.auto import tqdm
 from eval.benchmarks import Qrels, Run
 from index.faq_index import FaqIndex
 from index.runtime import MedfaqError
-from retriever.pipeline import Pipeline, PipelineConfig, QueryRewriter, Reranker, SearchResponse
+from retriever.pipeline import (
+    Pipeline,
+    PipelineConfig,
+    QueryRewriter,
+    Reranker,
+    SearchResponse,
+    corrects_first_stage,
+)
 
 METRICS = {
     "recall@1": "recall_1",
@@ -182,6 +189,7 @@ class CachedReranker:
 
     def __init__(self, reranker: Reranker) -> None:
         self.reranker = reranker
+        self.corrects_first_stage = corrects_first_stage(reranker)
         self.cache: dict[tuple[str, str], float] = {}
 
     def score(self, query: str, candidates: list[str]) -> list[float]:

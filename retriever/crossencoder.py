@@ -205,6 +205,11 @@ class CrossEncoderReranker:
         prior = BiEncoderScorer.load(path / PRIOR_DIR, device, quantize) if config.prior_scale else None
         return cls(encoder, batch_size, str(model), config.symmetric, prior, config.prior_scale, precision)
 
+    @property
+    def corrects_first_stage(self) -> bool:
+        """True for a reranker trained as a correction of a bi-encoder: its scores are that cosine, corrected."""
+        return self.prior is not None
+
     def score(self, query: str, candidates: list[str]) -> list[float]:
         """How well each candidate matches `query`, higher = better (pipeline `Reranker` protocol)."""
         return self.score_pairs([(query, candidate) for candidate in candidates]).tolist()

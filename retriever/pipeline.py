@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 PIPELINE_FILE = "pipeline.json"
 QUERY_SOURCES = ("raw", "summary", "both")
 RERANK_QUERIES = ("auto", "raw", "summary")
-RERANK_FUSIONS = ("replace", "rrf")
+RERANK_FUSIONS = ("auto", "replace", "rrf")
 STAGE_KINDS = ("rewrite", "rerank", "entities")
 STEM_CHARS = 5  # key terms are compared on their first characters: a cheap stemmer ("diabetes" ~ "diabetic")
 
@@ -48,6 +48,12 @@ class Reranker(Protocol):
     """Scores (query, candidate question) pairs; higher is a better match (e.g. a cross-encoder)."""
 
     def score(self, query: str, candidates: list[str]) -> list[float]: ...
+
+
+def corrects_first_stage(reranker: Reranker | None) -> bool:
+    """Whether `reranker`'s scores already contain the first stage's (a reranker trained as a correction of the
+    bi-encoder, ``--prior-scale``): ordering by them alone then keeps what the first stage knew."""
+    return bool(getattr(reranker, "corrects_first_stage", False))
 
 
 @runtime_checkable
@@ -73,7 +79,9 @@ class PipelineConfig:
     (question, FAQ) pair the cross-encoder reads, the question cut first (None = the length it was trained with).
     `rerank_query`: what the cross-encoder reads, ``auto`` = the summary when the search used the summary alone,
     else the question. `rerank_fusion`: ``replace`` orders the rescored hits by the cross-encoder alone, ``rrf`` by
-    RRF of their retrieval and cross-encoder ranks (a weak reranker then cannot bury a strong retrieval hit).
+    RRF of their retrieval and cross-encoder ranks (a weak reranker then cannot bury a strong retrieval hit),
+    ``auto`` replace for a reranker trained as a correction of the bi-encoder (its scores contain the cosine),
+    else rrf.
     `quantize`: int8 dynamic quantisation of the summarizer and reranker. `rerank_precision`: the cross-encoder's
     matrix products, ``fp32``, ``bf16`` or ``auto`` (bf16 where this machine measures it faster, e.g. AMX CPUs).
     `key_terms`: drop hits sharing no key term (entities, else content words) with the query (precision bias).
@@ -98,7 +106,7 @@ class PipelineConfig:
     rerank_depth: int = 20
     rerank_max_length: int | None = None
     rerank_query: str = "auto"
-    rerank_fusion: str = "rrf"
+    rerank_fusion: str = "auto"
     rerank_precision: str = "fp32"
     quantize: bool = False
     entities: bool = True
@@ -419,6 +427,12 @@ class Pipeline:
             wanted = "summary" if summary and self.config.query_source == "summary" else "raw"
         return (summary or query) if wanted == "summary" else query
 
+    def _rerank_fusion(self) -> str:
+        fusion = self.config.rerank_fusion
+        if fusion == "auto":
+            return "replace" if corrects_first_stage(self.reranker) else "rrf"
+        return fusion
+
     def _rerank(self, query: str, hits: list[Hit]) -> list[Hit]:
         depth = self.config.rerank_depth
         head, tail = hits[:depth], hits[depth:]
@@ -429,7 +443,7 @@ class Pipeline:
             hit.id: _rescored(hit, float(score), hit.rank, "rerank") for hit, score in zip(head, scores, strict=True)
         }
         by_model = sorted(rescored.values(), key=lambda hit: -hit.score)
-        if self.config.rerank_fusion == "rrf":
+        if self._rerank_fusion() == "rrf":
             retrieval_ranking = [(hit.id, hit.score) for hit in head]
             model_ranking = [(hit.id, hit.score) for hit in by_model]
             fused = reciprocal_rank_fusion([retrieval_ranking, model_ranking], self.config.rrf_k)

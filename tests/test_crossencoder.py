@@ -232,6 +232,8 @@ def test_a_reranker_with_a_prior_scores_its_cosine_plus_a_learned_correction_and
     save_trained(model, config, tmp_path / "reranker")
     reloaded = CrossEncoderReranker.load(tmp_path / "reranker", device="cpu")
     assert reloaded.prior is not None and (tmp_path / "reranker" / "prior" / "config.json").is_file()
+    assert reloaded.corrects_first_stage  # so the pipeline's auto fusion orders by its scores alone
+    assert not CrossEncoderReranker(model).corrects_first_stage
 
     texts = [(p.text_a, p.text_b) for p in LISTWISE]
     cosines = BiEncoderScorer(load_biencoder(str(tiny_bert_dir), "cpu")).score_pairs(texts)

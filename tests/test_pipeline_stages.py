@@ -111,7 +111,6 @@ def test_rrf_rerank_fusion_combines_retrieval_and_reranker_ranks(index):
     question = "treatment of shingles rash"
     retrieved = [h.id for h in Pipeline(index, PipelineConfig(mode="dense", top_k=5)).run(question).hits]
     replace = PipelineConfig(mode="dense", top_k=5, rerank=True, rerank_depth=5, rerank_fusion="replace")
-    assert PipelineConfig().rerank_fusion == "rrf"  # the default: better than replace on all five benchmarks
     by_model = Pipeline(index, replace, reranker=ReverseReranker()).run(question).hits
     assert [h.id for h in by_model] == retrieved[::-1]
     fused = Pipeline(index, replace.updated(rerank_fusion="rrf"), reranker=ReverseReranker()).run(question).hits
@@ -123,6 +122,24 @@ def test_rrf_rerank_fusion_combines_retrieval_and_reranker_ranks(index):
     assert fused[0].score == pytest.approx(1 / 61 + 1 / 65)
     with pytest.raises(MedfaqError, match="rerank fusion"):
         replace.updated(rerank_fusion="mean")
+
+
+class CorrectingReranker(ReverseReranker):
+    """A reranker whose scores already contain the first stage's (trained with a prior)."""
+
+    corrects_first_stage = True
+
+
+def test_auto_rerank_fusion_replaces_for_a_reranker_that_corrects_the_first_stage_else_fuses(index):
+    question = "treatment of shingles rash"
+    config = PipelineConfig(mode="dense", top_k=5, rerank=True, rerank_depth=5)
+    assert config.rerank_fusion == "auto"
+    for reranker, fusion in ((ReverseReranker(), "rrf"), (CorrectingReranker(), "replace")):
+        auto = [h.id for h in Pipeline(index, config, reranker=reranker).run(question).hits]
+        chosen = [
+            h.id for h in Pipeline(index, config.updated(rerank_fusion=fusion), reranker=reranker).run(question).hits
+        ]
+        assert auto == chosen
 
 
 @pytest.mark.parametrize(("source", "reads"), [("summary", "summary"), ("both", "raw"), ("raw", "raw")])
