@@ -138,6 +138,8 @@ def test_make_once_makes_in_a_temporary_sibling_and_only_once(tmp_path):
         ("eval.load_test", ["--queries", "q.jsonl", "--clients", "1,0"]),
         ("eval.load_test", ["--queries", "q.jsonl", "--limit", "x"]),
         ("eval.plots", ["history.json", "--out"]),
+        ("eval.paired_summaries", ["--a", "a.jsonl", "--b", "b.jsonl", "--resamples", "0"]),
+        ("eval.paired_summaries", ["--a", "a.jsonl", "--b", "b.jsonl", "--metric", "bleu"]),
     ],
 )
 def test_eval_scripts_reject_bad_arguments_with_one_line_naming_themselves(module, args, capsys):

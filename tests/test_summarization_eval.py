@@ -138,3 +138,49 @@ def test_eval_summarizer_with_a_tiny_real_summarizer(tmp_path, meqsum_root, tiny
     metrics = json.loads(result.stdout)
     assert metrics["n"] == 3 and 0.0 <= metrics["rougeL"] <= 100.0
     assert len(predictions.read_text().splitlines()) == 3
+
+
+def _write_predictions(path, predictions, references=("the cat ran", "is flu contagious", "aspirin dose")):
+    lines = [
+        json.dumps({"id": str(number), "chq": "", "reference": reference, "prediction": prediction})
+        for number, (reference, prediction) in enumerate(zip(references, predictions))
+    ]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def test_paired_summaries_average_each_side_over_its_files_and_count_wins(tmp_path):
+    from eval.paired_summaries import compare, main
+
+    # per question ROUGE-1 of side A: file 1 (200/3, 100, 0) and file 2 (200/3, 0, 0) -> mean (200/3, 50, 0)
+    a1 = _write_predictions(tmp_path / "a1.jsonl", ["the cat sat", "is flu contagious", "nothing"])
+    a2 = _write_predictions(tmp_path / "a2.jsonl", ["the cat sat", "nothing", "nothing"])
+    b = _write_predictions(tmp_path / "b.jsonl", ["the cat ran", "nothing", "nothing"])  # (100, 0, 0)
+    result = compare([a1, a2], [b], resamples=2000, seed=3)
+    assert result["a_mean"] == pytest.approx((200 / 3 + 50) / 3) and result["b_mean"] == pytest.approx(100 / 3)
+    assert result["difference"] == pytest.approx((200 / 3 - 100 + 50) / 3)
+    assert result["low"] <= result["difference"] <= result["high"]
+    assert (result["better"], result["worse"], result["level"], result["questions"]) == (1, 1, 1, 3)
+    assert compare([a1, a2], [b], resamples=2000, seed=3) == result  # seeded
+    identical = compare([b], [b], resamples=100)
+    assert (identical["difference"], identical["low"], identical["high"], identical["level"]) == (0, 0, 0, 3)
+    main(["--a", str(a1), "--b", str(b), "--resamples", "100"])
+
+
+def test_paired_summaries_refuse_files_of_other_questions_with_one_line(tmp_path, capsys):
+    from eval.paired_summaries import main
+
+    a = _write_predictions(tmp_path / "a.jsonl", ["x", "y", "z"])
+    other = _write_predictions(tmp_path / "other.jsonl", ["x", "y", "z"], references=("a", "b", "c"))
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"id": 1}\n', encoding="utf-8")
+    for args, message in [
+        (["--a", str(a), str(other), "--b", str(a)], "does not hold the questions and references of"),
+        (["--a", str(a), "--b", str(broken)], "broken.jsonl:1: not a predictions line"),
+        (["--a", str(a), "--b", str(tmp_path / "missing.jsonl")], "cannot read"),
+    ]:
+        with pytest.raises(SystemExit) as exit_info:
+            main(args)
+        assert exit_info.value.code == 2
+        error = capsys.readouterr().err.strip()
+        assert error.startswith("error: ") and message in error and "\n" not in error
