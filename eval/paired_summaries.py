@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -42,18 +41,17 @@ def _read_predictions(path: Path) -> dict[str, tuple[str, str]]:
     return rows
 
 
-def side_scores(paths: Sequence[Path], metric: str = "rouge1") -> dict[str, float]:
-    """Per question id: `metric` F1 in percent, averaged over the files of one side (which must cover the same
-    questions with the same references)."""
+def side_scores(paths: Sequence[Path], references: dict[str, str], metric: str = "rouge1") -> dict[str, float]:
+    """Per question id: `metric` F1 in percent, averaged over the files of one side (each must hold exactly the
+    questions and references of `references`)."""
     from rouge_score.rouge_scorer import RougeScorer
 
     scorer = RougeScorer([metric], use_stemmer=True)
     files = [_read_predictions(Path(path)) for path in paths]
-    references = {qid: reference for qid, (reference, _) in files[0].items()}
     totals = dict.fromkeys(references, 0.0)
     for path, rows in zip(paths, files):
         if {qid: reference for qid, (reference, _) in rows.items()} != references:
-            raise MedfaqError(f"{path} does not hold the questions and references of {paths[0]}")
+            raise MedfaqError(f"{path} does not hold the questions and references of the first A file")
         for qid, (reference, prediction) in rows.items():
             totals[qid] += 100.0 * scorer.score(reference, prediction)[metric].fmeasure
     return {qid: total / len(files) for qid, total in totals.items()}
@@ -85,11 +83,10 @@ def paired_bootstrap(
 def compare(
     a_paths: Sequence[Path], b_paths: Sequence[Path], metric: str = "rouge1", resamples: int = 10_000, seed: int = 0
 ) -> dict[str, Any]:
-    """Side A against side B on the questions both hold (they must hold the same ones)."""
-    a, b = side_scores(a_paths, metric), side_scores(b_paths, metric)
-    if a.keys() != b.keys():
-        raise MedfaqError(f"the two sides hold different questions ({len(a)} against {len(b)})")
-    ids = sorted(a)
+    """Side A against side B; every file must hold the questions and references of the first A file."""
+    references = {qid: reference for qid, (reference, _) in _read_predictions(Path(a_paths[0])).items()}
+    a, b = side_scores(a_paths, references, metric), side_scores(b_paths, references, metric)
+    ids = sorted(references)
     result = paired_bootstrap([a[qid] for qid in ids], [b[qid] for qid in ids], resamples, seed)
     means = {"a_mean": float(np.mean(list(a.values()))), "b_mean": float(np.mean(list(b.values())))}
     return {"metric": metric, **means, **result, "resamples": resamples, "seed": seed}
@@ -117,7 +114,7 @@ def main(argv: list[str] | None = None) -> None:
         result = compare(args.a, args.b, args.metric, args.resamples, args.seed)
     except MedfaqError as error:
         parser.exit(2, f"error: {error}\n")
-    print(json.dumps(result) if args.json else format_comparison(result), file=sys.stdout)
+    print(json.dumps(result) if args.json else format_comparison(result))
 
 
 if __name__ == "__main__":

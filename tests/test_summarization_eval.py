@@ -175,7 +175,8 @@ def test_paired_summaries_refuse_files_of_other_questions_with_one_line(tmp_path
     broken = tmp_path / "broken.jsonl"
     broken.write_text('{"id": 1}\n', encoding="utf-8")
     for args, message in [
-        (["--a", str(a), str(other), "--b", str(a)], "does not hold the questions and references of"),
+        (["--a", str(a), str(other), "--b", str(a)], "does not hold the questions and references of the first A"),
+        (["--a", str(a), "--b", str(other)], "other.jsonl does not hold the questions and references of the first A"),
         (["--a", str(a), "--b", str(broken)], "broken.jsonl:1: not a predictions line"),
         (["--a", str(a), "--b", str(tmp_path / "missing.jsonl")], "cannot read"),
     ]:
