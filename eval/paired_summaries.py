@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from eval.summarization import ROUGE_TYPES
+from eval.summarization import ROUGE_TYPES, sample_rouge
 from index.runtime import MedfaqError, positive_int
 
 
@@ -41,19 +41,19 @@ def _read_predictions(path: Path) -> dict[str, tuple[str, str]]:
     return rows
 
 
-def side_scores(paths: Sequence[Path], references: dict[str, str], metric: str = "rouge1") -> dict[str, float]:
-    """Per question id: `metric` F1 in percent, averaged over the files of one side (each must hold exactly the
-    questions and references of `references`)."""
-    from rouge_score.rouge_scorer import RougeScorer
-
-    scorer = RougeScorer([metric], use_stemmer=True)
-    files = [_read_predictions(Path(path)) for path in paths]
+def side_scores(
+    files: Sequence[tuple[Path, dict[str, tuple[str, str]]]], references: dict[str, str], metric: str = "rouge1"
+) -> dict[str, float]:
+    """Per question id: `metric` F1 in percent, averaged over the (path, predictions) files of one side (each must
+    hold exactly the questions and references of `references`)."""
     totals = dict.fromkeys(references, 0.0)
-    for path, rows in zip(paths, files):
+    for path, rows in files:
         if {qid: reference for qid, (reference, _) in rows.items()} != references:
             raise MedfaqError(f"{path} does not hold the questions and references of the first A file")
-        for qid, (reference, prediction) in rows.items():
-            totals[qid] += 100.0 * scorer.score(reference, prediction)[metric].fmeasure
+        ids = list(rows)
+        predictions = [rows[qid][1] for qid in ids]
+        for qid, scores in zip(ids, sample_rouge(predictions, [references[qid] for qid in ids])):
+            totals[qid] += scores[metric]
     return {qid: total / len(files) for qid, total in totals.items()}
 
 
@@ -84,8 +84,9 @@ def compare(
     a_paths: Sequence[Path], b_paths: Sequence[Path], metric: str = "rouge1", resamples: int = 10_000, seed: int = 0
 ) -> dict[str, Any]:
     """Side A against side B; every file must hold the questions and references of the first A file."""
-    references = {qid: reference for qid, (reference, _) in _read_predictions(Path(a_paths[0])).items()}
-    a, b = side_scores(a_paths, references, metric), side_scores(b_paths, references, metric)
+    a_files, b_files = ([(Path(path), _read_predictions(Path(path))) for path in paths] for paths in (a_paths, b_paths))
+    references = {qid: reference for qid, (reference, _) in a_files[0][1].items()}
+    a, b = side_scores(a_files, references, metric), side_scores(b_files, references, metric)
     ids = sorted(references)
     result = paired_bootstrap([a[qid] for qid in ids], [b[qid] for qid in ids], resamples, seed)
     means = {"a_mean": float(np.mean(list(a.values()))), "b_mean": float(np.mean(list(b.values())))}

@@ -23,20 +23,23 @@ ROUGE_TYPES = ("rouge1", "rouge2", "rougeL")
 MAIN_METRICS = ("rouge1", "rouge2", "rougeL", "fir", "fir_entity", "fir_overlap", "entity_consistency")
 
 
-def rouge_scores(predictions: Sequence[str], references: Sequence[str]) -> dict[str, float]:
-    """Mean ROUGE-1/2/L F1 (stemmed) in percent."""
+def sample_rouge(predictions: Sequence[str], references: Sequence[str]) -> list[dict[str, float]]:
+    """ROUGE-1/2/L F1 (stemmed) in percent of each prediction against its reference."""
     from rouge_score.rouge_scorer import RougeScorer
 
     if len(predictions) != len(references):
         raise ValueError(f"{len(predictions)} predictions but {len(references)} references")
-    if not predictions:
-        return dict.fromkeys(ROUGE_TYPES, 0.0)
     scorer = RougeScorer(list(ROUGE_TYPES), use_stemmer=True)
-    totals = dict.fromkeys(ROUGE_TYPES, 0.0)
-    for prediction, reference in zip(predictions, references):
-        for name, score in scorer.score(reference, prediction).items():
-            totals[name] += score.fmeasure
-    return {name: 100.0 * total / len(predictions) for name, total in totals.items()}
+    return [
+        {name: 100.0 * score.fmeasure for name, score in scorer.score(reference, prediction).items()}
+        for prediction, reference in zip(predictions, references)
+    ]
+
+
+def rouge_scores(predictions: Sequence[str], references: Sequence[str]) -> dict[str, float]:
+    """Mean ROUGE-1/2/L F1 (stemmed) in percent."""
+    samples = sample_rouge(predictions, references)
+    return {name: sum(sample[name] for sample in samples) / len(samples) if samples else 0.0 for name in ROUGE_TYPES}
 
 
 def _padded_words(text: str) -> str:
