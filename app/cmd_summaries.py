@@ -10,6 +10,7 @@ from pathlib import Path
 
 import typer
 
+from app.cmd_summarizer import MBR
 from index.runtime import MedfaqError, resolve_model
 
 
@@ -55,6 +56,7 @@ def eval_summarizer(
     num_beams: int = typer.Option(4, "--num-beams", min=1, help="Beam size."),
     max_length: int = typer.Option(64, "--max-length", min=1, help="Maximum generated tokens."),
     batch_size: int = typer.Option(16, "--batch-size", min=1, help="Generation batch size."),
+    mbr: int = MBR,
     data_root: Path | None = typer.Option(None, "--data-root", help="Read data laid out like ../shared/data."),
     limit: int | None = typer.Option(None, "--limit", min=1, help="Evaluate the first N pairs only."),
     ner: str = typer.Option("auto", "--ner", help="Entity recogniser for FIR/consistency: auto|dictionary|stanza."),
@@ -66,6 +68,7 @@ def eval_summarizer(
     from eval.summarization_data import load_pairs
     from retriever.runs import check_output, is_stdio, write_text_atomic
     from summarizer.entities import load_recognizer
+    from summarizer.generation import consensus
 
     output = output or Path(f"predictions_{re.sub(r'[^A-Za-z0-9_.-]+', '_', data)}.jsonl")
     check_output(output)
@@ -79,11 +82,17 @@ def eval_summarizer(
     )
     start = time.perf_counter()
     texts = [pair.chq for pair in pairs]
-    predictions = summarizer.summarize(texts, num_beams=num_beams, max_length=max_length, batch_size=batch_size)
+    found = summarizer.candidates(texts, mbr, num_beams=num_beams, max_length=max_length, batch_size=batch_size)
+    predictions = [consensus(beams) for beams in found]
     seconds = time.perf_counter() - start
     rows = [
-        json.dumps({"id": p.id, "chq": p.chq, "reference": p.faq, "prediction": prediction}, ensure_ascii=False) + "\n"
-        for p, prediction in zip(pairs, predictions, strict=True)
+        json.dumps(
+            {"id": p.id, "chq": p.chq, "reference": p.faq, "prediction": prediction}
+            | ({"candidates": beams} if mbr > 1 else {}),
+            ensure_ascii=False,
+        )
+        + "\n"
+        for p, prediction, beams in zip(pairs, predictions, found, strict=True)
     ]
     to_stdout = is_stdio(output)
     if to_stdout:

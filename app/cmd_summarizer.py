@@ -141,6 +141,11 @@ def read_texts(path: Path) -> tuple[list[dict], list[str]]:
     return rows, texts
 
 
+MBR = typer.Option(
+    1, "--mbr", min=1, help="Pick among the N best beams by minimum Bayes risk (mean ROUGE with the others); 1 = off."
+)
+
+
 def summarize(
     text: str | None = typer.Argument(None, help="A consumer health question (omit with --input)."),
     model: str | None = typer.Option(
@@ -151,6 +156,7 @@ def summarize(
     num_beams: int = typer.Option(1, "--num-beams", help="Beam size (1: greedy)."),
     max_length: int = typer.Option(64, "--max-length", help="Maximum new tokens per summary."),
     batch_size: int = typer.Option(16, "--batch-size", help="Questions per batch."),
+    mbr: int = MBR,
     device: str | None = typer.Option(None, "--device", help="cpu or cuda."),
 ) -> None:
     """Summarize consumer health questions into short FAQ-style questions."""
@@ -164,7 +170,7 @@ def summarize(
         raise MedfaqError("--input needs --output OUT.jsonl")
     rows, texts = read_texts(input) if input is not None else ([], [text])
     chosen = set_up_model(model, "summarizer", best_summarizer())
-    summaries = Summarizer.load(chosen, device=device).summarize(texts, num_beams, max_length, batch_size)
+    summaries = Summarizer.load(chosen, device=device).summarize(texts, num_beams, max_length, batch_size, mbr)
     if input is None:
         typer.echo(summaries[0])
         return

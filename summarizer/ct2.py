@@ -28,7 +28,8 @@ def convert(model_dir: Path) -> Path:
 
 
 class CT2Generator:
-    """Greedy or beam generation with a converted model; `generate_texts` calls it for decoder-only int8 summarizers."""
+    """Greedy or beam generation with a converted model, which `Summarizer.candidates` calls for decoder-only int8
+    summarizers."""
 
     def __init__(self, model_dir: Path, tokenizer, threads: int = 0):
         import ctranslate2
@@ -38,17 +39,25 @@ class CT2Generator:
             str(convert(model_dir)), device="cpu", compute_type="int8", intra_threads=threads
         )
 
-    def __call__(self, texts: Sequence[str], num_beams: int, max_length: int, max_source_len: int) -> list[str]:
+    def __call__(
+        self, texts: Sequence[str], num_beams: int, max_length: int, max_source_len: int, num_return: int = 1
+    ) -> list[list[str]]:
+        """The `num_return` best beams per text, best first."""
+        if min(num_return, num_beams, max_length) < 1:
+            raise MedfaqError("num_beams, mbr candidates and max_length must be at least 1")
         prompts = [
             self.tokenizer.convert_ids_to_tokens(prompt_ids(self.tokenizer, t, max_source_len)[0]) for t in texts
         ]
         results = self.generator.generate_batch(
             prompts,
             max_length=max_length,
-            beam_size=num_beams,
+            beam_size=max(num_beams, num_return),
+            num_hypotheses=num_return,
             sampling_topk=1,
             include_prompt_in_result=False,
             end_token=self.tokenizer.eos_token,
         )
-        decoded = self.tokenizer.batch_decode([r.sequences_ids[0] for r in results], skip_special_tokens=True)
-        return [" ".join(text.split()) for text in decoded]
+        return [
+            [" ".join(text.split()) for text in self.tokenizer.batch_decode(r.sequences_ids, skip_special_tokens=True)]
+            for r in results
+        ]

@@ -28,14 +28,35 @@ def generate_texts(
     device: str = "cpu",
     progress: bool = True,
 ) -> list[str]:
-    """Summaries of `texts` in input order; batches hold inputs of similar length to waste little padding."""
+    """Summaries of `texts` in input order (the best beam of each)."""
+    candidates = generate_candidates(
+        model, tokenizer, texts, 1, num_beams, max_length, batch_size, max_source_len, device, progress
+    )
+    return [best for (best,) in candidates]
+
+
+def generate_candidates(
+    model,
+    tokenizer,
+    texts: Sequence[str],
+    num_return: int = 1,
+    num_beams: int = 1,
+    max_length: int = 64,
+    batch_size: int = 16,
+    max_source_len: int = 512,
+    device: str = "cpu",
+    progress: bool = True,
+) -> list[list[str]]:
+    """The `num_return` best beams for each of `texts` (beam width at least `num_return`), best first, in input
+    order; batches hold inputs of similar length to waste little padding."""
     from tqdm.auto import tqdm
 
-    if num_beams < 1 or max_length < 1 or batch_size < 1:
-        raise MedfaqError("num_beams, max_length and batch_size must be at least 1")
+    if min(num_return, num_beams, max_length, batch_size) < 1:
+        raise MedfaqError("num_beams, mbr candidates, max_length and batch_size must be at least 1")
+    num_beams = max(num_beams, num_return)
     causal = is_causal_lm(model)
     order = sorted(range(len(texts)), key=lambda i: len(texts[i]), reverse=True)
-    outputs: list[str] = [""] * len(texts)
+    outputs: list[list[str]] = [[] for _ in texts]
     with torch.inference_mode():
         for start in tqdm(range(0, len(order), batch_size), desc="summarize", disable=not progress, leave=False):
             chunk = order[start : start + batch_size]
@@ -54,6 +75,7 @@ def generate_texts(
                 input_ids=encoded["input_ids"],
                 attention_mask=encoded["attention_mask"],
                 num_beams=num_beams,
+                num_return_sequences=num_return,
                 do_sample=False,
                 use_cache=True,
                 max_new_tokens=max_length,
@@ -61,9 +83,28 @@ def generate_texts(
             )
             if causal:
                 generated = generated[:, encoded["input_ids"].size(1) :]
-            for i, text in zip(chunk, tokenizer.batch_decode(generated, skip_special_tokens=True), strict=True):
-                outputs[i] = " ".join(text.split())
+            decoded = tokenizer.batch_decode(generated, skip_special_tokens=True)
+            for row, i in enumerate(chunk):
+                outputs[i] = [" ".join(text.split()) for text in decoded[row * num_return : (row + 1) * num_return]]
     return outputs
+
+
+def consensus(candidates: Sequence[str]) -> str:
+    """Minimum Bayes risk choice: the candidate whose mean ROUGE-1/2/L F1 (stemmed) with the other candidates is the
+    highest, the earlier (better-ranked) one on ties (Kumar & Byrne 2004; Freitag et al. 2022)."""
+    from rouge_score.rouge_scorer import RougeScorer
+
+    if len(candidates) < 3:
+        return candidates[0]
+    scorer = RougeScorer(["rouge1", "rouge2", "rougeL"], use_stemmer=True)
+    support = [0.0] * len(candidates)
+    for i in range(len(candidates)):
+        for j in range(i + 1, len(candidates)):
+            scores = scorer.score(candidates[i], candidates[j]).values()
+            agreement = sum(score.fmeasure for score in scores) / 3
+            support[i] += agreement
+            support[j] += agreement
+    return candidates[support.index(max(support))]
 
 
 def left_padded(rows: list[list[int]], tokenizer) -> dict[str, torch.Tensor]:
@@ -123,22 +164,35 @@ class Summarizer:
             quantize_linear(network)
         return cls(network.to(device), tokenizer, device, **settings)
 
-    def summarize(self, texts: list[str], num_beams: int = 1, max_length: int = 64, batch_size: int = 16) -> list[str]:
-        """One short FAQ-style question per input text."""
+    def summarize(
+        self, texts: list[str], num_beams: int = 1, max_length: int = 64, batch_size: int = 16, mbr: int = 1
+    ) -> list[str]:
+        """One short FAQ-style question per input text; `mbr` > 1: the :func:`consensus` of the `mbr` best beams."""
+        if mbr > 1:
+            return [consensus(found) for found in self.candidates(texts, mbr, num_beams, max_length, batch_size)]
+        return [best for (best,) in self.candidates(texts, 1, num_beams, max_length, batch_size)]
+
+    def candidates(
+        self, texts: list[str], num_return: int, num_beams: int = 1, max_length: int = 64, batch_size: int = 16
+    ) -> list[list[str]]:
+        """The `num_return` best beams per input text, best first."""
         if self.fast is not None:
             from tqdm.auto import tqdm
 
             starts = range(0, len(texts), batch_size)
             bar = tqdm(starts, desc="summarize", disable=len(texts) <= batch_size, leave=False)
             return [
-                summary
+                found
                 for start in bar
-                for summary in self.fast(texts[start : start + batch_size], num_beams, max_length, self.max_source_len)
+                for found in self.fast(
+                    texts[start : start + batch_size], num_beams, max_length, self.max_source_len, num_return
+                )
             ]
-        return generate_texts(
+        return generate_candidates(
             self.model,
             self.tokenizer,
             texts,
+            num_return,
             num_beams=num_beams,
             max_length=max_length,
             batch_size=batch_size,

@@ -10,6 +10,7 @@ from app import cmd_summaries
 from app.cli import app
 from eval.summarization import SummarizationEvaluator, entity_consistency, focus_identification_rate, rouge_scores
 from summarizer.entities import DictionaryRecognizer
+from summarizer.generation import consensus
 
 TERMS = {"aspirin": "drug", "migraine": "disease", "flu": "disease", "asthma": "disease", "ibuprofen": "drug"}
 
@@ -68,6 +69,12 @@ class FakeSummarizer:
     def summarize(self, texts, num_beams=1, max_length=64, batch_size=16):
         return [text.split(".")[0] + "?" for text in texts]
 
+    def candidates(self, texts, num_return, num_beams=1, max_length=64, batch_size=16):
+        """The first sentence as the best beam; below it an outlier, then a near copy of the first sentence."""
+        return [
+            [f"{first}?", "Why?", f"{first} today?"][:num_return] for first in (text.split(".")[0] for text in texts)
+        ]
+
 
 @pytest.fixture
 def meqsum_root(tmp_path):
@@ -106,6 +113,19 @@ def test_eval_summarizer_cli_json_and_predictions(tmp_path, meqsum_root, monkeyp
 
     table = CliRunner().invoke(app, [*args, "--output", str(predictions), "--ner", "dictionary"])
     assert table.exit_code == 0 and "rougeL" in table.stdout and "questions/s" in table.stdout
+
+    mbr = CliRunner().invoke(app, [*args, "--json", "--output", str(predictions), "--ner", "dictionary", "--mbr", "3"])
+    assert mbr.exit_code == 0, mbr.output
+    rows = [json.loads(line) for line in predictions.read_text().splitlines()]
+    assert rows[2]["candidates"] == ["What is asthma?", "Why?", "What is asthma today?"]
+    assert all(row["prediction"] == consensus(row["candidates"]) for row in rows)
+
+
+def test_consensus_picks_the_candidate_the_others_agree_with():
+    assert consensus(["Why?", "What is asthma?", "What causes asthma?"]) == "What is asthma?"
+    assert consensus(["what treats asthma", "what is asthma", "what is asthma", "how"]) == "what is asthma"
+    assert consensus(["a b", "c d", "e f"]) == "a b"  # no agreement at all: the best-ranked beam
+    assert consensus(["only two", "candidates here"]) == "only two"
 
 
 def test_eval_summarizer_cli_errors(tmp_path, meqsum_root):

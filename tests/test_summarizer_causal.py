@@ -157,6 +157,13 @@ def test_any_causal_lm_id_or_path_works(tiny_llama_dir, tmp_path):
     assert int8.fast is not None and (out / "ct2-int8" / "model.bin").is_file()
     summaries = int8.summarize([PAIRS[0][0], "short"], max_length=4)
     assert len(summaries) == 2 and all(isinstance(s, str) for s in summaries)
+    for summarizer in (int8, Summarizer.load(out)):
+        texts = [PAIRS[0][0], PAIRS[1][0], "short"]
+        beams = summarizer.candidates(texts, 3, max_length=4, batch_size=2)
+        assert [len(found) for found in beams] == [3, 3, 3]
+        assert [found[0] for found in beams] == summarizer.summarize(texts, num_beams=3, max_length=4, batch_size=2)
+        chosen = summarizer.summarize(texts, max_length=4, batch_size=2, mbr=3)
+        assert all(choice in found for choice, found in zip(chosen, beams, strict=True))
 
 
 def test_qfcl_weights_follow_the_paper(tiny_gemma_dir, tmp_path):
