@@ -31,6 +31,11 @@ PRECISION = typer.Option(None, "--precision", help=PRECISION_HELP)
 KEEP_RATIO = typer.Option(
     None, "--keep-ratio", min=0.01, max=1.0, help="Keep this share of the fine-tuning change (WiSE-FT; override)."
 )
+SIBLING_NEGATIVES = typer.Option(
+    None,
+    "--sibling-negatives/--no-sibling-negatives",
+    help="Task mqp: each training group's similar and dissimilar rewrite as one more negative (override).",
+)
 
 
 def _tuning(
@@ -42,6 +47,7 @@ def _tuning(
     head: str | None = None,
     keep_ratio: float | None = None,
     precision: str | None = None,
+    sibling_negatives: bool | None = None,
 ):
     """The preset overrides both commands share (None = keep the preset)."""
     return {
@@ -53,6 +59,7 @@ def _tuning(
         "head": head,
         "keep_ratio": keep_ratio,
         "precision": precision,
+        "sibling_negatives": sibling_negatives,
     }
 
 
@@ -103,6 +110,7 @@ def _train_command(model_type: str) -> Callable[..., None]:
         ),
         keep_ratio: float | None = KEEP_RATIO,
         precision: str | None = PRECISION,
+        sibling_negatives: bool | None = SIBLING_NEGATIVES,
         device: str | None = DEVICE,
         force: bool = typer.Option(False, "--force", help="Overwrite a non-empty --out directory."),
     ) -> None:
@@ -110,7 +118,7 @@ def _train_command(model_type: str) -> Callable[..., None]:
         from retriever.pair_data import pair_counts, task_pairs
         from retriever.pair_models import train_pair_model
 
-        tuning = _tuning(epochs, batch_size, lr, max_length, loss, head, keep_ratio, precision)
+        tuning = _tuning(epochs, batch_size, lr, max_length, loss, head, keep_ratio, precision, sibling_negatives)
         config = make_config(
             model_type,
             task,
@@ -173,6 +181,7 @@ def eval_duplicates(
     head: str | None = HEAD,
     keep_ratio: float | None = KEEP_RATIO,
     precision: str | None = PRECISION,
+    sibling_negatives: bool | None = SIBLING_NEGATIVES,
     max_pairs: int | None = typer.Option(
         None, "--max-pairs", min=1, help="Train each fold on at most this many pairs."
     ),
@@ -200,7 +209,7 @@ def eval_duplicates(
     else:
         if model_type is None:
             raise MedfaqError("give --model-type biencoder|crossencoder (cross-validation) or --model DIR --pairs FILE")
-        tuning = _tuning(epochs, batch_size, lr, max_length, loss, head, keep_ratio, precision)
+        tuning = _tuning(epochs, batch_size, lr, max_length, loss, head, keep_ratio, precision, sibling_negatives)
         config = make_config(model_type, "mqp", preset, init=init, seed=seed, **tuning)
         resolve_model(init)
         if save_models is not None:

@@ -100,6 +100,11 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--lr", type=float, help="Learning rate (override the preset).")
     parser.add_argument("--epochs", type=positive_int, help="Epochs (override the preset).")
+    parser.add_argument(
+        "--sibling-negatives",
+        action="store_true",
+        help="Add each training group's similar and dissimilar rewrite as one more negative pair.",
+    )
     parser.add_argument("--json", action="store_true", help="Print one JSON object (the tables go to stderr).")
     args = parser.parse_args(argv)
     try:
@@ -114,7 +119,7 @@ def main(argv: list[str] | None = None) -> None:
             args.folds,
             args.fold_seed,
             args.dev_groups,
-            overrides={"lr": args.lr, "epochs": args.epochs},
+            overrides={"lr": args.lr, "epochs": args.epochs, "sibling_negatives": args.sibling_negatives or None},
             print_fn=partial(print, file=sys.stderr if args.json else sys.stdout),
         )
     except MedfaqError as error:

@@ -57,6 +57,7 @@ class EncoderTrainConfig:
     weight_decay: float = 0.01
     max_pairs: int | None = None  # cap on training pairs (after shuffling with `seed`)
     qa_include_rqe: bool = False  # task qa: add the RQE train entailment pairs
+    sibling_negatives: bool = False  # task mqp: each training group's similar and dissimilar rewrite, as a negative
     faq_sources: tuple[str, ...] = FAQ_SOURCES  # task faq
     faq_negatives: int = 3  # task faq: hard negatives mined per query
     faq_per_source: int | None = None  # task faq: at most this many queries from each source (seeded sample)
@@ -82,6 +83,8 @@ class EncoderTrainConfig:
             raise MedfaqError(f"loss {self.loss!r} does not fit a {self.model_type}; use {wanted}")
         if self.loss == "listwise" and self.task != "faq":
             raise MedfaqError("the listwise loss ranks each query's mined candidates: it needs --task faq")
+        if self.sibling_negatives and self.task != "mqp":
+            raise MedfaqError("--sibling-negatives pairs the rewrites of an MQP question: it needs --task mqp")
         if self.prior_scale < 0 or (self.prior_scale and self.loss != "listwise"):
             raise MedfaqError("--prior-scale must be 0 (off) or positive, with the listwise loss")
         if self.epochs < 1 or self.batch_size < 1 or (self.max_length or 8) < 8 or self.lr <= 0:

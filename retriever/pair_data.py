@@ -68,6 +68,19 @@ def mqp_pairs(data_root: Path | None = None) -> list[Pair]:
     ]
 
 
+def mqp_sibling_negatives(pairs: Sequence[Pair]) -> list[Pair]:
+    """One more negative per MQP group holding a positive and a negative pair: its two rewrites of the same
+    question, the similar one against the dissimilar one (a doctor wrote them to differ in what is asked)."""
+    rewrites: dict[str, dict[int, Pair]] = {}
+    for pair in pairs:
+        rewrites.setdefault(pair.group, {})[pair.label] = pair
+    return [
+        Pair(both[1].text_b, both[0].text_b, 0, group, both[1].author, "mqp-sibling")
+        for group, both in rewrites.items()
+        if set(both) == {0, 1}
+    ]
+
+
 # --- intermediate task: MedQuAD question -> answer -----------------------------------------------------------------
 
 

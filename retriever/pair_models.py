@@ -13,7 +13,7 @@ from index.runtime import resolve_model
 from retriever.biencoder import BiEncoderScorer, load_biencoder, train_biencoder
 from retriever.crossencoder import CrossEncoderReranker, has_classifier_head, initial_crossencoder, train_crossencoder
 from retriever.encoder_training import CONFIG_FILE, EncoderTrainConfig
-from retriever.pair_data import Pair
+from retriever.pair_data import Pair, mqp_sibling_negatives
 
 
 class PairScorer(Protocol):
@@ -25,15 +25,21 @@ def train_pair_model(
 ):
     """Train the model `config.model_type` names; returns the sentence-transformers model object. A cross-encoder
     keeps its best epoch on `dev` (else on a dev part carved from `pairs`, see `config.dev_fraction`)."""
+    pairs = training_pairs(pairs, config)
     if config.model_type == "crossencoder":
         return train_crossencoder(pairs, config, device, dev)
     return train_biencoder(pairs, config, device)
 
 
+def training_pairs(pairs: Sequence[Pair], config: EncoderTrainConfig) -> list[Pair]:
+    """`pairs` and, with `config.sibling_negatives`, their MQP sibling negatives (:func:`mqp_sibling_negatives`)."""
+    return [*pairs, *mqp_sibling_negatives(pairs)] if config.sibling_negatives else list(pairs)
+
+
 def initial_weights(pairs: Sequence[Pair], config: EncoderTrainConfig, device: str | None = None) -> dict:
     """The weights `train_pair_model(pairs, config)` starts from (what its keep ratio moves back towards)."""
     if config.model_type == "crossencoder":
-        return initial_crossencoder(pairs, config, device).state_dict()
+        return initial_crossencoder(training_pairs(pairs, config), config, device).state_dict()
     return load_biencoder(config.init, device).state_dict()
 
 

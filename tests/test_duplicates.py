@@ -19,8 +19,8 @@ from index.pair_sources import load_mqp
 from index.runtime import MedfaqError
 from retriever.biencoder import BiEncoderScorer, load_biencoder, train_biencoder
 from retriever.encoder_training import EncoderTrainConfig, make_config, save_trained
-from retriever.pair_data import Pair, mnrl_triplets, mqp_pairs, read_pairs_file
-from retriever.pair_models import as_scorer, load_pair_scorer, train_pair_model
+from retriever.pair_data import Pair, mnrl_triplets, mqp_pairs, mqp_sibling_negatives, read_pairs_file
+from retriever.pair_models import as_scorer, load_pair_scorer, train_pair_model, training_pairs
 
 runner = CliRunner()
 
@@ -237,6 +237,25 @@ def test_load_mqp_groups_consecutive_rows(shared_data):
     rows = load_mqp(shared_data)
     assert rows[0]["group_id"] == rows[1]["group_id"] != rows[2]["group_id"]
     assert Counter(row["group_id"] for row in rows).most_common(1)[0][1] == 2
+
+
+def test_sibling_negatives_pair_the_two_rewrites_of_each_question(shared_data):
+    pairs = [
+        Pair("q", "similar", 1, "g1", "7", "mqp"),
+        Pair("q", "dissimilar", 0, "g1", "7", "mqp"),
+        Pair("r", "only a positive", 1, "g2", "8", "mqp"),
+    ]
+    assert mqp_sibling_negatives(pairs) == [Pair("similar", "dissimilar", 0, "g1", "7", "mqp-sibling")]
+    real = mqp_pairs(shared_data)
+    siblings = mqp_sibling_negatives(real)
+    assert len(siblings) == len(real) // 2 and {p.label for p in siblings} == {0}
+    rewrites = {(p.group, p.text_b) for p in real}
+    assert all((p.group, p.text_a) in rewrites and (p.group, p.text_b) in rewrites for p in siblings)
+    config = make_config("crossencoder", "mqp", "quick", sibling_negatives=True)
+    assert training_pairs(real[:4], config) == [*real[:4], *mqp_sibling_negatives(real[:4])]
+    assert training_pairs(real[:4], replace(config, sibling_negatives=False)) == real[:4]
+    with pytest.raises(MedfaqError, match="needs --task mqp"):
+        make_config("crossencoder", "faq", "quick", sibling_negatives=True)
 
 
 def medfaq(*args):
