@@ -1,4 +1,5 @@
-"""Generation with a trained summarizer: batched greedy or beam search with the KV cache, inputs sorted by length.
+"""Generation with a trained summarizer: batched greedy or beam search with the KV cache, inputs sorted by length;
+optionally the minimum Bayes risk choice among the best beams (`consensus`).
 
 Seq2seq models read the CHQ; decoder-only models read the cleaned CHQ + separator (left-padded) and continue it.
 """
@@ -15,24 +16,6 @@ from index.runtime import MedfaqError, choose_device, quantize_linear, resolve_m
 from summarizer.modeling import backbone_is_causal, is_causal_lm, load_backbone, load_tokenizer, prompt_ids
 
 CONFIG_FILE = "train_config.json"
-
-
-def generate_texts(
-    model,
-    tokenizer,
-    texts: Sequence[str],
-    num_beams: int = 1,
-    max_length: int = 64,
-    batch_size: int = 16,
-    max_source_len: int = 512,
-    device: str = "cpu",
-    progress: bool = True,
-) -> list[str]:
-    """Summaries of `texts` in input order (the best beam of each)."""
-    candidates = generate_candidates(
-        model, tokenizer, texts, 1, num_beams, max_length, batch_size, max_source_len, device, progress
-    )
-    return [best for (best,) in candidates]
 
 
 def generate_candidates(
