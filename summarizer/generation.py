@@ -151,9 +151,7 @@ class Summarizer:
         self, texts: list[str], num_beams: int = 1, max_length: int = 64, batch_size: int = 16, mbr: int = 1
     ) -> list[str]:
         """One short FAQ-style question per input text; `mbr` > 1: the :func:`consensus` of the `mbr` best beams."""
-        if mbr > 1:
-            return [consensus(found) for found in self.candidates(texts, mbr, num_beams, max_length, batch_size)]
-        return [best for (best,) in self.candidates(texts, 1, num_beams, max_length, batch_size)]
+        return [consensus(found) for found in self.candidates(texts, mbr, num_beams, max_length, batch_size)]
 
     def candidates(
         self, texts: list[str], num_return: int, num_beams: int = 1, max_length: int = 64, batch_size: int = 16
