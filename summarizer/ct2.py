@@ -43,8 +43,6 @@ class CT2Generator:
         self, texts: Sequence[str], num_beams: int, max_length: int, max_source_len: int, num_return: int = 1
     ) -> list[list[str]]:
         """The `num_return` best beams per text, best first."""
-        if min(num_return, num_beams, max_length) < 1:
-            raise MedfaqError("num_beams, mbr candidates and max_length must be at least 1")
         prompts = [
             self.tokenizer.convert_ids_to_tokens(prompt_ids(self.tokenizer, t, max_source_len)[0]) for t in texts
         ]

@@ -34,8 +34,6 @@ def generate_candidates(
     order; batches hold inputs of similar length to waste little padding."""
     from tqdm.auto import tqdm
 
-    if min(num_return, num_beams, max_length, batch_size) < 1:
-        raise MedfaqError("num_beams, mbr candidates, max_length and batch_size must be at least 1")
     num_beams = max(num_beams, num_return)
     causal = is_causal_lm(model)
     order = sorted(range(len(texts)), key=lambda i: len(texts[i]), reverse=True)
@@ -157,6 +155,8 @@ class Summarizer:
         self, texts: list[str], num_return: int, num_beams: int = 1, max_length: int = 64, batch_size: int = 16
     ) -> list[list[str]]:
         """The `num_return` best beams per input text, best first."""
+        if min(num_return, num_beams, max_length, batch_size) < 1:
+            raise MedfaqError("num_beams, mbr candidates, max_length and batch_size must be at least 1")
         if self.fast is not None:
             from tqdm.auto import tqdm
 

@@ -66,9 +66,6 @@ class FakeSummarizer:
         cls.loaded.append(str(model))
         return cls()
 
-    def summarize(self, texts, num_beams=1, max_length=64, batch_size=16):
-        return [text.split(".")[0] + "?" for text in texts]
-
     def candidates(self, texts, num_return, num_beams=1, max_length=64, batch_size=16):
         """The first sentence as the best beam; below it an outlier, then a near copy of the first sentence."""
         return [

@@ -8,6 +8,7 @@ import json
 import pytest
 import torch
 
+from index.runtime import MedfaqError
 from summarizer.generation import Summarizer
 from summarizer.modeling import SEPARATOR, backbone_is_causal, load_backbone
 from summarizer.trainer import (
@@ -164,6 +165,8 @@ def test_any_causal_lm_id_or_path_works(tiny_llama_dir, tmp_path):
         assert [found[0] for found in beams] == summarizer.summarize(texts, num_beams=3, max_length=4, batch_size=2)
         chosen = summarizer.summarize(texts, max_length=4, batch_size=2, mbr=3)
         assert all(choice in found for choice, found in zip(chosen, beams, strict=True))
+        with pytest.raises(MedfaqError, match="at least 1"):
+            summarizer.candidates(texts, 0)
 
 
 def test_qfcl_weights_follow_the_paper(tiny_gemma_dir, tmp_path):
@@ -247,7 +250,6 @@ def test_lora_needs_a_decoder_only_backbone(tiny_bert_dir, tmp_path):
 
 
 def test_average_of_seeds_is_the_parameter_mean_and_generates(tiny_gemma_dir, tiny_bert_dir, tmp_path):
-    from index.runtime import MedfaqError
     from summarizer.averaging import average_summarizers
 
     runs = [tmp_path / f"seed{seed}" for seed in (0, 1)]
