@@ -2,7 +2,7 @@
 
 * ``rewrite``: :class:`summarizer.generation.Summarizer` (default: the best summarizer `medfaq setup` trained
   under ``$MEDFAQ_HOME/models``, see :mod:`retriever.setup_plan`), generating with the config's beams and length;
-* ``rerank``: :class:`retriever.crossencoder.CrossEncoderReranker` (default ``reranker-faq-quick``);
+* ``rerank``: :class:`retriever.crossencoder.CrossEncoderReranker` (default: the one `medfaq setup` trains);
 * ``entities``: :func:`summarizer.entities.load_recognizer` (stanza when its models are on disk, else the
   offline dictionaries).
 

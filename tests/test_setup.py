@@ -22,6 +22,8 @@ def test_dry_run_lists_every_step_with_time_and_command():
     for command in (*commands, "train crossencoder --task faq"):
         assert command in output
     assert "--encoder " + str(models_dir() / "biencoder-faq-quick") in output
+    # the reranker is trained as a correction of that bi-encoder, which it keeps as its prior
+    assert "--prior-scale 20 --negatives 7 --negatives-encoder " + str(models_dir() / "biencoder-faq-quick") in output
     assert "--backbone gemma-3-270m --variant mle" in output and "about 45 min" in output
 
 

@@ -157,10 +157,10 @@ def test_default_steps_skip_what_exists_and_respect_no_train(demo_env, monkeypat
     monkeypatch.setenv("MEDFAQ_DEMO_NO_TRAIN", "0")
     [rerank] = [step for step in default_steps(DemoSettings.from_env()) if step.key == "reranker"]
     assert rerank.status == "pending" and rerank.minutes > 0
-    intermediate, final = rerank.commands[-2:]
-    assert intermediate[:4] == ("train", "crossencoder", "--task", "qa")
-    out = intermediate[intermediate.index("--out") + 1]
-    assert final[:4] == ("train", "crossencoder", "--task", "faq") and final[final.index("--init") + 1] == out
+    final = rerank.commands[-1]  # after the data fetches: one training, started from the bi-encoder it corrects
+    assert final[:4] == ("train", "crossencoder", "--task", "faq")
+    biencoder = final[final.index("--init") + 1]
+    assert biencoder.endswith("biencoder-faq-quick") and final[final.index("--negatives-encoder") + 1] == biencoder
     assert final[final.index("--out") + 1].endswith("reranker-not-trained")
 
 
