@@ -31,6 +31,18 @@ PRECISION = typer.Option(None, "--precision", help=PRECISION_HELP)
 KEEP_RATIO = typer.Option(
     None, "--keep-ratio", min=0.01, max=1.0, help="Keep this share of the fine-tuning change (WiSE-FT; override)."
 )
+PRIOR_SCALE = typer.Option(
+    None,
+    "--prior-scale",
+    min=0.0,
+    help="Cross-encoder: add this x the prior encoder's cosine to every logit, so the model learns a correction of "
+    "that bi-encoder (saved with it; 0: off).",
+)
+PRIOR_ENCODER = typer.Option(
+    None,
+    "--prior-encoder",
+    help="With --prior-scale: the bi-encoder corrected, e.g. mpnet (default: --negatives-encoder, the first stage).",
+)
 SIBLING_NEGATIVES = typer.Option(
     None,
     "--sibling-negatives/--no-sibling-negatives",
@@ -101,13 +113,8 @@ def _train_command(model_type: str) -> Callable[..., None]:
             "--negatives-encoder",
             help="Task faq: the bi-encoder that mines them (default minilm; for a reranker, the index's encoder).",
         ),
-        prior_scale: float | None = typer.Option(
-            None,
-            "--prior-scale",
-            min=0.0,
-            help="Listwise: add this x the --negatives-encoder cosine to every logit, so the reranker learns a "
-            "correction of that first stage (saved with it; 0: off).",
-        ),
+        prior_scale: float | None = PRIOR_SCALE,
+        prior_encoder: str | None = PRIOR_ENCODER,
         keep_ratio: float | None = KEEP_RATIO,
         precision: str | None = PRECISION,
         sibling_negatives: bool | None = SIBLING_NEGATIVES,
@@ -129,10 +136,11 @@ def _train_command(model_type: str) -> Callable[..., None]:
             faq_negatives=negatives,
             negatives_encoder=negatives_encoder,
             prior_scale=prior_scale,
+            prior_encoder=prior_encoder,
             **tuning,
         )
         _check_out(out, force)
-        for name in (init, config.negatives_encoder):
+        for name in (init, config.negatives_encoder, config.prior_model):
             resolve_model(name)  # a bad --init or --negatives-encoder fails before the data is built
         pairs = task_pairs(config)
         config.n_train_pairs = len(pairs)
@@ -182,6 +190,8 @@ def eval_duplicates(
     keep_ratio: float | None = KEEP_RATIO,
     precision: str | None = PRECISION,
     sibling_negatives: bool | None = SIBLING_NEGATIVES,
+    prior_scale: float | None = PRIOR_SCALE,
+    prior_encoder: str | None = PRIOR_ENCODER,
     max_pairs: int | None = typer.Option(
         None, "--max-pairs", min=1, help="Train each fold on at most this many pairs."
     ),
@@ -210,8 +220,18 @@ def eval_duplicates(
         if model_type is None:
             raise MedfaqError("give --model-type biencoder|crossencoder (cross-validation) or --model DIR --pairs FILE")
         tuning = _tuning(epochs, batch_size, lr, max_length, loss, head, keep_ratio, precision, sibling_negatives)
-        config = make_config(model_type, "mqp", preset, init=init, seed=seed, **tuning)
-        resolve_model(init)
+        config = make_config(
+            model_type,
+            "mqp",
+            preset,
+            init=init,
+            seed=seed,
+            prior_scale=prior_scale,
+            prior_encoder=prior_encoder,
+            **tuning,
+        )
+        for name in (init, config.prior_model):
+            resolve_model(name)
         if save_models is not None:
             if quantize:
                 raise MedfaqError("--save-models keeps the full-precision models; drop --quantize")

@@ -25,11 +25,15 @@ def load_biencoder(model: str | Path, device: str | None = None, max_length: int
 
 
 class BiEncoderScorer:
-    """Scores text pairs by the cosine similarity of their embeddings (in [-1, 1], higher = more similar)."""
+    """Scores text pairs by the cosine similarity of their embeddings (in [-1, 1], higher = more similar).
 
-    def __init__(self, model, batch_size: int = 64) -> None:
+    `remember`: keep every text's embedding, so a text is encoded once however often it is scored (training and
+    cross-validation over a fixed pair set; not for serving, where the texts never repeat)."""
+
+    def __init__(self, model, batch_size: int = 64, remember: bool = False) -> None:
         self.model = model
         self.batch_size = batch_size
+        self._memory: dict[str, np.ndarray] | None = {} if remember else None
 
     @classmethod
     def load(cls, model: str | Path, device: str | None = None, quantize: bool = False) -> BiEncoderScorer:
@@ -51,10 +55,18 @@ class BiEncoderScorer:
             return np.zeros(0, dtype=np.float32)
         texts = list(dict.fromkeys(text for pair in pairs for text in pair))
         position = {text: i for i, text in enumerate(texts)}
-        vectors = self.encode(texts, progress)
+        vectors = self._vectors(texts, progress)
         a = vectors[[position[x] for x, _ in pairs]]
         b = vectors[[position[y] for _, y in pairs]]
         return np.einsum("ij,ij->i", a, b)
+
+    def _vectors(self, texts: list[str], progress: bool) -> np.ndarray:
+        if self._memory is None:
+            return self.encode(texts, progress)
+        new = [text for text in texts if text not in self._memory]
+        if new:
+            self._memory.update(zip(new, self.encode(new, progress), strict=True))
+        return np.stack([self._memory[text] for text in texts])
 
 
 def train_biencoder(pairs: Sequence[Pair], config: EncoderTrainConfig, device: str | None = None):

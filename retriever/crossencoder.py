@@ -11,6 +11,7 @@ of its first text (the query); the second text (the FAQ) is kept whole while it 
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from collections.abc import Sequence
@@ -318,21 +319,27 @@ def _pointwise_task(model, pairs: Sequence[Pair], dev: Sequence[Pair], config: E
     from sklearn.metrics import roc_auc_score
 
     loss = BinaryCrossEntropyLoss(model)
+    examples = both_orders(pairs) if config.symmetric else list(pairs)
+    prior, offsets = training_prior(config, model, [*examples, *dev])
 
     def step(batch: list[Pair]):
         labels = torch.tensor([pair.label for pair in batch], dtype=torch.float32, device=model.device)
-        fitted = truncate_first(model.tokenizer, [(p.text_a, p.text_b) for p in batch], config.max_length)
+        texts = [(p.text_a, p.text_b) for p in batch]
+        if prior is not None:
+            logits = pair_logits(model, texts, config.max_length).float()
+            logits = logits + torch.tensor([offsets[text] for text in texts], device=logits.device)
+            return torch.nn.functional.binary_cross_entropy_with_logits(logits, labels)
+        fitted = truncate_first(model.tokenizer, texts, config.max_length)
         return loss([[a for a, _ in fitted], [b for _, b in fitted]], labels)
 
     dev_score = None
     if dev:
-        scorer = CrossEncoderReranker(model, symmetric=config.symmetric)
+        scorer = CrossEncoderReranker(model, symmetric=config.symmetric, prior=prior, prior_scale=config.prior_scale)
         dev_texts, dev_labels = [(p.text_a, p.text_b) for p in dev], [p.label for p in dev]
 
         def dev_score() -> float:
             return float(roc_auc_score(dev_labels, scorer.score_pairs(dev_texts)))
 
-    examples = both_orders(pairs) if config.symmetric else list(pairs)
     shaping = {"label": lambda pair: pair.label, "length": lambda pair: len(pair.text_a) + len(pair.text_b)}
     return examples, step, dev_score, shaping
 
@@ -341,26 +348,20 @@ def _listwise_task(model, pairs: Sequence[Pair], dev: Sequence[Pair], config: En
     """Softmax cross-entropy over each query's group ``[positive, *negatives]``; dev score: mean reciprocal rank of
     the positive in its dev group. Batches of groups of similar lengths.
 
-    With `config.prior_scale` > 0 every logit gets `prior_scale` x the cosine of `config.negatives_encoder` (the
+    With `config.prior_scale` > 0 every logit gets `prior_scale` x the cosine of `config.prior_model` (the
     first stage) added: the cross-encoder is trained as a correction of the first stage's ranking, not as a
     replacement (the prior is saved with the model, see :func:`save_prior`). Its head starts as usual: a head
     started at zero would stay there, since its gradient is what multiplies the encoder's."""
     examples = ranking_groups(pairs)
     if not examples:
         raise MedfaqError("the listwise loss needs queries with a positive and at least one negative")
-    prior, prior_of = None, {}
-    if config.prior_scale:
-        prior = BiEncoderScorer(load_biencoder(config.negatives_encoder, str(model.device)))
-        texts = list(dict.fromkeys((p.text_a, p.text_b) for p in [*pairs, *dev]))
-        prior_of = dict(
-            zip(texts, (config.prior_scale * prior.score_pairs(texts, progress=True)).tolist(), strict=True)
-        )
+    prior, offsets = training_prior(config, model, [*pairs, *dev])
 
     def step(batch: list[list[Pair]]):
         texts = [(p.text_a, p.text_b) for group in batch for p in group]
         logits = pair_logits(model, texts, config.max_length).float()
         if prior is not None:
-            logits = logits + torch.tensor([prior_of[text] for text in texts], device=logits.device)
+            logits = logits + torch.tensor([offsets[text] for text in texts], device=logits.device)
         rows = torch.split(logits, [len(group) for group in batch])
         padded = torch.nn.utils.rnn.pad_sequence(list(rows), batch_first=True, padding_value=float("-inf"))
         return torch.nn.functional.cross_entropy(padded, torch.zeros(len(batch), dtype=torch.long, device=model.device))
@@ -378,7 +379,30 @@ def _listwise_task(model, pairs: Sequence[Pair], dev: Sequence[Pair], config: En
     return examples, step, dev_score, shaping
 
 
+def training_prior(
+    config: EncoderTrainConfig, model, pairs: Sequence[Pair]
+) -> tuple[BiEncoderScorer | None, dict[tuple[str, str], float]]:
+    """With `config.prior_scale` > 0: the prior bi-encoder (``config.prior_model``) and the offset it adds to the
+    logit of each of `pairs`, `prior_scale` x (its cosine - the median cosine of `pairs`). Centred, so that
+    training starts with the prior's median pair at logit 0; a constant changes no ranking or threshold, so scoring
+    adds the plain cosine. Without a prior: (None, {})."""
+    if not config.prior_scale:
+        return None, {}
+    prior = shared_prior(config.prior_model, str(model.device))
+    texts = list(dict.fromkeys((p.text_a, p.text_b) for p in pairs))
+    cosines = prior.score_pairs(texts, progress=True)
+    offsets = config.prior_scale * (cosines - float(np.median(cosines)))
+    return prior, dict(zip(texts, offsets.tolist(), strict=True))
+
+
+@functools.lru_cache(maxsize=2)
+def shared_prior(name: str, device: str) -> BiEncoderScorer:
+    """One prior bi-encoder per (name, device) in a process, remembering every text it encoded: the folds of a
+    cross-validation score the same texts again."""
+    return BiEncoderScorer(load_biencoder(name, device), remember=True)
+
+
 def save_prior(config: EncoderTrainConfig, out: str | Path) -> None:
-    """Copy the bi-encoder a reranker was trained to correct (``config.negatives_encoder``) into ``out/prior``."""
+    """Copy the bi-encoder a cross-encoder was trained to correct (``config.prior_model``) into ``out/prior``."""
     if config.prior_scale:
-        load_biencoder(config.negatives_encoder, "cpu").save(str(Path(out) / PRIOR_DIR))
+        load_biencoder(config.prior_model, "cpu").save(str(Path(out) / PRIOR_DIR))

@@ -66,7 +66,8 @@ class EncoderTrainConfig:
     symmetric: bool = False  # train on both pair orders and score both (tasks where order carries no meaning)
     dev_fraction: float = 0.0  # group-disjoint dev part carved from the training pairs for best-epoch selection
     keep_ratio: float = 1.0  # final weights = start + keep_ratio x (fine-tuned - start); 1: the fine-tuned ones
-    prior_scale: float = 0.0  # listwise: logits += prior_scale x cosine of negatives_encoder (learn a correction)
+    prior_scale: float = 0.0  # cross-encoder: logits += prior_scale x cosine of the prior encoder (learn a correction)
+    prior_encoder: str | None = None  # the bi-encoder that prior is (None: negatives_encoder, the first stage)
     precision: str = "auto"  # training matrix products: fp32 | bf16 | auto (bf16 where measured faster; the one used)
     n_train_pairs: int = 0  # filled in by training
     extra: dict[str, Any] = field(default_factory=dict)
@@ -85,8 +86,8 @@ class EncoderTrainConfig:
             raise MedfaqError("the listwise loss ranks each query's mined candidates: it needs --task faq")
         if self.sibling_negatives and self.task != "mqp":
             raise MedfaqError("--sibling-negatives pairs the rewrites of an MQP question: it needs --task mqp")
-        if self.prior_scale < 0 or (self.prior_scale and self.loss != "listwise"):
-            raise MedfaqError("--prior-scale must be 0 (off) or positive, with the listwise loss")
+        if self.prior_scale < 0 or (self.prior_scale and self.model_type != "crossencoder"):
+            raise MedfaqError("--prior-scale must be 0 (off) or positive, for a cross-encoder")
         if self.epochs < 1 or self.batch_size < 1 or (self.max_length or 8) < 8 or self.lr <= 0:
             raise MedfaqError("epochs and batch size must be >= 1, max length >= 8 and the learning rate > 0")
         if not 0 <= self.dev_fraction < 1:
@@ -94,6 +95,11 @@ class EncoderTrainConfig:
         if not 0 < self.keep_ratio <= 1:
             raise MedfaqError("the keep ratio must be in (0, 1]")
         self.faq_sources = tuple(self.faq_sources)
+
+    @property
+    def prior_model(self) -> str:
+        """The bi-encoder whose cosine a cross-encoder with `prior_scale` > 0 is trained to correct."""
+        return self.prior_encoder or self.negatives_encoder
 
     def save(self, directory: str | Path) -> Path:
         path = Path(directory) / CONFIG_FILE

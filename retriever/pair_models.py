@@ -11,7 +11,13 @@ import numpy as np
 
 from index.runtime import resolve_model
 from retriever.biencoder import BiEncoderScorer, load_biencoder, train_biencoder
-from retriever.crossencoder import CrossEncoderReranker, has_classifier_head, initial_crossencoder, train_crossencoder
+from retriever.crossencoder import (
+    CrossEncoderReranker,
+    has_classifier_head,
+    initial_crossencoder,
+    shared_prior,
+    train_crossencoder,
+)
 from retriever.encoder_training import CONFIG_FILE, EncoderTrainConfig
 from retriever.pair_data import Pair, mqp_sibling_negatives
 
@@ -46,7 +52,8 @@ def initial_weights(pairs: Sequence[Pair], config: EncoderTrainConfig, device: s
 def as_scorer(model, config: EncoderTrainConfig) -> PairScorer:
     """Wrap a freshly trained model as a pair scorer."""
     if config.model_type == "crossencoder":
-        return CrossEncoderReranker(model, symmetric=config.symmetric)
+        prior = shared_prior(config.prior_model, str(model.device)) if config.prior_scale else None
+        return CrossEncoderReranker(model, symmetric=config.symmetric, prior=prior, prior_scale=config.prior_scale)
     return BiEncoderScorer(model)
 
 

@@ -241,9 +241,42 @@ def test_a_reranker_with_a_prior_scores_its_cosine_plus_a_learned_correction_and
     np.testing.assert_allclose(reloaded.score_pairs(texts), cosines + logits / 20.0, atol=1e-5)
 
 
-def test_a_prior_needs_the_listwise_loss():
+def test_a_duplicate_detector_with_a_prior_learns_a_centred_correction_and_scores_both_orders_alike(
+    tmp_path, tiny_bert_dir
+):
+    from retriever.biencoder import BiEncoderScorer, load_biencoder
+    from retriever.crossencoder import training_prior
+    from retriever.pair_models import as_scorer
+
+    config = _config(tiny_bert_dir, prior_scale=10.0, prior_encoder=str(tiny_bert_dir), precision="fp32")
+    assert config.prior_model == str(tiny_bert_dir) and config.symmetric
+    model = train_crossencoder(PAIRS, config, device="cpu")
+    scorer = as_scorer(model, config)
+    save_trained(model, config, tmp_path / "ce")
+    reloaded = CrossEncoderReranker.load(tmp_path / "ce", device="cpu")
+    assert (tmp_path / "ce" / "prior" / "config.json").is_file()
+
+    cosines = BiEncoderScorer(load_biencoder(str(tiny_bert_dir), "cpu")).score_pairs(TEXTS)
+    swapped = [(b, a) for a, b in TEXTS]
+    logits = (
+        model.predict(TEXTS, activation_fn=torch.nn.Identity())
+        + model.predict(swapped, activation_fn=torch.nn.Identity())
+    ) / 2
+    expected = cosines + logits / 10.0
+    np.testing.assert_allclose(scorer.score_pairs(TEXTS), expected, atol=1e-5)
+    np.testing.assert_allclose(reloaded.score_pairs(TEXTS), expected, atol=1e-5)
+    np.testing.assert_allclose(reloaded.score_pairs(swapped), expected, atol=1e-5)
+
+    _, offsets = training_prior(config, model, PAIRS)  # the prior's median pair starts at logit 0
+    assert np.median(list(offsets.values())) == pytest.approx(0.0, abs=1e-6)
+    np.testing.assert_allclose([offsets[text] for text in TEXTS], 10.0 * (cosines - np.median(cosines)), atol=1e-5)
+
+
+def test_only_a_cross_encoder_takes_a_prior():
     with pytest.raises(MedfaqError, match="prior-scale"):
-        make_config("crossencoder", "mqp", "quick", prior_scale=20.0)
+        make_config("biencoder", "mqp", "quick", prior_scale=20.0)
+    with pytest.raises(MedfaqError, match="prior-scale"):
+        make_config("crossencoder", "mqp", "quick", prior_scale=-1.0)
 
 
 def test_reranker_precision_bf16_scores_close_to_fp32_and_is_validated(tmp_path, tiny_bert_dir):
@@ -258,3 +291,21 @@ def test_reranker_precision_bf16_scores_close_to_fp32_and_is_validated(tmp_path,
     assert PipelineConfig(rerank_precision="auto").rerank_precision == "auto"
     with pytest.raises(MedfaqError, match="unknown rerank precision"):
         PipelineConfig(rerank_precision="int4")
+
+
+def test_a_remembering_bi_encoder_encodes_each_text_once_and_scores_as_before(tiny_bert_dir):
+    from retriever.biencoder import BiEncoderScorer, load_biencoder
+
+    model = load_biencoder(str(tiny_bert_dir), "cpu")
+    plain, remembering = BiEncoderScorer(model), BiEncoderScorer(model, remember=True)
+    encoded: list[str] = []
+    original = remembering.encode
+
+    def counting(texts, progress=False):
+        encoded.extend(texts)
+        return original(texts, progress)
+
+    remembering.encode = counting
+    for _ in range(2):
+        np.testing.assert_allclose(remembering.score_pairs(TEXTS), plain.score_pairs(TEXTS), atol=1e-6)
+    assert sorted(encoded) == sorted({text for pair in TEXTS for text in pair})
