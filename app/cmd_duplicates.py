@@ -6,11 +6,15 @@ import json
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from app.cmd_search import finite, positive
 from index.runtime import PRECISION_HELP, MedfaqError, resolve_model
+
+if TYPE_CHECKING:
+    from retriever.encoder_training import EncoderTrainConfig
 
 TASK_HELP = "mqp (question pairs) | qa (MedQuAD question-answer, intermediate) | faq (query -> FAQ reranker)"
 
@@ -86,6 +90,12 @@ def render_pair_counts(counts: dict[str, dict[str, int]]) -> str:
     return "\n".join(lines)
 
 
+def _resolve_models(config: EncoderTrainConfig) -> None:
+    """Resolve every model `config` trains from or with, so a missing one fails with its one-line error first."""
+    for name in (config.init, config.negatives_encoder, *([config.prior_model] if config.prior_scale else [])):
+        resolve_model(name)
+
+
 def _check_out(out: Path, force: bool) -> None:
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
         raise MedfaqError(f"{out} exists and is not empty; pass --force to overwrite")
@@ -140,8 +150,7 @@ def _train_command(model_type: str) -> Callable[..., None]:
             **tuning,
         )
         _check_out(out, force)
-        for name in (init, config.negatives_encoder, config.prior_model):
-            resolve_model(name)  # a bad --init or --negatives-encoder fails before the data is built
+        _resolve_models(config)  # a bad --init, --negatives-encoder or prior fails before the data is built
         pairs = task_pairs(config)
         config.n_train_pairs = len(pairs)
         typer.echo(f"{model_type} on {task}: {len(pairs)} training pairs", err=True)
@@ -230,8 +239,7 @@ def eval_duplicates(
             prior_encoder=prior_encoder,
             **tuning,
         )
-        for name in (init, config.prior_model):
-            resolve_model(name)
+        _resolve_models(config)
         if save_models is not None:
             if quantize:
                 raise MedfaqError("--save-models keeps the full-precision models; drop --quantize")

@@ -32,6 +32,7 @@ TEXTS = [(p.text_a, p.text_b) for p in PAIRS]
 
 def _config(tiny_bert_dir, **overrides) -> EncoderTrainConfig:
     settings = {"init": str(tiny_bert_dir), "epochs": 2, "batch_size": 2, "lr": 1e-3, "dev_fraction": 0.0}
+    settings["prior_scale"] = 0.0  # the preset's MPNet prior is tested with a tiny one below
     return make_config("crossencoder", "mqp", "quick", **{**settings, **overrides})
 
 
@@ -248,6 +249,7 @@ def test_a_duplicate_detector_with_a_prior_learns_a_centred_correction_and_score
     from retriever.crossencoder import training_prior
     from retriever.pair_models import as_scorer
 
+    assert make_config("crossencoder", "mqp", "quick").prior_model == "mpnet"  # the quick preset corrects MPNet
     config = _config(tiny_bert_dir, prior_scale=10.0, prior_encoder=str(tiny_bert_dir), precision="fp32")
     assert config.prior_model == str(tiny_bert_dir) and config.symmetric
     model = train_crossencoder(PAIRS, config, device="cpu")

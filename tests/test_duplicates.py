@@ -194,9 +194,12 @@ def test_biencoder_keep_ratio_interpolates_between_start_and_fine_tuned_weights(
 def test_keep_ratio_sweep_matches_cross_validation_trained_at_each_ratio(tiny_bert_dir):
     pairs = synthetic_pairs()
     quiet = {"print_fn": lambda _: None}
-    sweep = keep_ratio_sweep(pairs, init=str(tiny_bert_dir), ratios=(1.0, 0.5), folds=2, device="cpu", **quiet)
+    tiny_prior = {"prior_encoder": str(tiny_bert_dir)}
+    sweep = keep_ratio_sweep(
+        pairs, init=str(tiny_bert_dir), ratios=(1.0, 0.5), folds=2, device="cpu", overrides=tiny_prior, **quiet
+    )
     for ratio in (1.0, 0.5):
-        config = make_config("crossencoder", "mqp", "quick", init=str(tiny_bert_dir), keep_ratio=ratio)
+        config = make_config("crossencoder", "mqp", "quick", init=str(tiny_bert_dir), keep_ratio=ratio, **tiny_prior)
 
         def fit(train, dev, fold):
             return as_scorer(train_pair_model(train, replace(config), "cpu", dev), config)
@@ -277,7 +280,8 @@ def test_cli_errors_are_one_line(tmp_path):
     assert_one_line_error(medfaq("train", "crossencoder", "--task", "qq", "--out", tmp_path / "m"), "unknown task")
     assert_one_line_error(medfaq("train", "biencoder", "--loss", "bce", "--out", tmp_path / "m"), "does not fit")
     assert_one_line_error(medfaq("train", "crossencoder", "--head", "rnn", "--out", tmp_path / "m"), "unknown head")
-    assert_one_line_error(medfaq("train", "crossencoder", "--out", tmp_path / "m"), "medfaq data fetch mqp")
+    no_prior = ("--prior-scale", "0")  # without the MPNet prior of the quick preset, the data is checked next
+    assert_one_line_error(medfaq("train", "crossencoder", *no_prior, "--out", tmp_path / "m"), "medfaq data fetch mqp")
     assert_one_line_error(
         medfaq("eval", "duplicates", "--model-type", "crossencoder", "--init", tmp_path / "nope"), "not a local"
     )
@@ -286,7 +290,8 @@ def test_cli_errors_are_one_line(tmp_path):
 def test_cli_cross_validation_saved_folds_and_pairs_scoring(tmp_path, shared_data, tiny_bert_dir):
     assert medfaq("data", "fetch", "mqp", "--from", shared_data).exit_code == 0
     saved = tmp_path / "folds"
-    args = ["--model-type", "crossencoder", "--init", tiny_bert_dir, "--split", "doctor", "--folds", "2"]
+    args = ["--model-type", "crossencoder", "--init", tiny_bert_dir, "--prior-encoder", tiny_bert_dir]
+    args += ["--split", "doctor", "--folds", "2"]
     result = medfaq("eval", "duplicates", *args, "--max-pairs", "64", "--epochs", "1", "--json", "--save-models", saved)
     assert result.exit_code == 0, result.output
     summary = json.loads(result.stdout)

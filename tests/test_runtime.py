@@ -184,7 +184,9 @@ def test_training_configs_refuse_an_unknown_precision_and_record_the_resolved_on
     with pytest.raises(MedfaqError, match="unknown precision"):
         SummarizerTrainConfig(precision="half")
     pairs = [Pair("is flu contagious", "can flu spread", 1, "a"), Pair("is flu contagious", "gout diet", 0, "a")]
-    config = make_config("crossencoder", "mqp", "quick", init=str(tiny_bert_dir), dev_fraction=0.0, precision="auto")
+    config = make_config(
+        "crossencoder", "mqp", "quick", init=str(tiny_bert_dir), dev_fraction=0.0, precision="auto", prior_scale=0.0
+    )
     train_crossencoder(pairs, config, device="cpu")
     assert config.precision in ("fp32", "bf16")
 
