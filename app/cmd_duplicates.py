@@ -180,7 +180,8 @@ def eval_duplicates(
         None,
         "--threshold",
         callback=finite,
-        help="With --model: decision threshold (default: the model's dev-tuned one, else 0.5).",
+        help="With --model: decision threshold (default: the model's dev-tuned one; for a model trained with a "
+        "prior, the prior's median training cosine; else 0.5).",
     ),
     quantize: bool = typer.Option(False, "--quantize", help="Score with int8 dynamic quantisation (CPU)."),
     save_models: Path | None = typer.Option(

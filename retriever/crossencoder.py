@@ -385,13 +385,15 @@ def training_prior(
     """With `config.prior_scale` > 0: the prior bi-encoder (``config.prior_model``) and the offset it adds to the
     logit of each of `pairs`, `prior_scale` x (its cosine - the median cosine of `pairs`). Centred, so that
     training starts with the prior's median pair at logit 0; a constant changes no ranking or threshold, so scoring
-    adds the plain cosine. Without a prior: (None, {})."""
+    adds the plain cosine, and that median (saved in ``config.extra["prior_median"]``) is where a score's logit
+    crosses 0. Without a prior: (None, {})."""
     if not config.prior_scale:
         return None, {}
     prior = shared_prior(config.prior_model, str(model.device))
     texts = list(dict.fromkeys((p.text_a, p.text_b) for p in pairs))
     cosines = prior.score_pairs(texts, progress=True)
-    offsets = config.prior_scale * (cosines - float(np.median(cosines)))
+    config.extra["prior_median"] = float(np.median(cosines))
+    offsets = config.prior_scale * (cosines - config.extra["prior_median"])
     return prior, dict(zip(texts, offsets.tolist(), strict=True))
 
 

@@ -72,8 +72,11 @@ def load_pair_scorer(model: str | Path, device: str | None = None, quantize: boo
 
 
 def saved_threshold(model: str | Path, default: float = 0.5) -> float:
-    """The dev-tuned best-accuracy threshold saved with a cross-validation fold model, else `default`."""
+    """The dev-tuned best-accuracy threshold saved with a cross-validation fold model; else, for a model trained as
+    a correction of a bi-encoder, the score at which its training logit was 0 (the prior's median cosine); else
+    `default`."""
     path = Path(resolve_model(model))
     if not (path / CONFIG_FILE).is_file():
         return default
-    return float(EncoderTrainConfig.load(path).extra.get("threshold_accuracy", default))
+    extra = EncoderTrainConfig.load(path).extra
+    return float(extra.get("threshold_accuracy", extra.get("prior_median", default)))

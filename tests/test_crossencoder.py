@@ -269,6 +269,10 @@ def test_a_duplicate_detector_with_a_prior_learns_a_centred_correction_and_score
     np.testing.assert_allclose(reloaded.score_pairs(TEXTS), expected, atol=1e-5)
     np.testing.assert_allclose(reloaded.score_pairs(swapped), expected, atol=1e-5)
 
+    from retriever.pair_models import saved_threshold
+
+    both = cosines.tolist() * 2  # both orders of every pair
+    assert saved_threshold(tmp_path / "ce") == pytest.approx(config.extra["prior_median"]) == np.median(both)
     _, offsets = training_prior(config, model, PAIRS)  # the prior's median pair starts at logit 0
     assert np.median(list(offsets.values())) == pytest.approx(0.0, abs=1e-6)
     np.testing.assert_allclose([offsets[text] for text in TEXTS], 10.0 * (cosines - np.median(cosines)), atol=1e-5)
