@@ -86,8 +86,10 @@ class EncoderTrainConfig:
             raise MedfaqError("the listwise loss ranks each query's mined candidates: it needs --task faq")
         if self.sibling_negatives and self.task != "mqp":
             raise MedfaqError("--sibling-negatives pairs the rewrites of an MQP question: it needs --task mqp")
-        if self.prior_scale < 0 or (self.prior_scale and self.model_type != "crossencoder"):
-            raise MedfaqError("--prior-scale must be 0 (off) or positive, for a cross-encoder")
+        if self.prior_scale < 0:
+            raise MedfaqError("--prior-scale must be 0 (off) or positive")
+        if self.prior_scale and self.model_type != "crossencoder":
+            raise MedfaqError("--prior-scale trains a cross-encoder to correct a bi-encoder; a bi-encoder takes none")
         if self.epochs < 1 or self.batch_size < 1 or (self.max_length or 8) < 8 or self.lr <= 0:
             raise MedfaqError("epochs and batch size must be >= 1, max length >= 8 and the learning rate > 0")
         if not 0 <= self.dev_fraction < 1:
