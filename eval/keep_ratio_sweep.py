@@ -105,6 +105,8 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="Add each training group's similar and dissimilar rewrite as one more negative pair.",
     )
+    parser.add_argument("--prior-scale", type=float, help="Prior scale (override the preset; 0: no prior).")
+    parser.add_argument("--prior-encoder", help="The bi-encoder the cross-encoder corrects (override the preset).")
     parser.add_argument("--json", action="store_true", help="Print one JSON object (the tables go to stderr).")
     args = parser.parse_args(argv)
     try:
@@ -119,7 +121,13 @@ def main(argv: list[str] | None = None) -> None:
             args.folds,
             args.fold_seed,
             args.dev_groups,
-            overrides={"lr": args.lr, "epochs": args.epochs, "sibling_negatives": args.sibling_negatives or None},
+            overrides={
+                "lr": args.lr,
+                "epochs": args.epochs,
+                "sibling_negatives": args.sibling_negatives or None,
+                "prior_scale": args.prior_scale,
+                "prior_encoder": args.prior_encoder,
+            },
             print_fn=partial(print, file=sys.stderr if args.json else sys.stdout),
         )
     except MedfaqError as error:
