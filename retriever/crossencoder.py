@@ -278,6 +278,16 @@ def pair_logits(model, pairs: Sequence[tuple[str, str]], max_length: int) -> tor
     return model(features)["scores"].view(-1)
 
 
+def prior_logits(
+    model, pairs: Sequence[tuple[str, str]], max_length: int, offsets: dict[tuple[str, str], float]
+) -> torch.Tensor:
+    """:func:`pair_logits` in float32 plus each pair's prior offset (:func:`training_prior`; none without a prior)."""
+    logits = pair_logits(model, pairs, max_length).float()
+    if not offsets:
+        return logits
+    return logits + torch.tensor([offsets[pair] for pair in pairs], device=logits.device)
+
+
 def mean_reciprocal_rank(scores: np.ndarray, group_sizes: Sequence[int]) -> float:
     """Mean over groups of 1 / the rank of each group's first item (its positive) among the group's scores."""
     ranks, start = [], 0
@@ -315,22 +325,15 @@ def train_crossencoder(
 def _pointwise_task(model, pairs: Sequence[Pair], dev: Sequence[Pair], config: EncoderTrainConfig):
     """Binary cross-entropy on each pair (both orders when symmetric); dev score: ROC AUC. Label-balanced batches
     of similar lengths."""
-    from sentence_transformers.cross_encoder.losses import BinaryCrossEntropyLoss
     from sklearn.metrics import roc_auc_score
 
-    loss = BinaryCrossEntropyLoss(model)
     examples = both_orders(pairs) if config.symmetric else list(pairs)
     prior, offsets = training_prior(config, model, [*examples, *dev])
 
     def step(batch: list[Pair]):
         labels = torch.tensor([pair.label for pair in batch], dtype=torch.float32, device=model.device)
-        texts = [(p.text_a, p.text_b) for p in batch]
-        if prior is not None:
-            logits = pair_logits(model, texts, config.max_length).float()
-            logits = logits + torch.tensor([offsets[text] for text in texts], device=logits.device)
-            return torch.nn.functional.binary_cross_entropy_with_logits(logits, labels)
-        fitted = truncate_first(model.tokenizer, texts, config.max_length)
-        return loss([[a for a, _ in fitted], [b for _, b in fitted]], labels)
+        logits = prior_logits(model, [(p.text_a, p.text_b) for p in batch], config.max_length, offsets)
+        return torch.nn.functional.binary_cross_entropy_with_logits(logits, labels)
 
     dev_score = None
     if dev:
@@ -358,10 +361,9 @@ def _listwise_task(model, pairs: Sequence[Pair], dev: Sequence[Pair], config: En
     prior, offsets = training_prior(config, model, [*pairs, *dev])
 
     def step(batch: list[list[Pair]]):
-        texts = [(p.text_a, p.text_b) for group in batch for p in group]
-        logits = pair_logits(model, texts, config.max_length).float()
-        if prior is not None:
-            logits = logits + torch.tensor([offsets[text] for text in texts], device=logits.device)
+        logits = prior_logits(
+            model, [(p.text_a, p.text_b) for group in batch for p in group], config.max_length, offsets
+        )
         rows = torch.split(logits, [len(group) for group in batch])
         padded = torch.nn.utils.rnn.pad_sequence(list(rows), batch_first=True, padding_value=float("-inf"))
         return torch.nn.functional.cross_entropy(padded, torch.zeros(len(batch), dtype=torch.long, device=model.device))

@@ -247,7 +247,7 @@ def test_a_duplicate_detector_with_a_prior_learns_a_centred_correction_and_score
 ):
     from retriever.biencoder import BiEncoderScorer, load_biencoder
     from retriever.crossencoder import training_prior
-    from retriever.pair_models import as_scorer
+    from retriever.pair_models import as_scorer, saved_threshold
 
     assert make_config("crossencoder", "mqp", "quick").prior_model == "mpnet"  # the quick preset corrects MPNet
     config = _config(tiny_bert_dir, prior_scale=10.0, prior_encoder=str(tiny_bert_dir), precision="fp32")
@@ -268,8 +268,6 @@ def test_a_duplicate_detector_with_a_prior_learns_a_centred_correction_and_score
     np.testing.assert_allclose(scorer.score_pairs(TEXTS), expected, atol=1e-5)
     np.testing.assert_allclose(reloaded.score_pairs(TEXTS), expected, atol=1e-5)
     np.testing.assert_allclose(reloaded.score_pairs(swapped), expected, atol=1e-5)
-
-    from retriever.pair_models import saved_threshold
 
     both = cosines.tolist() * 2  # both orders of every pair
     assert saved_threshold(tmp_path / "ce") == pytest.approx(config.extra["prior_median"]) == np.median(both)
