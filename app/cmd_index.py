@@ -25,6 +25,12 @@ BACKEND_FILE = "backend.json"  # in the staging directory: the options a resumed
 FORMAT_HELP = f"Collection format: {'|'.join(FORMATS)}."
 KIND_HELP = f"Index kind: {'|'.join(KINDS)} (FAISS, or Milvus' FLAT/IVF_FLAT/HNSW)."
 FIELD_HELP = "Map a schema field to a source column of a generic JSONL/CSV file, e.g. --field question=title."
+SYNONYMS_OPTION = typer.Option(
+    "auto",
+    "--synonyms",
+    help="Encode FAQs that name a concept with its synonyms too: auto (MedQuAD's when fetched), medquad, none, "
+    "or a JSONL file of focus/synonyms rows.",
+)
 
 
 def check_choice(option: str, value: str, choices: tuple[str, ...]) -> None:
@@ -73,11 +79,13 @@ def build(
     shards: int = SHARDS_OPTION,
     workers: int = typer.Option(1, "--workers", min=1, help="Encode in N processes (on CUDA: one per GPU)."),
     resume: bool = typer.Option(False, "--resume", help="Continue a killed build: encode only the missing chunks."),
+    synonyms: str = SYNONYMS_OPTION,
     lock_timeout: float | None = LOCK_OPTION,
 ) -> None:
     """Build a dense (FAISS or Milvus) + BM25 index over an FAQ collection (an existing index is replaced
     atomically, under its lock; a collection without a single FAQ is refused and changes nothing)."""
     from index.collections import load_collection, parse_field_map
+    from index.concepts import concept_lexicon
     from index.encoder import Encoder
     from index.faq_index import FaqIndex, check_index_target, staging_dir
 
@@ -89,8 +97,13 @@ def build(
     records, report = load_collection(collection, format, parse_field_map(field), skip_bad)
     if not records:
         raise MedfaqError(f"{report.path} holds no FAQs to index ({_skipped(report)}); {target} was not written")
+    concepts = concept_lexicon(synonyms)
     sentence_encoder = Encoder(encoder, device="cpu" if cpu else device, batch_size=batch_size)
     typer.echo(report.summary(), err=True)
+    if concepts is not None:
+        typer.echo(
+            f"FAQs that name one of {len(concepts.concepts):,} {concepts.source} concepts get its synonyms", err=True
+        )
     staging = staging_dir(target)
     if staging.exists() and not resume:
         shutil.rmtree(staging)
@@ -104,6 +117,7 @@ def build(
         backend_options=options,
         staging=staging,
         workers=workers,
+        concepts=concepts,
     )
     target = index.save(out, timeout=lock_timeout)
     shutil.rmtree(staging, ignore_errors=True)

@@ -8,6 +8,7 @@ from typing import Any
 
 import typer
 
+from app.cmd_index import SYNONYMS_OPTION
 from app.cmd_search import (
     ABSTAIN,
     BEAMS,
@@ -41,16 +42,19 @@ def make_benchmark(
     bank: Path | None = typer.Option(
         None, "--bank", help="medquad-chq: the MedQuAD index to add the gold FAQs to (default: indexes/medquad-minilm)."
     ),
+    synonyms: str = SYNONYMS_OPTION,
 ) -> None:
     """Write a retrieval benchmark in the BEIR layout (plus TREC qrels, ood.txt, dev.txt) and index its corpus."""
     from eval.benchmarks import BANK_INDEX, CORPUS_FIELDS, index_over_bank
     from eval.benchmarks import make_benchmark as build
     from index.collections import load_collection, read_records
+    from index.concepts import concept_lexicon
     from index.encoder import Encoder
     from index.faq_index import MANIFEST, RECORDS, FaqIndex, check_index_target
 
     if build_index:
         check_index_target(out / "index")
+    concepts = concept_lexicon(synonyms) if build_index and name != "medquad-chq" else None
     bank = bank or indexes_dir() / BANK_INDEX
     if name == "medquad-chq" and not (bank / MANIFEST).is_file():
         raise MedfaqError(f"no MedQuAD index at {bank}; build it with `medfaq index build medquad --out {bank}`")
@@ -63,7 +67,7 @@ def make_benchmark(
         typer.echo(f"copied the index {bank} and added {encoded} FAQs into {out / 'index'}")
     elif build_index:
         records, _ = load_collection(out / "corpus.jsonl", "jsonl", CORPUS_FIELDS)
-        FaqIndex.build(records, Encoder(encoder)).save(out / "index")
+        FaqIndex.build(records, Encoder(encoder), concepts=concepts).save(out / "index")
         typer.echo(f"indexed {len(records)} FAQs into {out / 'index'}")
 
 

@@ -7,6 +7,7 @@ Directory layout::
     keys.npy         int64 row key of each record line (the key the vector store and BM25 use)
     vectors/         the vector backend's files
     bm25/            bm25s files + keys.npy
+    concepts.jsonl   the concept lexicon FAQs are encoded with, when the index has one (index/concepts.py)
     *.json           sidecar settings of other packages (e.g. pipeline.json); kept across saves
 
 Saves write everything into a temporary directory beside the target and swap it in with renames, so a crash or
@@ -48,6 +49,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from index.collections import check_unique_ids, read_records, write_records
+from index.concepts import CONCEPTS_FILE, ConceptLexicon
 from index.records import FIELDS, FaqRecord, record_text
 from index.runtime import MedfaqError, resolve_model
 from index.vector_store import VECTOR_BACKENDS, VectorStore, backend_class
@@ -80,7 +82,8 @@ class IndexManifest:
     """What an index directory holds; written as manifest.json and checked on load.
 
     `encoder_fingerprint` identifies the encoder's weights (empty in indexes built before it was recorded);
-    `generation` counts the saves of this directory; `sources` counts FAQs per source (for `index info`).
+    `generation` counts the saves of this directory; `sources` counts FAQs per source (for `index info`);
+    `concepts` describes the concept lexicon FAQs are encoded with (empty: none).
     """
 
     encoder: str
@@ -97,6 +100,7 @@ class IndexManifest:
     encoder_fingerprint: str = ""
     generation: int = 0
     sources: dict[str, int] = field(default_factory=dict)
+    concepts: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -118,10 +122,12 @@ class FaqIndex:
         store: VectorStore,
         bm25: Bm25Index,
         encoder: Encoder | None = None,
+        concepts: ConceptLexicon | None = None,
     ) -> None:
         self.manifest = manifest
         self.store = store
         self.bm25 = bm25
+        self.concepts = concepts
         self._encoder = encoder
         self._records: dict[int, FaqRecord] = dict(zip((int(k) for k in keys), records, strict=True))
         self._key_of: dict[str, int] = {record.id: key for key, record in self._records.items()}
@@ -142,10 +148,12 @@ class FaqIndex:
         progress: bool = True,
         staging: Path | None = None,
         workers: int = 1,
+        concepts: ConceptLexicon | None = None,
     ) -> FaqIndex:
         """Encode `records` and index them; call :meth:`save` to write the index.
 
         `backend` is a registered vector backend ("faiss", "milvus") created with `kind` and `backend_options`.
+        With `concepts`, an FAQ that names a concept is encoded with its synonyms too (index/concepts.py).
         `staging` makes the encoding resumable (see the module docstring); `workers` > 1 encodes in that many
         processes (one per GPU on CUDA). An empty `records` is refused: an index of 0 FAQs answers nothing.
         """
@@ -169,8 +177,9 @@ class FaqIndex:
             created=now,
             updated=now,
             encoder_fingerprint=encoder.fingerprint,
+            concepts=concepts.describe() if concepts else {},
         )
-        index = cls(manifest, [], np.zeros(0, dtype=np.int64), store, Bm25Index.build([], []), encoder)
+        index = cls(manifest, [], np.zeros(0, dtype=np.int64), store, Bm25Index.build([], []), encoder, concepts)
         index.add(records, progress=progress, staging=staging, workers=workers)
         return index
 
@@ -198,7 +207,7 @@ class FaqIndex:
             {**self.manifest.to_dict(), "kind": kind, "backend": backend_section, "updated": _now()}
         )
         keys = np.fromiter(self._records, dtype=np.int64, count=len(self._records))
-        moved = FaqIndex(manifest, list(self._records.values()), keys, store, self.bm25, self._encoder)
+        moved = FaqIndex(manifest, list(self._records.values()), keys, store, self.bm25, self._encoder, self.concepts)
         moved._origin, moved._version = self._origin, self._version  # saving it in place checks for other writes
         return moved
 
@@ -295,8 +304,17 @@ class FaqIndex:
             return 0
         keys = np.arange(self.manifest.next_key, self.manifest.next_key + len(records), dtype=np.int64)
         texts = [record_text(record, self.manifest.fields) for record in records]
+        expanded = self._expanded(records, texts)
+        everything = texts + [text for _, text in expanded]
         with self._encoding(workers) as encode:
-            vectors = encode_chunks(encode, texts, self.manifest.dimension, staging, self._fingerprint(texts), progress)
+            encoded = encode_chunks(
+                encode, everything, self.manifest.dimension, staging, self._fingerprint(everything), progress
+            )
+        vectors = np.array(encoded[: len(texts)], dtype=np.float32)
+        if expanded:
+            rows = [row for row, _ in expanded]
+            summed = vectors[rows] + encoded[len(texts) :]
+            vectors[rows] = summed / np.linalg.norm(summed, axis=1, keepdims=True).clip(min=1e-12)
         all_records = {**self._records, **dict(zip(keys.tolist(), records, strict=True))}
         bm25 = Bm25Index.build(
             [record_text(r, self.manifest.fields) for r in all_records.values()],
@@ -309,6 +327,19 @@ class FaqIndex:
         self.manifest.next_key = int(keys[-1]) + 1
         self.manifest.updated = _now()
         return len(records)
+
+    def _expanded(self, records: list[FaqRecord], texts: list[str]) -> list[tuple[int, str]]:
+        """(row, text with its concepts' other names) for each record whose question names a concept."""
+        if self.concepts is None:
+            return []
+        rows = enumerate(zip(records, texts, strict=True))
+        expanded = ((row, text, self.concepts.expand(text, record.question)) for row, (record, text) in rows)
+        return [(row, longer) for row, text, longer in expanded if longer != text]
+
+    def text_for_reranking(self, question: str) -> str:
+        """`question` as a reranker should read it: with its concepts' other names when the index has a lexicon,
+        so the reranker sees the synonyms the FAQ's vector was encoded with."""
+        return self.concepts.expand(question) if self.concepts is not None else question
 
     def _fingerprint(self, texts: list[str]) -> str:
         """Identifies what a staging directory holds: encoder, fields, chunk size and every text."""
@@ -417,6 +448,8 @@ class FaqIndex:
             np.save(staging / KEYS, keys, allow_pickle=False)
             self.store.save(staging / VECTORS_DIR)
             self.bm25.save(staging / BM25_DIR)
+            if self.concepts is not None:
+                self.concepts.save(staging / CONCEPTS_FILE)
             if target.is_dir():
                 for sidecar in target.glob("*.json"):
                     if sidecar.name != MANIFEST:
@@ -516,6 +549,7 @@ class FaqIndex:
             keys = np.load(path / KEYS, allow_pickle=False)
             store = backend_class(manifest.backend.get("name", "faiss")).load(path / VECTORS_DIR, manifest.backend)
             bm25 = Bm25Index.load(path / BM25_DIR)
+            concepts = ConceptLexicon.load(path / CONCEPTS_FILE, manifest.concepts) if manifest.concepts else None
         except MedfaqError:
             raise
         except Exception as error:  # any unreadable part means the directory is damaged
@@ -527,7 +561,7 @@ class FaqIndex:
                 f"index {path} is inconsistent: its manifest names {manifest.dimension}-d encoder "
                 f"{manifest.encoder!r} but its vectors are {store.dim}-d; rebuild it"
             )
-        index = cls(manifest, records, keys, store, bm25)
+        index = cls(manifest, records, keys, store, bm25, concepts=concepts)
         index._origin, index._version = path.resolve(), version
         if encoder is not None and not isinstance(encoder, str):
             index.check_encoder(encoder)
@@ -674,7 +708,7 @@ def encode_chunks(
 
     starts = range(0, len(texts), ENCODE_CHUNK)
     done = _staged_chunks(staging, fingerprint, len(texts)) if staging is not None else 0
-    bar = tqdm(total=len(texts), desc="encoding FAQs", unit="faq", disable=not progress)
+    bar = tqdm(total=len(texts), desc="encoding FAQ texts", unit="text", disable=not progress)
     parts = []
     with bar:
         for number, start in enumerate(starts):

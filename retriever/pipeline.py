@@ -439,7 +439,7 @@ class Pipeline:
         head, tail = hits[:depth], hits[depth:]
         if not head:
             return hits
-        scores = self.reranker.score(query, [hit.question for hit in head])
+        scores = self.reranker.score(query, [self.index.text_for_reranking(hit.question) for hit in head])
         rescored = {
             hit.id: _rescored(hit, float(score), hit.rank, "rerank") for hit, score in zip(head, scores, strict=True)
         }
