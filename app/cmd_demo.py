@@ -64,7 +64,6 @@ def answer_examples(top_k: int, mode: str | None) -> None:
     """Fetch MedQuAD (from ../shared/data when present), build the default index if missing, run example questions."""
     from app.render import hits_table
     from index.collections import load_collection
-    from index.concepts import concept_lexicon
     from index.datasets import fetch_dataset
     from index.encoder import Encoder
     from index.faq_index import FaqIndex
@@ -76,7 +75,7 @@ def answer_examples(top_k: int, mode: str | None) -> None:
         typer.echo(f"building the MedQuAD index in {directory} (once; several minutes on a CPU)", err=True)
         records, report = load_collection("medquad")
         typer.echo(report.summary(), err=True)
-        FaqIndex.build(records, Encoder(DEFAULT_ENCODER), concepts=concept_lexicon("auto")).save(directory)
+        FaqIndex.build(records, Encoder(DEFAULT_ENCODER)).save(directory)
     config = PipelineConfig.load(directory).updated(mode=mode, top_k=top_k, summarize=False, rerank=False)
     pipeline = Pipeline(FaqIndex.load(directory), config)
     for question in EXAMPLE_QUESTIONS:

@@ -33,7 +33,8 @@ from retriever.setup_plan import (
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
 OFF_VALUES = {"", "0", "off", "none", "false", "no"}
-INDEX_MINUTES = 5  # `medfaq index build medquad`: 4 min 40 s on one core (docs/results.md)
+INDEX_MINUTES = 5  # `medfaq index build medquad --synonyms none`: 4 min 40 s on one core (docs/results.md)
+FAQ_INDEX_MINUTES = 14  # fine-tuned encoder + synonyms: 13 min 59 s on one core beside a job (docs/results.md)
 EXAMPLE_QUESTIONS = (
     "I've been on amoxicillin for a chest infection since Monday. Is it OK to have a glass of wine at my "
     "sister's wedding this weekend?",
@@ -188,7 +189,7 @@ def default_steps(settings: DemoSettings) -> list[SetupStep]:
     index = SetupStep(
         "index",
         "Fetch MedQuAD and build the FAQ index",
-        (*fetch("medquad"), ("index", "build", "medquad", "--out", str(settings.index_dirs[-1]))),
+        (*fetch("medquad"), ("index", "build", "medquad", "--synonyms", "none", "--out", str(settings.index_dirs[-1]))),
         minutes=INDEX_MINUTES,
     )
     index.status, index.detail = ("done", "ready") if settings.index_ready() else ("pending", "")
@@ -198,9 +199,10 @@ def default_steps(settings: DemoSettings) -> list[SetupStep]:
         step.minutes = plan.minutes
         steps.append(_with_status(step, target is None, model_ready(target), settings.train))
         if plan is BIENCODER:
-            build = ("index", "build", "medquad", "--encoder", str(target), "--out", str(settings.faq_index_dir))
-            reindex = SetupStep("index-faq", "Encode the MedQuAD index with the fine-tuned bi-encoder", (build,))
-            reindex.minutes = INDEX_MINUTES
+            build = ("index", "build", "medquad", "--encoder", str(target), "--synonyms", "medquad")
+            title = "Encode the MedQuAD index with the fine-tuned bi-encoder and MedQuAD's synonyms"
+            reindex = SetupStep("index-faq", title, ((*build, "--out", str(settings.faq_index_dir)),))
+            reindex.minutes = FAQ_INDEX_MINUTES
             built = settings.faq_index_dir is not None and index_built(settings.faq_index_dir)
             steps.append(_with_status(reindex, target is None, built, settings.train))
     return steps

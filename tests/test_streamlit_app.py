@@ -136,8 +136,9 @@ def test_page_shows_set_up_progress_until_the_index_exists(demo_env, tmp_path, m
     app = AppTest.from_file(APP, default_timeout=TIMEOUT_S).run()
     assert not app.exception
     page = markdown(app)
-    assert "Fetch MedQuAD and build the FAQ index" in page and "medfaq index build medquad --out" in "\n".join(
-        caption.value for caption in app.caption
+    assert (
+        "Fetch MedQuAD and build the FAQ index" in page
+        and "medfaq index build medquad --synonyms none --out" in "\n".join(caption.value for caption in app.caption)
     )
     assert "Search opens as soon as the FAQ index is built" in app.info[0].value
     assert "not-built (not built yet)" in "\n".join(element.value for element in app.sidebar.markdown)
