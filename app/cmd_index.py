@@ -101,9 +101,8 @@ def build(
     sentence_encoder = Encoder(encoder, device="cpu" if cpu else device, batch_size=batch_size)
     typer.echo(report.summary(), err=True)
     if concepts is not None:
-        typer.echo(
-            f"FAQs that name one of {len(concepts.concepts):,} {concepts.source} concepts get its synonyms", err=True
-        )
+        known = f"{len(concepts.concepts):,} {concepts.source} concepts"
+        typer.echo(f"FAQs that name one of {known} are also encoded with its synonyms", err=True)
     staging = staging_dir(target)
     if staging.exists() and not resume:
         shutil.rmtree(staging)

@@ -60,12 +60,14 @@ class ConceptLexicon:
         focus_of: dict[str, str] = {}
         synonyms: dict[str, set[str]] = defaultdict(set)
         for row in rows:
-            focus = str(row.get("focus") or "").strip()
-            key = normalise(focus)
+            focus = row.get("focus")
+            key = normalise(focus) if isinstance(focus, str) else ""
             if not key:
                 continue
-            focus_of.setdefault(key, focus)
-            synonyms[key].update(s.strip() for s in row.get("synonyms") or () if isinstance(s, str) and s.strip())
+            focus_of.setdefault(key, focus.strip())
+            listed = row.get("synonyms")
+            names = listed if isinstance(listed, list) else []
+            synonyms[key].update(name.strip() for name in names if isinstance(name, str) and name.strip())
         concepts = []
         for key, focus in focus_of.items():
             names, seen = [focus], {key}
@@ -80,11 +82,16 @@ class ConceptLexicon:
     @classmethod
     def from_jsonl(cls, path: Path, source: str = "", max_names: int = MAX_NAMES) -> ConceptLexicon:
         """Read a JSONL file of ``{"focus": ..., "synonyms": [...]}`` rows (``medquad.jsonl`` is one)."""
+        rows = []
         try:
             with path.open(encoding="utf-8") as handle:
-                rows = [json.loads(line) for line in handle if line.strip()]
-        except (OSError, ValueError) as error:
-            raise MedfaqError(f"cannot read concepts from {path} ({error})") from None
+                for number, line in enumerate(handle, 1):
+                    if line.strip():
+                        rows.append(json.loads(line))
+        except ValueError:  # malformed JSON or not UTF-8
+            raise MedfaqError(f"{path}:{number}: not a JSON line; --synonyms reads JSONL") from None
+        except OSError as error:
+            raise MedfaqError(f"cannot read concepts from {path} ({error.strerror})") from None
         lexicon = cls.from_rows((row for row in rows if isinstance(row, dict)), source or str(path), max_names)
         if not lexicon.concepts:
             raise MedfaqError(f"{path} holds no concepts (lines with a 'focus' and a 'synonyms' list)")

@@ -49,9 +49,14 @@ def test_lexicon_saves_and_reads_jsonl(tmp_path, lexicon):
     rows = tmp_path / "rows.jsonl"
     rows.write_text("".join(json.dumps(row) + "\n" for row in ROWS), encoding="utf-8")
     assert concept_lexicon(str(rows), max_names=3).concepts == lexicon.concepts
-    (tmp_path / "empty.jsonl").write_text('{"question": "no focus"}\n', encoding="utf-8")
+    (tmp_path / "empty.jsonl").write_text('{"question": "no focus"}\n{"focus": 3}\n', encoding="utf-8")
     with pytest.raises(MedfaqError, match="holds no concepts"):
         concept_lexicon(str(tmp_path / "empty.jsonl"))
+    (tmp_path / "bad.jsonl").write_text('{"focus": "a b c d"}\nnot json\n', encoding="utf-8")
+    with pytest.raises(MedfaqError, match="bad.jsonl:2: not a JSON line"):
+        concept_lexicon(str(tmp_path / "bad.jsonl"))
+    string_synonyms = ConceptLexicon.from_rows([{"focus": "Gout", "synonyms": "Podagra"}])
+    assert string_synonyms.concepts == [["Gout"]]  # a string is not a list of synonyms
 
 
 def test_sources_auto_medquad_none_and_bad(tmp_path):
@@ -97,7 +102,7 @@ def test_index_build_synonyms_option(tmp_path, faq_jsonl, tiny_encoder_dir):
     args = ["index", "build", str(faq_jsonl), "--out", str(out), "--encoder", str(tiny_encoder_dir)]
     result = runner.invoke(app, [*args, "--synonyms", str(rows)])
     assert result.exit_code == 0, result.output
-    assert "1 " in result.stderr and "concepts get its synonyms" in result.stderr
+    assert "1 " in result.stderr and "concepts are also encoded with its synonyms" in result.stderr
     assert json.loads((out / "manifest.json").read_text())["concepts"]["concepts"] == 1
     bad = runner.invoke(app, [*args, "--synonyms", "umls"])
     assert bad.exit_code == 2 and bad.stderr.strip().startswith("error: --synonyms 'umls' is neither")
