@@ -183,6 +183,13 @@ def eval_duplicates(
         help="With --model: decision threshold (default: the model's dev-tuned one; for a model trained with a "
         "prior, the prior's median training cosine; else 0.5).",
     ),
+    threshold_rule: str = typer.Option(
+        "auto",
+        "--threshold-rule",
+        help="Cross-validation: auto (a cross-encoder's own decision boundary: 0.5, or with a prior its median "
+        "training cosine, as a trained model applies it; a bi-encoder's thresholds tuned on the fold's dev part) | "
+        "dev (tuned on dev) | boundary.",
+    ),
     quantize: bool = typer.Option(False, "--quantize", help="Score with int8 dynamic quantisation (CPU)."),
     save_models: Path | None = typer.Option(
         None, "--save-models", help="Cross-validation: save each fold's model, thresholds and test pairs here."
@@ -207,9 +214,16 @@ def eval_duplicates(
     ),
     device: str | None = DEVICE,
 ) -> None:
-    """Cross-validate a duplicate detector on MQP (one model per fold, dev-tuned thresholds), or score a trained
-    model on a labelled pairs file."""
-    from eval.duplicates import CV_FOLDS, MIN_DEV_GROUPS, DuplicateEvaluator, PairsEvaluator, save_fold
+    """Cross-validate a duplicate detector on MQP (one model per fold), or score a trained model on a labelled pairs
+    file."""
+    from eval.duplicates import (
+        CV_FOLDS,
+        MIN_DEV_GROUPS,
+        DuplicateEvaluator,
+        PairsEvaluator,
+        check_threshold_rule,
+        save_fold,
+    )
     from index.runtime import quantize_linear
     from retriever.encoder_training import make_config, subsample
     from retriever.pair_data import mqp_pairs, read_pairs_file
@@ -229,6 +243,8 @@ def eval_duplicates(
     else:
         if model_type is None:
             raise MedfaqError("give --model-type biencoder|crossencoder (cross-validation) or --model DIR --pairs FILE")
+        if check_threshold_rule(threshold_rule) == "boundary" and model_type == "biencoder":
+            raise MedfaqError("a bi-encoder's cosine has no decision boundary of its own; use --threshold-rule dev")
         tuning = _tuning(epochs, batch_size, lr, max_length, loss, head, keep_ratio, precision, sibling_negatives)
         config = make_config(
             model_type,
@@ -249,7 +265,14 @@ def eval_duplicates(
         if scores_out is not None:
             check_output(scores_out)
         evaluator = DuplicateEvaluator(
-            mqp_pairs(), split, n_folds, seed, min_dev_groups=min_dev_groups, print_fn=echo, scores_path=scores_out
+            mqp_pairs(),
+            split,
+            n_folds,
+            seed,
+            min_dev_groups=min_dev_groups,
+            print_fn=echo,
+            scores_path=scores_out,
+            threshold_rule=threshold_rule,
         )
 
         fold_configs = []

@@ -3,8 +3,11 @@
 Splits never leak across train/dev/test: ``doctor`` folds keep every doctor (pair author) in one part, as Curai
 did; ``grouped`` folds keep every `question_1` group in one part. Each fold's dev part is carved from its training
 part with the same grouping (at least `min_dev_groups` groups: two dev doctors instead of one measured level,
-82.4 against 82.2 % with the quick cross-encoder, docs/results.md). Thresholds are tuned on dev only (best F1, best
-accuracy) and applied to test.
+82.4 against 82.2 % with the quick cross-encoder, docs/results.md). The decision threshold follows a rule
+(:data:`THRESHOLD_RULES`): a cross-encoder's own decision boundary, the one a trained model applies when deployed
+(``auto``, the default for cross-encoders: one dev doctor of about 280 pairs made the tuned threshold swing by up to
+10 points, docs/results.md), or thresholds tuned on dev only (best F1, best accuracy) and applied to test (``dev``,
+the default for bi-encoders, whose cosines have no boundary of their own).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ SPLITS = ("doctor", "grouped")
 CV_FOLDS = {"quick": 3, "full": 5}
 METRICS = ("accuracy", "f1", "precision", "recall", "auc")
 TUNE_METRICS = ("f1", "accuracy")
+THRESHOLD_RULES = ("auto", "dev", "boundary")
 MIN_DEV_GROUPS = 1
 
 
@@ -118,12 +122,19 @@ def binary_metrics(scores: np.ndarray, labels: np.ndarray, threshold: float) -> 
 
 
 def fold_metrics(
-    dev_scores: np.ndarray, dev_labels: np.ndarray, test_scores: np.ndarray, test_labels: np.ndarray
+    dev_scores: np.ndarray,
+    dev_labels: np.ndarray,
+    test_scores: np.ndarray,
+    test_labels: np.ndarray,
+    boundary: float | None = None,
 ) -> dict[str, float]:
-    """Test metrics with dev-tuned thresholds: accuracy at the best-accuracy threshold; F1, precision and recall at
-    the best-F1 threshold; AUC."""
-    threshold_f1 = tune_threshold(dev_scores, dev_labels, "f1")
-    threshold_accuracy = tune_threshold(dev_scores, dev_labels, "accuracy")
+    """Test metrics at `boundary` when given; else with dev-tuned thresholds: accuracy at the best-accuracy
+    threshold, F1, precision and recall at the best-F1 threshold. AUC either way."""
+    if boundary is None:
+        threshold_f1 = tune_threshold(dev_scores, dev_labels, "f1")
+        threshold_accuracy = tune_threshold(dev_scores, dev_labels, "accuracy")
+    else:
+        threshold_f1 = threshold_accuracy = boundary
     at_f1 = binary_metrics(test_scores, test_labels, threshold_f1)
     at_accuracy = binary_metrics(test_scores, test_labels, threshold_accuracy)
     return {
@@ -178,14 +189,33 @@ def fold_parts(pairs: Sequence[Pair], fold: Fold) -> tuple[list[Pair], list[Pair
     return train, dev, test
 
 
+def check_threshold_rule(rule: str) -> str:
+    """`rule` if it is one of :data:`THRESHOLD_RULES`, else a one-line error."""
+    if rule not in THRESHOLD_RULES:
+        raise MedfaqError(f"unknown threshold rule {rule!r}; choose one of {', '.join(THRESHOLD_RULES)}")
+    return rule
+
+
+def fold_boundary(scorer: PairScorer, rule: str) -> float | None:
+    """The fixed threshold `rule` gives `scorer` (its ``decision_boundary``), or None for thresholds tuned on dev."""
+    check_threshold_rule(rule)
+    boundary = getattr(scorer, "decision_boundary", None)
+    if rule == "boundary" and boundary is None:
+        raise MedfaqError("this model has no decision boundary of its own (a bi-encoder); use --threshold-rule dev")
+    return boundary if rule != "dev" else None
+
+
 def score_fold(
-    scorer: PairScorer, dev: Sequence[Pair], test: Sequence[Pair], progress: bool = False
+    scorer: PairScorer, dev: Sequence[Pair], test: Sequence[Pair], progress: bool = False, rule: str = "auto"
 ) -> tuple[dict[str, float], np.ndarray, np.ndarray]:
-    """:func:`fold_metrics` of `scorer` on a fold (thresholds tuned on `dev`, applied to `test`), with the dev and
-    test scores."""
+    """:func:`fold_metrics` of `scorer` on a fold (the threshold of `rule`, see :func:`fold_boundary`, applied to
+    `test`), with the dev and test scores."""
+    boundary = fold_boundary(scorer, rule)
     dev_scores = scorer.score_pairs(_texts(dev), progress=progress)
     test_scores = scorer.score_pairs(_texts(test), progress=progress)
-    return fold_metrics(dev_scores, _labels(dev), test_scores, _labels(test)), dev_scores, test_scores
+    metrics: dict[str, Any] = fold_metrics(dev_scores, _labels(dev), test_scores, _labels(test), boundary)
+    metrics["threshold_rule"] = "dev" if boundary is None else "boundary"
+    return metrics, dev_scores, test_scores
 
 
 def write_scores(handle: TextIO, fold: int, part: str, pairs: Sequence[Pair], scores: np.ndarray) -> None:
@@ -197,10 +227,10 @@ def write_scores(handle: TextIO, fold: int, part: str, pairs: Sequence[Pair], sc
 
 class DuplicateEvaluator:
     """Cross-validation of a duplicate detector: ``evaluator(fit)`` trains one model per fold with
-    ``fit(train_pairs, dev_pairs, fold_index) -> PairScorer`` (dev may select epochs; test is never seen), tunes
-    thresholds on the fold's dev part, scores its test part, prints a table and returns mean/std metrics (fractions)
-    plus ``per_fold``. With `scores_path`, every dev and test score is written there (:func:`write_scores`), so other
-    threshold rules or tools can be checked on the same run."""
+    ``fit(train_pairs, dev_pairs, fold_index) -> PairScorer`` (dev may select epochs; test is never seen), takes
+    the threshold of `threshold_rule` (:func:`fold_boundary`), scores its test part, prints a table and returns
+    mean/std metrics (fractions) plus ``per_fold``. With `scores_path`, every dev and test score is written there
+    (:func:`write_scores`), so other threshold rules or tools can be checked on the same run."""
 
     def __init__(
         self,
@@ -211,7 +241,9 @@ class DuplicateEvaluator:
         min_dev_groups: int = MIN_DEV_GROUPS,
         print_fn: Callable[[str], Any] = print,
         scores_path: Path | None = None,
+        threshold_rule: str = "auto",
     ) -> None:
+        self.threshold_rule = check_threshold_rule(threshold_rule)
         self.pairs = list(pairs)
         self.split = split
         self.folds = make_folds(self.pairs, split, folds, seed, min_dev_groups=min_dev_groups)
@@ -232,10 +264,13 @@ class DuplicateEvaluator:
                 per_fold.append(self._fold(i, fold, fit, after_fold, handle))
         summary: dict[str, Any] = summarise(per_fold)
         rows = [(f"fold {i + 1}", fold) for i, fold in enumerate(per_fold)]
-        self.print_fn(f"{self.split} split, {len(self.folds)} folds (test metrics, %)")
+        rule = per_fold[0]["threshold_rule"]
+        threshold = "the model's decision boundary" if rule == "boundary" else "thresholds tuned on dev"
+        self.print_fn(f"{self.split} split, {len(self.folds)} folds (test metrics, %, {threshold})")
         self.print_fn(format_table(rows))
         self.print_fn(format_table([("mean ± std", summary)], std=True))
         summary.update(split=self.split, folds=len(self.folds), total_wall_s=time.perf_counter() - started)
+        summary["threshold_rule"] = rule
         summary["per_fold"] = per_fold
         return summary
 
@@ -243,7 +278,7 @@ class DuplicateEvaluator:
         fold_start = time.perf_counter()
         train, dev, test = fold_parts(self.pairs, fold)
         scorer = fit(train, dev, i)
-        metrics, dev_scores, test_scores = score_fold(scorer, dev, test, progress=True)
+        metrics, dev_scores, test_scores = score_fold(scorer, dev, test, progress=True, rule=self.threshold_rule)
         if handle is not None:
             write_scores(handle, i + 1, "dev", dev, dev_scores)
             write_scores(handle, i + 1, "test", test, test_scores)

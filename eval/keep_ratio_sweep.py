@@ -1,7 +1,7 @@
 """WiSE-FT keep-ratio sweep on MQP cross-validation: each fold's model is trained once per seed (keep ratio 1),
-then scored at every keep ratio with its weights moved back towards the start; thresholds are tuned on each fold's
-dev part as in ``medfaq eval duplicates``. The folds are those of ``--fold-seed``, so the seeds vary the training
-only. Prints accuracy, F1 and ROC AUC per ratio (mean ± std over the seeds of each seed's fold mean).
+then scored at every keep ratio with its weights moved back towards the start, with the threshold rule of
+``medfaq eval duplicates`` (``--threshold-rule``). The folds are those of ``--fold-seed``, so the seeds vary the
+training only. Prints accuracy, F1 and ROC AUC per ratio (mean ± std over the seeds of each seed's fold mean).
 
     python -m eval.keep_ratio_sweep --model-type crossencoder --seeds 0,1,2 --ratios 1,0.75,0.5,0.25
 """
@@ -18,7 +18,16 @@ from typing import Any
 
 import numpy as np
 
-from eval.duplicates import METRICS, MIN_DEV_GROUPS, fold_parts, format_table, make_folds, score_fold, summarise
+from eval.duplicates import (
+    METRICS,
+    MIN_DEV_GROUPS,
+    THRESHOLD_RULES,
+    fold_parts,
+    format_table,
+    make_folds,
+    score_fold,
+    summarise,
+)
 from index.runtime import MedfaqError, int_at_least, positive_int
 from retriever.encoder_training import copy_weights, interpolate_weights, make_config
 from retriever.pair_data import Pair, mqp_pairs
@@ -39,6 +48,7 @@ def keep_ratio_sweep(
     device: str | None = None,
     overrides: dict[str, Any] | None = None,
     print_fn: Callable[[str], Any] = print,
+    threshold_rule: str = "auto",
 ) -> dict[str, Any]:
     """`overrides`: preset settings to change (e.g. ``{"lr": 1e-4}``). Per ratio (``"0.75"``): the mean and
     ``<metric>_std`` over seeds of each seed's fold-mean metrics (fractions), and ``per_seed``."""
@@ -55,7 +65,7 @@ def keep_ratio_sweep(
             for ratio in ratios:
                 model.load_state_dict(tuned)
                 interpolate_weights(model, start, ratio)
-                metrics = score_fold(as_scorer(model, config), dev, test)[0]
+                metrics = score_fold(as_scorer(model, config), dev, test, rule=threshold_rule)[0]
                 per_fold[ratio][seed].append(metrics)
                 print_fn(f"seed {seed} fold {index + 1} keep {ratio:g}: accuracy {100 * metrics['accuracy']:.1f}")
     summary: dict[str, Any] = {"model_type": model_type, "preset": preset, "seeds": list(seeds), "ratios": {}}
@@ -107,6 +117,9 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--prior-scale", type=float, help="Prior scale (override the preset; 0: no prior).")
     parser.add_argument("--prior-encoder", help="The bi-encoder the cross-encoder corrects (override the preset).")
+    parser.add_argument(
+        "--threshold-rule", default="auto", choices=THRESHOLD_RULES, help="As in medfaq eval duplicates."
+    )
     parser.add_argument("--json", action="store_true", help="Print one JSON object (the tables go to stderr).")
     args = parser.parse_args(argv)
     try:
@@ -129,6 +142,7 @@ def main(argv: list[str] | None = None) -> None:
                 "prior_encoder": args.prior_encoder,
             },
             print_fn=partial(print, file=sys.stderr if args.json else sys.stdout),
+            threshold_rule=args.threshold_rule,
         )
     except MedfaqError as error:
         parser.exit(2, f"error: {error}\n")

@@ -165,7 +165,8 @@ class CrossEncoderReranker:
 
     `symmetric` (a task where the pair order carries no meaning, e.g. MQP) scores both orders and averages them.
     With a `prior` bi-encoder (a reranker trained as a correction of it, ``--prior-scale``), a score is the prior's
-    cosine plus the cross-encoder's logit divided by `prior_scale`: the first stage's score, corrected."""
+    cosine plus the cross-encoder's logit divided by `prior_scale`: the first stage's score, corrected.
+    `decision_boundary`: the score at which the trained logit is 0 (:func:`decision_boundary`)."""
 
     def __init__(
         self,
@@ -176,6 +177,7 @@ class CrossEncoderReranker:
         prior: BiEncoderScorer | None = None,
         prior_scale: float = 0.0,
         precision: str = "fp32",
+        decision_boundary: float = 0.5,
     ) -> None:
         self.model = model
         self.precision = resolve_precision(precision, str(model.device))
@@ -184,6 +186,7 @@ class CrossEncoderReranker:
         self.symmetric = symmetric
         self.prior = prior
         self.prior_scale = prior_scale
+        self.decision_boundary = decision_boundary
 
     @classmethod
     def load(
@@ -204,7 +207,8 @@ class CrossEncoderReranker:
             quantize_linear(encoder)
         config = EncoderTrainConfig.load(path) if (path / CONFIG_FILE).is_file() else EncoderTrainConfig()
         prior = BiEncoderScorer.load(path / PRIOR_DIR, device, quantize) if config.prior_scale else None
-        return cls(encoder, batch_size, str(model), config.symmetric, prior, config.prior_scale, precision)
+        boundary = decision_boundary(config)
+        return cls(encoder, batch_size, str(model), config.symmetric, prior, config.prior_scale, precision, boundary)
 
     @property
     def corrects_first_stage(self) -> bool:
@@ -397,6 +401,12 @@ def training_prior(
     config.extra["prior_median"] = float(np.median(cosines))
     offsets = config.prior_scale * (cosines - config.extra["prior_median"])
     return prior, dict(zip(texts, offsets.tolist(), strict=True))
+
+
+def decision_boundary(config: EncoderTrainConfig) -> float:
+    """The score at which a cross-encoder's trained logit is 0, where it tells a match from a non-match on its own:
+    0.5 for a probability; for a correction of a prior, the prior's median training cosine (:func:`training_prior`)."""
+    return float(config.extra.get("prior_median", 0.5)) if config.prior_scale else 0.5
 
 
 @functools.lru_cache(maxsize=2)

@@ -13,6 +13,7 @@ from index.runtime import resolve_model
 from retriever.biencoder import BiEncoderScorer, load_biencoder, train_biencoder
 from retriever.crossencoder import (
     CrossEncoderReranker,
+    decision_boundary,
     has_classifier_head,
     initial_crossencoder,
     shared_prior,
@@ -53,7 +54,13 @@ def as_scorer(model, config: EncoderTrainConfig) -> PairScorer:
     """Wrap a freshly trained model as a pair scorer."""
     if config.model_type == "crossencoder":
         prior = shared_prior(config.prior_model, str(model.device)) if config.prior_scale else None
-        return CrossEncoderReranker(model, symmetric=config.symmetric, prior=prior, prior_scale=config.prior_scale)
+        return CrossEncoderReranker(
+            model,
+            symmetric=config.symmetric,
+            prior=prior,
+            prior_scale=config.prior_scale,
+            decision_boundary=decision_boundary(config),
+        )
     return BiEncoderScorer(model)
 
 
@@ -72,11 +79,12 @@ def load_pair_scorer(model: str | Path, device: str | None = None, quantize: boo
 
 
 def saved_threshold(model: str | Path, default: float = 0.5) -> float:
-    """The dev-tuned best-accuracy threshold saved with a cross-validation fold model; else, for a model trained as
-    a correction of a bi-encoder, the score at which its training logit was 0 (the prior's median cosine); else
-    `default`."""
+    """The best-accuracy threshold saved with a cross-validation fold model; else a cross-encoder's own decision
+    boundary (:func:`retriever.crossencoder.decision_boundary`); else `default`."""
     path = Path(resolve_model(model))
     if not (path / CONFIG_FILE).is_file():
         return default
-    extra = EncoderTrainConfig.load(path).extra
-    return float(extra.get("threshold_accuracy", extra.get("prior_median", default)))
+    config = EncoderTrainConfig.load(path)
+    if "threshold_accuracy" in config.extra:
+        return float(config.extra["threshold_accuracy"])
+    return decision_boundary(config) if config.model_type == "crossencoder" else default

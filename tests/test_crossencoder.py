@@ -46,7 +46,7 @@ def test_train_save_reload_gives_same_scores(tmp_path, tiny_bert_dir, head):
     reranker = CrossEncoderReranker.load(tmp_path / "ce", device="cpu")
     after = reranker.score_pairs(TEXTS)
     np.testing.assert_allclose(before, after, rtol=1e-5, atol=1e-6)
-    assert ((after >= 0) & (after <= 1)).all()
+    assert ((after >= 0) & (after <= 1)).all() and reranker.decision_boundary == 0.5  # a probability's boundary
     assert EncoderTrainConfig.load(tmp_path / "ce") == config
     assert config.max_length is not None and reranker.model.max_seq_length == config.max_length
     assert reranker.symmetric
@@ -271,6 +271,7 @@ def test_a_duplicate_detector_with_a_prior_learns_a_centred_correction_and_score
 
     both = cosines.tolist() * 2  # both orders of every pair
     assert saved_threshold(tmp_path / "ce") == pytest.approx(config.extra["prior_median"]) == np.median(both)
+    assert scorer.decision_boundary == reloaded.decision_boundary == config.extra["prior_median"]
     _, offsets = training_prior(config, model, PAIRS)  # the prior's median pair starts at logit 0
     assert np.median(list(offsets.values())) == pytest.approx(0.0, abs=1e-6)
     np.testing.assert_allclose([offsets[text] for text in TEXTS], 10.0 * (cosines - np.median(cosines)), atol=1e-5)

@@ -127,6 +127,37 @@ def test_evaluator_thresholds_ignore_test_labels():
         assert after["accuracy"] == 0.0
 
 
+class BoundaryScorer:
+    """NoisyScorer's scores with a decision boundary of its own, as a cross-encoder has."""
+
+    decision_boundary = 1.2
+
+    def score_pairs(self, pairs, progress=False):
+        return NoisyScorer().score_pairs(pairs)
+
+
+def test_threshold_rules_use_the_models_own_boundary_or_dev():
+    pairs, quiet = synthetic_pairs(), {"print_fn": lambda _: None}
+    for rule, scorer, expected in (
+        ("auto", BoundaryScorer(), "boundary"),
+        ("boundary", BoundaryScorer(), "boundary"),
+        ("dev", BoundaryScorer(), "dev"),
+        ("auto", NoisyScorer(), "dev"),  # a bi-encoder's cosine: no boundary of its own
+    ):
+        result = DuplicateEvaluator(pairs, "doctor", 3, threshold_rule=rule, **quiet)(lambda t, d, k: scorer)
+        assert result["threshold_rule"] == expected
+        for fold, part in zip(result["per_fold"], make_folds(pairs, "doctor", 3), strict=True):
+            test = [pairs[i] for i in part.test]
+            scores, labels = scorer.score_pairs([(p.text_a, p.text_b) for p in test]), [p.label for p in test]
+            threshold = 1.2 if expected == "boundary" else fold["threshold_accuracy"]
+            assert fold["accuracy"] == binary_metrics(scores, labels, threshold)["accuracy"]
+            assert (fold["threshold_f1"] == fold["threshold_accuracy"] == 1.2) == (expected == "boundary")
+    with pytest.raises(MedfaqError, match="no decision boundary"):
+        DuplicateEvaluator(pairs, "doctor", 3, threshold_rule="boundary", **quiet)(lambda t, d, k: NoisyScorer())
+    with pytest.raises(MedfaqError, match="unknown threshold rule 'best'"):
+        DuplicateEvaluator(pairs, "doctor", 3, threshold_rule="best", **quiet)
+
+
 class NoisyScorer:
     """The rule of RuleScorer blurred by a checksum of the second text, so some pairs are scored wrongly."""
 
@@ -274,6 +305,10 @@ def assert_one_line_error(result, pattern):
 def test_cli_errors_are_one_line(tmp_path):
     assert_one_line_error(medfaq("eval", "duplicates"), "--model-type")
     assert_one_line_error(medfaq("eval", "duplicates", "--model-type", "rnn"), "unknown model type")
+    bad_rule = ("eval", "duplicates", "--model-type", "crossencoder", "--threshold-rule", "best")
+    assert_one_line_error(medfaq(*bad_rule), "unknown threshold rule")
+    bi_boundary = ("eval", "duplicates", "--model-type", "biencoder", "--threshold-rule", "boundary")
+    assert_one_line_error(medfaq(*bi_boundary), "no decision boundary")
     assert_one_line_error(medfaq("eval", "duplicates", "--model", tmp_path), "--pairs")
     missing = tmp_path / "none.jsonl"
     assert_one_line_error(medfaq("eval", "duplicates", "--model", "minilm", "--pairs", missing), "not found")
