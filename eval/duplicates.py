@@ -1,13 +1,13 @@
-"""Duplicate-question detection: MQP cross-validation splits, dev-only threshold tuning, metrics and evaluators.
+"""Duplicate-question detection: MQP cross-validation splits, threshold rules, metrics and evaluators.
 
 Splits never leak across train/dev/test: ``doctor`` folds keep every doctor (pair author) in one part, as Curai
 did; ``grouped`` folds keep every `question_1` group in one part. Each fold's dev part is carved from its training
 part with the same grouping (at least `min_dev_groups` groups: two dev doctors instead of one measured level,
 82.4 against 82.2 % with the quick cross-encoder, docs/results.md). The decision threshold follows a rule
 (:data:`THRESHOLD_RULES`): a cross-encoder's own decision boundary, the one a trained model applies when deployed
-(``auto``, the default for cross-encoders: one dev doctor of about 280 pairs made the tuned threshold swing by up to
-10 points, docs/results.md), or thresholds tuned on dev only (best F1, best accuracy) and applied to test (``dev``,
-the default for bi-encoders, whose cosines have no boundary of their own).
+(``auto``, the default for cross-encoders: a threshold tuned on one dev doctor of about 280 pairs cost a fold up to
+8 points of accuracy, docs/results.md), or thresholds tuned on dev only (best F1, best accuracy) and applied to
+test (``dev``, the default for bi-encoders, whose cosines have no boundary of their own).
 """
 
 from __future__ import annotations
