@@ -162,7 +162,7 @@ def summarise(per_fold: list[dict[str, float]]) -> dict[str, float]:
 
 def format_table(rows: list[tuple[str, dict[str, float]]], std: bool = False) -> str:
     """Fixed-width table of METRICS (percent) per row; `std` adds ``± std`` from the ``<metric>_std`` keys."""
-    width = 14 if std else 9
+    width = 14 if std else 10
     lines = [f"{'':<12}" + "".join(f"{m:>{width}}" for m in METRICS)]
     for name, values in rows:
         cells = []
