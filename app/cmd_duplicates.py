@@ -180,8 +180,8 @@ def eval_duplicates(
         None,
         "--threshold",
         callback=finite,
-        help="With --model: decision threshold (default: the model's dev-tuned one; for a model trained with a "
-        "prior, the prior's median training cosine; else 0.5).",
+        help="With --model: decision threshold (default: the one saved with a cross-validation fold model; else a "
+        "cross-encoder's own decision boundary: 0.5, or with a prior its median training cosine).",
     ),
     threshold_rule: str = typer.Option(
         "auto",
@@ -243,8 +243,7 @@ def eval_duplicates(
     else:
         if model_type is None:
             raise MedfaqError("give --model-type biencoder|crossencoder (cross-validation) or --model DIR --pairs FILE")
-        if check_threshold_rule(threshold_rule) == "boundary" and model_type == "biencoder":
-            raise MedfaqError("a bi-encoder's cosine has no decision boundary of its own; use --threshold-rule dev")
+        check_threshold_rule(threshold_rule, has_boundary=model_type != "biencoder")
         tuning = _tuning(epochs, batch_size, lr, max_length, loss, head, keep_ratio, precision, sibling_negatives)
         config = make_config(
             model_type,

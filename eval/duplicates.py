@@ -189,19 +189,20 @@ def fold_parts(pairs: Sequence[Pair], fold: Fold) -> tuple[list[Pair], list[Pair
     return train, dev, test
 
 
-def check_threshold_rule(rule: str) -> str:
-    """`rule` if it is one of :data:`THRESHOLD_RULES`, else a one-line error."""
+def check_threshold_rule(rule: str, has_boundary: bool = True) -> str:
+    """`rule` if it is one of :data:`THRESHOLD_RULES` and fits a model with (or without) a decision boundary of its
+    own, else a one-line error."""
     if rule not in THRESHOLD_RULES:
         raise MedfaqError(f"unknown threshold rule {rule!r}; choose one of {', '.join(THRESHOLD_RULES)}")
+    if rule == "boundary" and not has_boundary:
+        raise MedfaqError("a bi-encoder's cosine has no decision boundary of its own; use --threshold-rule dev")
     return rule
 
 
 def fold_boundary(scorer: PairScorer, rule: str) -> float | None:
     """The fixed threshold `rule` gives `scorer` (its ``decision_boundary``), or None for thresholds tuned on dev."""
-    check_threshold_rule(rule)
     boundary = getattr(scorer, "decision_boundary", None)
-    if rule == "boundary" and boundary is None:
-        raise MedfaqError("this model has no decision boundary of its own (a bi-encoder); use --threshold-rule dev")
+    check_threshold_rule(rule, boundary is not None)
     return boundary if rule != "dev" else None
 
 
