@@ -20,6 +20,8 @@ from collections import defaultdict
 from collections.abc import Iterable
 from pathlib import Path
 
+import numpy as np
+
 from index.runtime import MedfaqError
 
 CONCEPTS_FILE = "concepts.jsonl"
@@ -28,6 +30,25 @@ MAX_NAMES = 4  # names appended per concept found (the focus first, then the sho
 MIN_FORM_CHARS = 4
 GENERIC_FORMS = frozenset("the a an of and or in on for to with is are disease syndrome cancer".split())
 _TOKEN = re.compile(r"[a-z0-9]+")
+
+
+class ExpandedText(str):
+    """An FAQ's text with its concepts' other names appended, remembering the text as `written`: a bi-encoder
+    that scores it encodes it as the index did (:func:`combined_vectors` of the two texts' vectors)."""
+
+    written: str
+
+    def __new__(cls, text: str, written: str) -> ExpandedText:
+        expanded = super().__new__(cls, text)
+        expanded.written = written
+        return expanded
+
+
+def combined_vectors(written: np.ndarray, expanded: np.ndarray) -> np.ndarray:
+    """The vectors of FAQs that name a concept: the normalised sum of the vectors of their written and expanded
+    texts (rows)."""
+    summed = written + expanded
+    return summed / np.linalg.norm(summed, axis=-1, keepdims=True).clip(min=1e-12)
 
 
 def normalise(text: str) -> str:

@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from index.collections import check_unique_ids, read_records, write_records
-from index.concepts import CONCEPTS_FILE, ConceptLexicon
+from index.concepts import CONCEPTS_FILE, ConceptLexicon, ExpandedText, combined_vectors
 from index.records import FIELDS, FaqRecord, record_text
 from index.runtime import MedfaqError, resolve_model
 from index.vector_store import VECTOR_BACKENDS, VectorStore, backend_class
@@ -313,8 +313,7 @@ class FaqIndex:
         vectors = np.array(encoded[: len(texts)], dtype=np.float32)
         if expanded:
             rows = [row for row, _ in expanded]
-            summed = vectors[rows] + encoded[len(texts) :]
-            vectors[rows] = summed / np.linalg.norm(summed, axis=1, keepdims=True).clip(min=1e-12)
+            vectors[rows] = combined_vectors(vectors[rows], encoded[len(texts) :])
         all_records = {**self._records, **dict(zip(keys.tolist(), records, strict=True))}
         bm25 = Bm25Index.build(
             [record_text(r, self.manifest.fields) for r in all_records.values()],
@@ -338,8 +337,13 @@ class FaqIndex:
 
     def text_for_reranking(self, question: str) -> str:
         """`question` as a reranker should read it: with its concepts' other names when the index has a lexicon,
-        so the reranker sees the synonyms the FAQ's vector was encoded with."""
-        return self.concepts.expand(question) if self.concepts is not None else question
+        so the reranker sees the synonyms the FAQ's vector was encoded with (an :class:`ExpandedText`, which a
+        correction reranker's bi-encoder scores with the index's vector, so the first stage's cosine is what it
+        corrects)."""
+        if self.concepts is None:
+            return question
+        expanded = self.concepts.expand(question)
+        return ExpandedText(expanded, question) if expanded != question else question
 
     def _fingerprint(self, texts: list[str]) -> str:
         """Identifies what a staging directory holds: encoder, fields, chunk size and every text."""

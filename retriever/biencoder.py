@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from index.concepts import ExpandedText, combined_vectors
 from index.runtime import choose_device, quantize_linear, resolve_model
 from retriever.encoder_training import EncoderTrainConfig, train_loop
 from retriever.pair_data import Pair, mnrl_triplets, normalise
@@ -50,14 +51,22 @@ class BiEncoderScorer:
         return np.asarray(vectors, dtype=np.float32)
 
     def score_pairs(self, pairs: Sequence[tuple[str, str]], progress: bool = False) -> np.ndarray:
-        """Cosine similarity of every (text_a, text_b); each distinct text is encoded once."""
+        """Cosine similarity of every (text_a, text_b); each distinct text is encoded once. An
+        :class:`~index.concepts.ExpandedText` gets the vector an index with concepts stores for it."""
         if not pairs:
             return np.zeros(0, dtype=np.float32)
-        texts = list(dict.fromkeys(text for pair in pairs for text in pair))
+        written = [text.written for pair in pairs for text in pair if isinstance(text, ExpandedText)]
+        texts = list(dict.fromkeys([text for pair in pairs for text in pair] + written))
         position = {text: i for i, text in enumerate(texts)}
         vectors = self._vectors(texts, progress)
-        a = vectors[[position[x] for x, _ in pairs]]
-        b = vectors[[position[y] for _, y in pairs]]
+
+        def vector(text: str) -> np.ndarray:
+            if isinstance(text, ExpandedText):
+                return combined_vectors(vectors[position[text.written]], vectors[position[text]])
+            return vectors[position[text]]
+
+        a = np.stack([vector(x) for x, _ in pairs])
+        b = np.stack([vector(y) for _, y in pairs])
         return np.einsum("ij,ij->i", a, b)
 
     def _vectors(self, texts: list[str], progress: bool) -> np.ndarray:

@@ -7,7 +7,7 @@ import pytest
 from typer.testing import CliRunner
 
 from app.cli import app
-from index.concepts import CONCEPTS_FILE, ConceptLexicon, concept_lexicon
+from index.concepts import CONCEPTS_FILE, ConceptLexicon, ExpandedText, concept_lexicon
 from index.faq_index import FaqIndex
 from index.records import FaqRecord
 from index.runtime import MedfaqError
@@ -133,3 +133,21 @@ def test_the_reranker_reads_faqs_with_the_synonyms_they_were_encoded_with(tiny_e
     assert FaqIndex.build(records, tiny_encoder, progress=False).text_for_reranking(records[0].question) == (
         records[0].question
     )
+
+
+def test_a_correction_reranker_corrects_the_cosine_the_index_searched_with(tiny_encoder, lexicon):
+    """Its bi-encoder scores an FAQ read with synonyms by the vector the index stores (written + expanded, summed),
+    so the prior equals the dense score of every hit, expanded or not."""
+    from retriever.biencoder import BiEncoderScorer
+    from retriever.pipeline import Pipeline, PipelineConfig
+
+    records = [FaqRecord("m", "How is kinky hair syndrome treated?"), FaqRecord("x", "How much water should I drink?")]
+    index = FaqIndex.build(records, tiny_encoder, progress=False, concepts=lexicon)
+    query = "menkes treatment"
+    hits = Pipeline(index, PipelineConfig(mode="dense", rerank=False, abstain=False)).run(query).hits
+    texts = [index.text_for_reranking(hit.question) for hit in hits]
+    assert [text.written for text in texts if isinstance(text, ExpandedText)] == [records[0].question]
+    prior = BiEncoderScorer(tiny_encoder.model).score_pairs([(query, text) for text in texts])
+    np.testing.assert_allclose(prior, [hit.score for hit in hits], atol=1e-5)
+    as_read = BiEncoderScorer(tiny_encoder.model).score_pairs([(query, str(text)) for text in texts])
+    assert not np.allclose(as_read, prior)  # the expanded text alone is another vector
