@@ -91,9 +91,13 @@ def render_pair_counts(counts: dict[str, dict[str, int]]) -> str:
 
 
 def _resolve_models(config: EncoderTrainConfig) -> None:
-    """Resolve every model `config` trains from or with, so a missing one fails with its one-line error first."""
+    """Resolve every model (and the lexicon) `config` trains from or with, so a missing one fails with its one-line
+    error first."""
+    from index.concepts import concept_lexicon
+
     for name in (config.init, config.negatives_encoder, *([config.prior_model] if config.prior_scale else [])):
         resolve_model(name)
+    concept_lexicon(config.faq_synonyms)
 
 
 def _check_out(out: Path, force: bool) -> None:
@@ -123,6 +127,12 @@ def _train_command(model_type: str) -> Callable[..., None]:
             "--negatives-encoder",
             help="Task faq: the bi-encoder that mines them (default minilm; for a reranker, the index's encoder).",
         ),
+        synonyms: str | None = typer.Option(
+            None,
+            "--synonyms",
+            help="Task faq: read each FAQ with its concepts' other names, as a reranker over an index built with "
+            "the same --synonyms reads it: none (default), medquad or a JSONL file of focus/synonyms rows.",
+        ),
         prior_scale: float | None = PRIOR_SCALE,
         prior_encoder: str | None = PRIOR_ENCODER,
         keep_ratio: float | None = KEEP_RATIO,
@@ -145,12 +155,13 @@ def _train_command(model_type: str) -> Callable[..., None]:
             max_pairs=max_pairs,
             faq_negatives=negatives,
             negatives_encoder=negatives_encoder,
+            faq_synonyms=synonyms,
             prior_scale=prior_scale,
             prior_encoder=prior_encoder,
             **tuning,
         )
         _check_out(out, force)
-        _resolve_models(config)  # a bad --init, --negatives-encoder or prior fails before the data is built
+        _resolve_models(config)  # a bad model or --synonyms fails before the data is built
         pairs = task_pairs(config)
         config.n_train_pairs = len(pairs)
         typer.echo(f"{model_type} on {task}: {len(pairs)} training pairs", err=True)

@@ -43,6 +43,16 @@ class ExpandedText(str):
         expanded.written = written
         return expanded
 
+    def __reduce__(self) -> tuple[type[ExpandedText], tuple[str, str]]:
+        return ExpandedText, (str(self), self.written)
+
+
+def read_with_concepts(lexicon: ConceptLexicon | None, question: str) -> str:
+    """`question` as a reranker reads it over an index encoded with `lexicon`: with its concepts' other names (an
+    :class:`ExpandedText`) when it names one, else as written."""
+    expanded = lexicon.expand(question) if lexicon is not None else question
+    return ExpandedText(expanded, question) if expanded != question else question
+
 
 def combined_vectors(written: np.ndarray, expanded: np.ndarray) -> np.ndarray:
     """The vectors of FAQs that name a concept: the normalised sum of the vectors of their written and expanded

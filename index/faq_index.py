@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from index.collections import check_unique_ids, read_records, write_records
-from index.concepts import CONCEPTS_FILE, ConceptLexicon, ExpandedText, combined_vectors
+from index.concepts import CONCEPTS_FILE, ConceptLexicon, combined_vectors, read_with_concepts
 from index.records import FIELDS, FaqRecord, record_text
 from index.runtime import MedfaqError, resolve_model
 from index.vector_store import VECTOR_BACKENDS, VectorStore, backend_class
@@ -340,10 +340,7 @@ class FaqIndex:
         so the reranker sees the synonyms the FAQ's vector was encoded with (an :class:`ExpandedText`, which a
         correction reranker's bi-encoder scores with the index's vector, so the first stage's cosine is what it
         corrects)."""
-        if self.concepts is None:
-            return question
-        expanded = self.concepts.expand(question)
-        return ExpandedText(expanded, question) if expanded != question else question
+        return read_with_concepts(self.concepts, question)
 
     def _fingerprint(self, texts: list[str]) -> str:
         """Identifies what a staging directory holds: encoder, fields, chunk size and every text."""

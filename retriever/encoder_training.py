@@ -62,6 +62,7 @@ class EncoderTrainConfig:
     faq_negatives: int = 3  # task faq: hard negatives mined per query
     faq_per_source: int | None = None  # task faq: at most this many queries from each source (seeded sample)
     negatives_encoder: str = "minilm"  # bi-encoder that mines hard negatives
+    faq_synonyms: str = "none"  # task faq: FAQs read with their concepts' other names (index --synonyms: none|FILE..)
     head: str = "cosine"  # cross-encoder head: cosine | mean | cls | pooler (see retriever.crossencoder)
     symmetric: bool = False  # train on both pair orders and score both (tasks where order carries no meaning)
     dev_fraction: float = 0.0  # group-disjoint dev part carved from the training pairs for best-epoch selection
@@ -86,6 +87,8 @@ class EncoderTrainConfig:
             raise MedfaqError("the listwise loss ranks each query's mined candidates: it needs --task faq")
         if self.sibling_negatives and self.task != "mqp":
             raise MedfaqError("--sibling-negatives pairs the rewrites of an MQP question: it needs --task mqp")
+        if self.faq_synonyms != "none" and self.task != "faq":
+            raise MedfaqError("--synonyms reads FAQs as a synonym index shows them to a reranker: it needs --task faq")
         if self.prior_scale < 0:
             raise MedfaqError("--prior-scale must be 0 (off) or positive")
         if self.prior_scale and self.model_type != "crossencoder":

@@ -13,7 +13,7 @@ import logging
 import random
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from index.collections import iter_jsonl, load_collection
+from index.concepts import ConceptLexicon, concept_lexicon, read_with_concepts
 from index.pair_sources import dataset_file, load_jsonl_rows, load_mqp
 from index.runtime import MedfaqError
 from retriever.encoder_training import FAQ_SOURCES, EncoderTrainConfig, subsample
@@ -325,9 +326,17 @@ def task_pairs(config: EncoderTrainConfig, data_root: Path | None = None) -> lis
             config.seed,
             data_root,
         )
+        pairs = with_concepts(pairs, concept_lexicon(config.faq_synonyms))
     if config.loss == "listwise":  # whole queries: a group cut in two would lose its positive or its negatives
         return subsample_groups(pairs, config.max_pairs, config.seed)
     return subsample(pairs, config.max_pairs, config.seed)
+
+
+def with_concepts(pairs: Sequence[Pair], lexicon: ConceptLexicon | None) -> list[Pair]:
+    """`pairs` with each FAQ side (`text_b`) read as a reranker reads it over an index encoded with `lexicon`."""
+    if lexicon is None:
+        return list(pairs)
+    return [replace(pair, text_b=read_with_concepts(lexicon, pair.text_b)) for pair in pairs]
 
 
 def subsample_groups(pairs: Sequence[Pair], limit: int | None, seed: int) -> list[Pair]:

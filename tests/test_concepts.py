@@ -151,3 +151,27 @@ def test_a_correction_reranker_corrects_the_cosine_the_index_searched_with(tiny_
     np.testing.assert_allclose(prior, [hit.score for hit in hits], atol=1e-5)
     as_read = BiEncoderScorer(tiny_encoder.model).score_pairs([(query, str(text)) for text in texts])
     assert not np.allclose(as_read, prior)  # the expanded text alone is another vector
+
+
+def test_reranker_training_pairs_read_faqs_as_a_synonym_index_shows_them(lexicon):
+    from retriever.encoder_training import make_config
+    from retriever.pair_data import Pair, with_concepts
+
+    pairs = [Pair("menkes?", "How is kinky hair syndrome treated?", 1, "g"), Pair("menkes?", "Is water safe?", 0, "g")]
+    read = with_concepts(pairs, lexicon)
+    assert [pair.text_a for pair in read] == ["menkes?", "menkes?"]  # queries stay as written
+    assert isinstance(read[0].text_b, ExpandedText) and read[0].text_b.written == pairs[0].text_b
+    assert read[0].text_b.startswith(pairs[0].text_b + " (Menkes disease")
+    assert read[1] == pairs[1] and with_concepts(pairs, None) == pairs
+    with pytest.raises(MedfaqError, match="needs --task faq"):
+        make_config("crossencoder", "mqp", "quick", faq_synonyms="medquad")
+
+
+def test_train_synonyms_option_errors(tmp_path):
+    runner = CliRunner()
+    args = ["train", "crossencoder", "--out", str(tmp_path / "m")]
+    wrong_task = runner.invoke(app, [*args, "--task", "mqp", "--synonyms", "medquad"])
+    assert wrong_task.exit_code == 2 and "needs --task faq" in wrong_task.stderr
+    missing = runner.invoke(app, [*args, "--task", "faq", "--synonyms", str(tmp_path / "none.jsonl")])
+    assert missing.exit_code == 2 and "is neither auto, medquad, none nor a JSONL file" in missing.stderr
+    assert not (tmp_path / "m").exists()
