@@ -62,7 +62,7 @@ class EncoderTrainConfig:
     faq_negatives: int = 3  # task faq: hard negatives mined per query
     faq_per_source: int | None = None  # task faq: at most this many queries from each source (seeded sample)
     negatives_encoder: str = "minilm"  # bi-encoder that mines hard negatives
-    faq_synonyms: str = "none"  # task faq: FAQs read with their concepts' other names (index --synonyms: none|FILE..)
+    faq_synonyms: str = "none"  # task faq: FAQ sides read with their concepts' other names (as index --synonyms)
     head: str = "cosine"  # cross-encoder head: cosine | mean | cls | pooler (see retriever.crossencoder)
     symmetric: bool = False  # train on both pair orders and score both (tasks where order carries no meaning)
     dev_fraction: float = 0.0  # group-disjoint dev part carved from the training pairs for best-epoch selection
