@@ -79,9 +79,10 @@ class PipelineConfig:
     (question, FAQ) pair the cross-encoder reads, the question cut first (None = the length it was trained with).
     `rerank_query`: what the cross-encoder reads, ``auto`` = the summary when the search used the summary alone,
     else the question. `rerank_fusion`: ``replace`` orders the rescored hits by the cross-encoder alone, ``rrf`` by
-    RRF of their retrieval and cross-encoder ranks (a weak reranker then cannot bury a strong retrieval hit),
-    ``auto`` (the default) replace for a reranker trained as a correction of the bi-encoder (its scores contain the
-    cosine; over the synonym index it gained most with the reranker `medfaq setup` trains, docs/results.md), else rrf.
+    RRF of their retrieval and cross-encoder ranks (a weak reranker then cannot bury a strong retrieval hit; with the
+    reranker `medfaq setup` trains it lowered Recall@1 least, where ``replace`` lost meqsum questions with two seeds),
+    ``auto`` replace for a reranker trained as a correction of the bi-encoder (its scores contain the cosine),
+    else rrf.
     `quantize`: int8 dynamic quantisation of the summarizer and reranker. `rerank_precision`: the cross-encoder's
     matrix products, ``fp32``, ``bf16`` or ``auto`` (bf16 where this machine measures it faster, e.g. AMX CPUs).
     `key_terms`: drop hits sharing no key term (entities, else content words) with the query (precision bias).
@@ -106,7 +107,7 @@ class PipelineConfig:
     rerank_depth: int = 20
     rerank_max_length: int | None = None
     rerank_query: str = "auto"
-    rerank_fusion: str = "auto"
+    rerank_fusion: str = "rrf"
     rerank_precision: str = "fp32"
     quantize: bool = False
     entities: bool = True
