@@ -1,11 +1,13 @@
-"""Summarizer latency on CPU: per-question greedy generation (batch 1) for fp32, PyTorch int8 dynamic quantisation
-and, for decoder-only models, CTranslate2 int8 (converted once into ``<model>/ct2-int8``).
+"""Summarizer speed on CPU: per-question greedy latency (batch 1) and batched throughput (questions/s) for fp32,
+PyTorch int8 dynamic quantisation and, for decoder-only models, CTranslate2 int8 (converted once into
+``<model>/ct2-int8``).
 
-    python -m eval.summarizer_speed --model gemma-3-270m --questions 20 --out speed.json
+    python -m eval.summarizer_speed --model gemma-3-270m --questions 20 --batch-size 16 --out speed.json
 
 `--model` is a trained summarizer or a bare backbone (``minilm``, ``gemma-3-270m``, any seq2seq or causal LM): the
 latency of a backbone is that of a summarizer trained from it for the same number of generated tokens, which is
-reported beside every figure. Questions are MeQSum test CHQs in file order.
+reported beside every figure. Questions are MeQSum test CHQs in file order; the throughput run generates for all of
+them in batches of `--batch-size` (inputs sorted by length, as `medfaq summarize` does).
 """
 
 from __future__ import annotations
@@ -40,12 +42,25 @@ def latency(generate: Callable[[str], tuple[str, int]], texts: Sequence[str]) ->
     }
 
 
+def throughput(generate_batch: Callable[[list[str]], list[str]], texts: Sequence[str], batch_size: int) -> dict:
+    """Questions per second over `texts` generated in batches of `batch_size` (longest first), after one warm-up
+    batch."""
+    ordered = sorted(texts, key=len, reverse=True)
+    generate_batch(list(ordered[:batch_size]))
+    start = time.perf_counter()
+    for first in range(0, len(ordered), batch_size):
+        generate_batch(list(ordered[first : first + batch_size]))
+    seconds = time.perf_counter() - start
+    return {"questions_per_s": len(ordered) / seconds, "batch_size": batch_size}
+
+
 def torch_generator(model_name: str, quantize: bool, max_new_tokens: int, max_source_len: int):
-    """Greedy generation with the KV cache through transformers (optionally int8 dynamic quantisation)."""
+    """Greedy generation with the KV cache through transformers (optionally int8 dynamic quantisation): a function of
+    one question (text, new tokens) and one of a batch (texts)."""
     import torch
 
     from index.runtime import quantize_linear
-    from summarizer.generation import left_padded
+    from summarizer.generation import generate_candidates, left_padded
     from summarizer.modeling import is_causal_lm, load_backbone, prompt_ids
 
     model, tokenizer = load_backbone(model_name)
@@ -64,11 +79,24 @@ def torch_generator(model_name: str, quantize: bool, max_new_tokens: int, max_so
         new = out[0, encoded["input_ids"].size(1) :] if causal else out[0, 1:]
         return tokenizer.decode(new, skip_special_tokens=True), int(new.numel())
 
-    return generate
+    def generate_batch(texts: list[str]) -> list[str]:
+        found = generate_candidates(
+            model,
+            tokenizer,
+            texts,
+            max_length=max_new_tokens,
+            batch_size=len(texts),
+            max_source_len=max_source_len,
+            progress=False,
+        )
+        return [beams[0] for beams in found]
+
+    return generate, generate_batch
 
 
 def ct2_generator(model_name: str, max_new_tokens: int, max_source_len: int, threads: int):
-    """Greedy generation with the CTranslate2 int8 conversion of a decoder-only model (converted on first use)."""
+    """Greedy generation with the CTranslate2 int8 conversion of a decoder-only model (converted on first use): a
+    function of one question (text, new tokens) and one of a batch (texts)."""
     from index.runtime import resolve_model
     from summarizer.ct2 import CT2Generator
     from summarizer.modeling import load_backbone
@@ -77,10 +105,13 @@ def ct2_generator(model_name: str, max_new_tokens: int, max_source_len: int, thr
     generator = CT2Generator(Path(resolve_model(model_name)), tokenizer, threads)
 
     def generate(text: str) -> tuple[str, int]:
-        output = generator([text], 1, max_new_tokens, max_source_len)[0]
+        output = generator([text], 1, max_new_tokens, max_source_len)[0][0]
         return output, len(tokenizer(output, add_special_tokens=False)["input_ids"])
 
-    return generate
+    def generate_batch(texts: list[str]) -> list[str]:
+        return [beams[0] for beams in generator(texts, 1, max_new_tokens, max_source_len)]
+
+    return generate, generate_batch
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -90,6 +121,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--questions", type=positive_int, default=20)
     parser.add_argument("--max-new-tokens", type=positive_int, default=32)
     parser.add_argument("--max-source-len", type=positive_int, default=120)
+    parser.add_argument("--batch-size", type=positive_int, default=16, help="Batch size of the throughput run.")
     parser.add_argument("--threads", type=positive_int, default=2)
     parser.add_argument("--no-ct2", action="store_true", help="Skip CTranslate2 (decoder-only models only).")
     parser.add_argument("--out", type=Path, default=None)
@@ -102,13 +134,20 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         torch.set_num_threads(args.threads)
         texts = [pair.chq for pair in load_pairs(args.data)[: args.questions]]
-        rows = {}
-        for name, quantize in (("fp32 (PyTorch)", False), ("int8 dynamic (PyTorch)", True)):
-            generate = torch_generator(args.model, quantize, args.max_new_tokens, args.max_source_len)
-            rows[name] = latency(generate, texts)
+        backends = {
+            "fp32 (PyTorch)": lambda: torch_generator(args.model, False, args.max_new_tokens, args.max_source_len),
+            "int8 dynamic (PyTorch)": lambda: torch_generator(
+                args.model, True, args.max_new_tokens, args.max_source_len
+            ),
+        }
         if not args.no_ct2 and backbone_is_causal(args.model):
-            generate = ct2_generator(args.model, args.max_new_tokens, args.max_source_len, args.threads)
-            rows["int8 (CTranslate2)"] = latency(generate, texts)
+            backends["int8 (CTranslate2)"] = lambda: ct2_generator(
+                args.model, args.max_new_tokens, args.max_source_len, args.threads
+            )
+        rows = {}
+        for name, make in backends.items():
+            generate, generate_batch = make()
+            rows[name] = {**latency(generate, texts), **throughput(generate_batch, texts, args.batch_size)}
     except MedfaqError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -158,6 +158,12 @@ def test_any_causal_lm_id_or_path_works(tiny_llama_dir, tmp_path):
     assert int8.fast is not None and (out / "ct2-int8" / "model.bin").is_file()
     summaries = int8.summarize([PAIRS[0][0], "short"], max_length=4)
     assert len(summaries) == 2 and all(isinstance(s, str) for s in summaries)
+    from eval.summarizer_speed import ct2_generator
+
+    generate, generate_batch = ct2_generator(str(out), 4, int8.max_source_len, threads=1)
+    text, new_tokens = generate(PAIRS[0][0])
+    assert text == summaries[0] and 0 <= new_tokens <= 4
+    assert generate_batch([PAIRS[0][0], "short"]) == summaries
     for summarizer in (int8, Summarizer.load(out)):
         texts = [PAIRS[0][0], PAIRS[1][0], "short"]
         beams = summarizer.candidates(texts, 3, max_length=4, batch_size=2)
@@ -214,12 +220,19 @@ def test_learned_negatives_gradients_are_separated(tiny_gemma_dir, tmp_path):
 
 
 def test_speed_benchmark_measures_fp32_and_int8(tiny_gemma_dir):
-    from eval.summarizer_speed import latency, torch_generator
+    from eval.summarizer_speed import latency, throughput, torch_generator
 
+    texts = [chq for chq, _ in PAIRS[:3]]
     for quantize in (False, True):
-        generate = torch_generator(str(tiny_gemma_dir), quantize, max_new_tokens=3, max_source_len=16)
-        row = latency(generate, [PAIRS[0][0], PAIRS[1][0]])
+        generate, generate_batch = torch_generator(str(tiny_gemma_dir), quantize, max_new_tokens=3, max_source_len=16)
+        row = latency(generate, texts[:2])
         assert row["questions"] == 2 and 0 < row["p50_ms"] <= row["p90_ms"] and 0 < row["mean_new_tokens"] <= 3
+        batches = []
+        speed = throughput(lambda batch: batches.append(batch) or generate_batch(batch), texts, batch_size=2)
+        assert speed["questions_per_s"] > 0 and speed["batch_size"] == 2
+        assert [len(batch) for batch in batches] == [2, 2, 1]  # one warm-up batch, then every question once
+        assert sorted(batches[1] + batches[2]) == sorted(texts)
+        assert all(isinstance(summary, str) for summary in generate_batch(texts))
 
 
 def test_lora_trains_adapters_only_resumes_and_saves_a_merged_model(tiny_gemma_dir, tmp_path):
