@@ -8,6 +8,11 @@ PyTorch int8 dynamic quantisation and, for decoder-only models, CTranslate2 int8
 latency of a backbone is that of a summarizer trained from it for the same number of generated tokens, which is
 reported beside every figure. Questions are MeQSum test CHQs in file order; the throughput run generates for all of
 them in batches of `--batch-size` (inputs sorted by length, as `medfaq summarize` does).
+
+`--onnx FILE` adds ONNX Runtime: the same decoder-only model exported with its KV cache and quantised to int8, e.g.
+``optimum-cli export onnx --model ~/.medfaq/models/gemma-3-270m --task text-generation-with-past gemma-onnx`` then
+``onnxruntime.quantization.quantize_dynamic("gemma-onnx/model.onnx", "gemma-onnx/int8.onnx")`` (the exporter,
+optimum-onnx, needs transformers < 4.58: run it in an environment of its own).
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from index.runtime import MedfaqError, positive_int, print_report
+from index.runtime import MedfaqError, existing_file, positive_int, print_report
 
 
 def latency(generate: Callable[[str], tuple[str, int]], texts: Sequence[str]) -> dict[str, float]:
@@ -114,6 +119,77 @@ def ct2_generator(model_name: str, max_new_tokens: int, max_source_len: int, thr
     return generate, generate_batch
 
 
+def ort_generator(onnx_file: Path, model_name: str, max_new_tokens: int, max_source_len: int, threads: int):
+    """Greedy generation with an ONNX Runtime session of a decoder-only model exported with its KV cache (inputs
+    ``input_ids``, ``attention_mask``, ``past_key_values.N.key|value``; outputs ``logits``, ``present.N.key|value``):
+    a function of one question (text, new tokens) and one of a batch (texts)."""
+    try:
+        import onnxruntime
+    except ImportError:
+        raise MedfaqError("--onnx needs the package onnxruntime") from None
+    from summarizer.generation import left_padded
+    from summarizer.modeling import load_tokenizer, prompt_ids
+
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = threads
+    session = onnxruntime.InferenceSession(str(onnx_file), options, providers=["CPUExecutionProvider"])
+    tokenizer = load_tokenizer(model_name)
+    stop_ids = {tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<end_of_turn>")} - {None}
+
+    def generate_ids(texts: list[str]) -> list[list[int]]:
+        encoded = left_padded([prompt_ids(tokenizer, text, max_source_len)[0] for text in texts], tokenizer)
+        return greedy_with_cache(
+            session, encoded["input_ids"].numpy(), encoded["attention_mask"].numpy(), max_new_tokens, stop_ids
+        )
+
+    def generate(text: str) -> tuple[str, int]:
+        new = generate_ids([text])[0]
+        return tokenizer.decode(new, skip_special_tokens=True), len(new)
+
+    def generate_batch(texts: list[str]) -> list[str]:
+        return [" ".join(t.split()) for t in tokenizer.batch_decode(generate_ids(texts), skip_special_tokens=True)]
+
+    return generate, generate_batch
+
+
+def greedy_with_cache(session, input_ids, attention_mask, max_new_tokens: int, stop_ids: set[int]) -> list[list[int]]:
+    """Greedy decoding through an ONNX decoder session with its KV cache; each row's new ids up to (not including)
+    its first stop id."""
+    import numpy as np
+
+    past = {
+        item.name: np.zeros((input_ids.shape[0], *[d if isinstance(d, int) else 0 for d in item.shape[1:]]), np.float32)
+        for item in session.get_inputs()
+        if item.name.startswith("past_key_values.")
+    }
+    outputs = [output.name for output in session.get_outputs()]
+    new: list[list[int]] = [[] for _ in range(input_ids.shape[0])]
+    done = np.zeros(input_ids.shape[0], dtype=bool)
+    for _ in range(max_new_tokens):
+        results = dict(
+            zip(
+                outputs,
+                session.run(outputs, {"input_ids": input_ids, "attention_mask": attention_mask, **past}),
+                strict=True,
+            )
+        )
+        next_ids = results["logits"][:, -1].argmax(-1)
+        for row, token in enumerate(next_ids.tolist()):
+            done[row] |= token in stop_ids
+            if not done[row]:
+                new[row].append(token)
+        if done.all():
+            break
+        input_ids = next_ids[:, None].astype(np.int64)
+        attention_mask = np.concatenate([attention_mask, np.ones_like(input_ids)], axis=1)
+        past = {
+            name.replace("present.", "past_key_values."): value
+            for name, value in results.items()
+            if name.startswith("present.")
+        }
+    return new
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m eval.summarizer_speed", description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="gemma-3-270m")
@@ -124,6 +200,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=positive_int, default=16, help="Batch size of the throughput run.")
     parser.add_argument("--threads", type=positive_int, default=2)
     parser.add_argument("--no-ct2", action="store_true", help="Skip CTranslate2 (decoder-only models only).")
+    parser.add_argument(
+        "--onnx", type=existing_file, default=None, help="Also measure this int8 ONNX export of the model."
+    )
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     try:
@@ -143,6 +222,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not args.no_ct2 and backbone_is_causal(args.model):
             backends["int8 (CTranslate2)"] = lambda: ct2_generator(
                 args.model, args.max_new_tokens, args.max_source_len, args.threads
+            )
+        if args.onnx is not None:
+            backends["int8 (ONNX Runtime)"] = lambda: ort_generator(
+                args.onnx, args.model, args.max_new_tokens, args.max_source_len, args.threads
             )
         rows = {}
         for name, make in backends.items():

@@ -273,6 +273,13 @@ def int_at_least(minimum: int) -> Callable[[str], int]:
 positive_int = int_at_least(1)
 
 
+def existing_file(text: str) -> Path:
+    """argparse type of the `python -m eval.*` scripts: the path of a file that exists."""
+    if not Path(text).is_file():
+        raise argparse.ArgumentTypeError(f"{text!r}: no such file")
+    return Path(text)
+
+
 def print_report(report: dict[str, Any], out: Path | None = None) -> None:
     """Print a `python -m eval.*` script's report as indented JSON, and write it to `out` when given."""
     text = json.dumps(report, indent=2)

@@ -132,6 +132,7 @@ def test_make_once_makes_in_a_temporary_sibling_and_only_once(tmp_path):
         ("eval.summarizer_speed", ["--questions", "0"]),
         ("eval.summarizer_speed", ["--max-source-len", "x"]),
         ("eval.summarizer_speed", ["--threads", "-1"]),
+        ("eval.summarizer_speed", ["--onnx", "missing.onnx"]),
         ("eval.precision_speed", ["--repeats", "0"]),
         ("eval.precision_speed", ["--threads", "x"]),
         ("eval.ann_bench", ["--queries", "0"]),

@@ -4,7 +4,9 @@ trains, saves, resumes, reloads and generates; QFCL's loss weights; the learned 
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 
@@ -287,3 +289,41 @@ def test_average_of_seeds_is_the_parameter_mean_and_generates(tiny_gemma_dir, ti
         train_summarizer(tiny_config("mle", tiny_bert_dir, seed=seed, threads=1), PAIRS[:4], PAIRS[4:], run)
     with pytest.raises(MedfaqError, match="cross-attention"):
         average_summarizers(bert_runs, tmp_path / "bert-soup")
+
+
+class ScriptedDecoder:
+    """An ONNX-decoder-shaped session whose greedy choice for each row is the next id of a fixed script; it records
+    the lengths of the mask and cache it was given."""
+
+    def __init__(self, scripts: list[list[int]], vocab: int = 10):
+        self.scripts, self.vocab, self.step, self.seen = scripts, vocab, 0, []
+        self.inputs = [
+            SimpleNamespace(name=f"past_key_values.0.{kind}", shape=["b", 1, "p", 2]) for kind in ("key", "value")
+        ]
+
+    def get_inputs(self):
+        return [SimpleNamespace(name="input_ids"), SimpleNamespace(name="attention_mask"), *self.inputs]
+
+    def get_outputs(self):
+        return [SimpleNamespace(name=name) for name in ("logits", "present.0.key", "present.0.value")]
+
+    def run(self, names, feed):
+        ids, mask, past = feed["input_ids"], feed["attention_mask"], feed["past_key_values.0.key"]
+        self.seen.append((mask.shape[1], past.shape[2], ids.shape[1]))
+        logits = np.zeros((ids.shape[0], ids.shape[1], self.vocab), np.float32)
+        for row, script in enumerate(self.scripts):
+            logits[row, -1, script[min(self.step, len(script) - 1)]] = 1.0
+        self.step += 1
+        present = np.concatenate([past, np.zeros((ids.shape[0], 1, ids.shape[1], 2), np.float32)], axis=2)
+        return [logits, present, present.copy()]
+
+
+def test_onnx_greedy_decoding_feeds_the_cache_back_and_stops_each_row_at_its_stop_id():
+    from eval.summarizer_speed import greedy_with_cache
+
+    session = ScriptedDecoder([[5, 6, 1, 7], [4, 1, 8, 8]])
+    prompt, mask = np.array([[3, 3, 3], [0, 3, 3]]), np.array([[1, 1, 1], [0, 1, 1]])
+    assert greedy_with_cache(session, prompt, mask, max_new_tokens=8, stop_ids={1}) == [[5, 6], [4]]
+    assert session.seen == [(3, 0, 3), (4, 3, 1), (5, 4, 1)]  # the prompt once, then one new id on the grown cache
+    capped = greedy_with_cache(ScriptedDecoder([[5, 6, 7, 8]]), prompt[:1], mask[:1], max_new_tokens=2, stop_ids={1})
+    assert capped == [[5, 6]]
