@@ -62,6 +62,9 @@ def eval_summarizer(
     ner: str = typer.Option("auto", "--ner", help="Entity recogniser for FIR/consistency: auto|dictionary|stanza."),
     device: str | None = typer.Option(None, "--device", help="cpu or cuda (default: cuda when visible)."),
     quantize: bool = typer.Option(False, "--quantize", help="int8 dynamic quantisation of the summarizer (CPU)."),
+    int8_backend: str = typer.Option(
+        "auto", "--int8-backend", help="With --quantize: auto, ctranslate2 (decoder-only models) or torch."
+    ),
 ) -> None:
     """Generate summaries for a summarization split and report ROUGE-1/2/L, FIR and entity consistency (percent)."""
     from eval.summarization import SummarizationEvaluator
@@ -76,7 +79,7 @@ def eval_summarizer(
     if not pairs:
         raise MedfaqError(f"{data} has no pairs")
     resolve_model(model)  # a missing model fails here, before anything is loaded
-    summarizer = _summarizer_class().load(model, device=device, quantize=quantize)
+    summarizer = _summarizer_class().load(model, device=device, quantize=quantize, int8_backend=int8_backend)
     evaluator = SummarizationEvaluator.from_pairs(
         pairs, recognizer=load_recognizer(ner), name=f"{model} on {data}", stream=sys.stderr if as_json else None
     )

@@ -16,6 +16,7 @@ from index.runtime import MedfaqError, choose_device, quantize_linear, resolve_m
 from summarizer.modeling import backbone_is_causal, is_causal_lm, load_backbone, load_tokenizer, prompt_ids
 
 CONFIG_FILE = "train_config.json"
+INT8_BACKENDS = ("auto", "ctranslate2", "torch")
 
 
 def generate_candidates(
@@ -118,10 +119,15 @@ class Summarizer:
         self.num_beams, self.max_length, self.max_source_len = num_beams, max_length, max_source_len
 
     @classmethod
-    def load(cls, model: str | Path, device: str | None = None, quantize: bool = False) -> Summarizer:
+    def load(
+        cls, model: str | Path, device: str | None = None, quantize: bool = False, int8_backend: str = "auto"
+    ) -> Summarizer:
         """Load a trained summarizer directory (seq2seq or decoder-only) resolved by `index.runtime.resolve_model`;
-        `quantize`: int8 on CPU, by the measured fastest path: CTranslate2 for decoder-only models (converted once into
-        ``<model>/ct2-int8``), PyTorch dynamic quantisation of the linear layers for seq2seq ones."""
+        `quantize`: int8 on CPU through `int8_backend`: ``ctranslate2`` (decoder-only models; converted once into
+        ``<model>/ct2-int8``), ``torch`` (PyTorch dynamic quantisation of the linear layers), or ``auto``: CTranslate2
+        for decoder-only models, PyTorch for seq2seq ones."""
+        if int8_backend not in INT8_BACKENDS:
+            raise MedfaqError(f"unknown int8 backend {int8_backend!r}; choose {', '.join(INT8_BACKENDS)}")
         path = Path(resolve_model(model))
         config_file = path / CONFIG_FILE
         if not config_file.is_file():
@@ -135,7 +141,12 @@ class Summarizer:
             "max_length": saved.get("eval_max_length", 64),
             "max_source_len": saved.get("max_source_len", 512),
         }
-        if quantize and backbone_is_causal(path):
+        causal = backbone_is_causal(path)
+        if quantize and int8_backend == "ctranslate2" and not causal:
+            raise MedfaqError(
+                "the ctranslate2 int8 backend serves decoder-only summarizers; use torch for seq2seq ones"
+            )
+        if quantize and causal and int8_backend != "torch":
             from summarizer.ct2 import CT2Generator
 
             tokenizer = load_tokenizer(path)

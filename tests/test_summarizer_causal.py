@@ -160,6 +160,10 @@ def test_any_causal_lm_id_or_path_works(tiny_llama_dir, tmp_path):
     assert int8.fast is not None and (out / "ct2-int8" / "model.bin").is_file()
     summaries = int8.summarize([PAIRS[0][0], "short"], max_length=4)
     assert len(summaries) == 2 and all(isinstance(s, str) for s in summaries)
+    torch_int8 = Summarizer.load(out, quantize=True, int8_backend="torch")  # PyTorch dynamic quantisation instead
+    assert torch_int8.fast is None and len(torch_int8.summarize([PAIRS[0][0]], max_length=4)) == 1
+    with pytest.raises(MedfaqError, match="unknown int8 backend 'onnx'"):
+        Summarizer.load(out, quantize=True, int8_backend="onnx")
     from eval.summarizer_speed import ct2_generator
 
     generate, generate_batch = ct2_generator(str(out), 4, int8.max_source_len, threads=1)

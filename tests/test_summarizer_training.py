@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 
+from index.runtime import MedfaqError
 from summarizer.generation import Summarizer
 from summarizer.trainer import (
     CONFIG_FILE,
@@ -105,6 +106,8 @@ def test_quantized_summarizer_has_int8_linear_layers_and_generates(tiny_bert_dir
     assert not any(type(m) is torch.nn.Linear for m in layers)
     summaries = quantized.summarize([PAIRS[0][0], "short"], max_length=5)
     assert len(summaries) == 2 and all(isinstance(s, str) for s in summaries)
+    with pytest.raises(MedfaqError, match="decoder-only"):
+        Summarizer.load(out, quantize=True, int8_backend="ctranslate2")
 
 
 def test_resumed_run_continues_with_the_same_losses(tiny_bert_dir, tmp_path):
@@ -124,8 +127,6 @@ def test_resumed_run_continues_with_the_same_losses(tiny_bert_dir, tmp_path):
 
 
 def test_bad_input_is_one_clear_error(tiny_bert_dir, tmp_path):
-    from index.runtime import MedfaqError
-
     with pytest.raises(MedfaqError, match="unknown variant"):
         preset_config("quick", "nope")
     with pytest.raises(MedfaqError, match="unknown preset"):
