@@ -62,7 +62,7 @@ class FakeSummarizer:
     loaded: list = []
 
     @classmethod
-    def load(cls, model, device=None, quantize=False):
+    def load(cls, model, device=None, quantize=False, int8_backend="auto"):
         cls.loaded.append(str(model))
         return cls()
 
