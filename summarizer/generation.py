@@ -141,16 +141,15 @@ class Summarizer:
             "max_length": saved.get("eval_max_length", 64),
             "max_source_len": saved.get("max_source_len", 512),
         }
-        causal = backbone_is_causal(path)
-        if quantize and int8_backend == "ctranslate2" and not causal:
-            raise MedfaqError(
-                "the ctranslate2 int8 backend serves decoder-only summarizers; use torch for seq2seq ones"
-            )
-        if quantize and causal and int8_backend != "torch":
+        if quantize and int8_backend != "torch" and backbone_is_causal(path):
             from summarizer.ct2 import CT2Generator
 
             tokenizer = load_tokenizer(path)
             return cls(None, tokenizer, device, fast=CT2Generator(path, tokenizer), **settings)
+        if quantize and int8_backend == "ctranslate2":
+            raise MedfaqError(
+                "the ctranslate2 int8 backend serves decoder-only summarizers; use torch for seq2seq ones"
+            )
         network, tokenizer = load_backbone(path)
         if quantize:
             quantize_linear(network)
