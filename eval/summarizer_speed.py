@@ -134,7 +134,7 @@ def ort_generator(onnx_file: Path, model_name: str, max_new_tokens: int, max_sou
     options.intra_op_num_threads = threads
     session = onnxruntime.InferenceSession(str(onnx_file), options, providers=["CPUExecutionProvider"])
     tokenizer = load_tokenizer(model_name)
-    stop_ids = {tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<end_of_turn>")} - {None}
+    stop_ids = {tokenizer.eos_token_id}  # where the PyTorch and CTranslate2 paths stop too
 
     def generate_ids(texts: list[str]) -> list[list[int]]:
         encoded = left_padded([prompt_ids(tokenizer, text, max_source_len)[0] for text in texts], tokenizer)
