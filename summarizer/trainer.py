@@ -121,7 +121,13 @@ class SummarizerTrainConfig:
 
     @classmethod
     def load(cls, directory: Path) -> SummarizerTrainConfig:
-        return cls(**json.loads((Path(directory) / CONFIG_FILE).read_text(encoding="utf-8")))
+        values = json.loads((Path(directory) / CONFIG_FILE).read_text(encoding="utf-8"))
+        unknown = set(values) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:
+            raise MedfaqError(
+                f"{directory} is not a trained summarizer (its {CONFIG_FILE} has {', '.join(sorted(unknown))})"
+            )
+        return cls(**values)
 
 
 PRESETS: dict[str, dict] = {

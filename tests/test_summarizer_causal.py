@@ -288,6 +288,11 @@ def test_average_of_seeds_is_the_parameter_mean_and_generates(tiny_gemma_dir, ti
         average_summarizers([runs[0], tmp_path / "ecl"], tmp_path / "mixed")
     with pytest.raises(MedfaqError, match="not an empty directory"):
         average_summarizers(runs, out)
+    not_summarizer = tmp_path / "reranker"
+    not_summarizer.mkdir()
+    (not_summarizer / CONFIG_FILE).write_text(json.dumps({"model_type": "crossencoder"}))
+    with pytest.raises(MedfaqError, match="not a trained summarizer .*model_type"):
+        average_summarizers([runs[0], not_summarizer], tmp_path / "other-kind")
     bert_runs = [tmp_path / f"bert{seed}" for seed in (0, 1)]
     for seed, run in enumerate(bert_runs):
         train_summarizer(tiny_config("mle", tiny_bert_dir, seed=seed, threads=1), PAIRS[:4], PAIRS[4:], run)
