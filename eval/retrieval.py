@@ -200,7 +200,7 @@ class CachedReranker:
 
 
 # summary-* search with the summary; fusion = raw + summary by RRF (dense-fusion: of two dense lists);
-# hybrid-wN: the dense list weighs N in hybrid RRF
+# hybrid-wN: the dense list weighs N in hybrid RRF; rerank-rrf-w1: retrieval and cross-encoder ranks weigh the same
 VARIANTS: list[tuple[str, dict[str, Any]]] = [
     ("bm25", {"mode": "bm25"}),
     ("dense", {"mode": "dense"}),
@@ -212,6 +212,7 @@ VARIANTS: list[tuple[str, dict[str, Any]]] = [
     ("hybrid-w2+rerank-rrf", {"mode": "hybrid", "dense_weight": 2.0, "rerank": True, "rerank_fusion": "rrf"}),
     ("dense+rerank", {"mode": "dense", "rerank": True}),
     ("dense+rerank-rrf", {"mode": "dense", "rerank": True, "rerank_fusion": "rrf"}),
+    ("dense+rerank-rrf-w1", {"mode": "dense", "rerank": True, "rerank_fusion": "rrf", "rerank_retrieval_weight": 1.0}),
     ("summary-bm25", {"mode": "bm25", "summarize": True, "query_source": "summary"}),
     ("summary-dense", {"mode": "dense", "summarize": True, "query_source": "summary"}),
     ("summary-hybrid", {"mode": "hybrid", "summarize": True, "query_source": "summary"}),

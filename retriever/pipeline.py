@@ -82,7 +82,8 @@ class PipelineConfig:
     RRF of their retrieval and cross-encoder ranks (a weak reranker then cannot bury a strong retrieval hit; with the
     reranker `medfaq setup` trains it lowered Recall@1 least, where ``replace`` lost meqsum questions with two seeds),
     ``auto`` replace for a reranker trained as a correction of the bi-encoder (its scores contain the cosine),
-    else rrf.
+    else rrf. `rerank_retrieval_weight`: weight of the retrieval ranking against the cross-encoder ranking's 1 in
+    that RRF (1.5: chosen on development queries, docs/results.md).
     `quantize`: int8 dynamic quantisation of the summarizer and reranker. `rerank_precision`: the cross-encoder's
     matrix products, ``fp32``, ``bf16`` or ``auto`` (bf16 where this machine measures it faster, e.g. AMX CPUs).
     `key_terms`: drop hits sharing no key term (entities, else content words) with the query (precision bias).
@@ -108,6 +109,7 @@ class PipelineConfig:
     rerank_max_length: int | None = None
     rerank_query: str = "auto"
     rerank_fusion: str = "rrf"
+    rerank_retrieval_weight: float = 1.5
     rerank_precision: str = "fp32"
     quantize: bool = False
     entities: bool = True
@@ -139,11 +141,12 @@ class PipelineConfig:
             raise MedfaqError("top_k, candidates and rerank_depth must be at least 1")
         if (self.summary_beams or 1) < 1 or (self.summary_max_length or 1) < 1 or (self.rerank_max_length or 8) < 8:
             raise MedfaqError("summary_beams and summary_max_length must be at least 1, rerank_max_length at least 8")
-        values = [self.dense_weight, *([] if self.threshold is None else [self.threshold])]
+        weights = [self.dense_weight, self.rerank_retrieval_weight]
+        values = [*weights, *([] if self.threshold is None else [self.threshold])]
         if not all(isinstance(v, int | float) and math.isfinite(v) for v in [*values, *self.thresholds.values()]):
-            raise MedfaqError(f"dense_weight and thresholds must be finite numbers, got {values} {self.thresholds}")
-        if self.dense_weight <= 0:
-            raise MedfaqError(f"dense_weight must be above 0, got {self.dense_weight}")
+            raise MedfaqError(f"weights and thresholds must be finite numbers, got {values} {self.thresholds}")
+        if min(weights) <= 0:
+            raise MedfaqError(f"dense_weight and rerank_retrieval_weight must be above 0, got {weights}")
 
     @property
     def threshold_key(self) -> str:
@@ -447,7 +450,8 @@ class Pipeline:
         if self._rerank_fusion() == "rrf":
             retrieval_ranking = [(hit.id, hit.score) for hit in head]
             model_ranking = [(hit.id, hit.score) for hit in by_model]
-            fused = reciprocal_rank_fusion([retrieval_ranking, model_ranking], self.config.rrf_k)
+            weights = [self.config.rerank_retrieval_weight, 1.0]
+            fused = reciprocal_rank_fusion([retrieval_ranking, model_ranking], self.config.rrf_k, weights)
             by_model = [_rescored(rescored[doc_id], score, 0, "rerank_rrf") for doc_id, score in fused]
         reranked = [_rescored(hit, hit.score, rank, None) for rank, hit in enumerate(by_model, 1)]
         return reranked + [_rescored(hit, hit.score, rank, None) for rank, hit in enumerate(tail, len(head) + 1)]

@@ -113,15 +113,25 @@ def test_rrf_rerank_fusion_combines_retrieval_and_reranker_ranks(index):
     replace = PipelineConfig(mode="dense", top_k=5, rerank=True, rerank_depth=5, rerank_fusion="replace")
     by_model = Pipeline(index, replace, reranker=ReverseReranker()).run(question).hits
     assert [h.id for h in by_model] == retrieved[::-1]
-    fused = Pipeline(index, replace.updated(rerank_fusion="rrf"), reranker=ReverseReranker()).run(question).hits
+    rrf = replace.updated(rerank_fusion="rrf", rerank_retrieval_weight=1.0)
+    fused = Pipeline(index, rrf, reranker=ReverseReranker()).run(question).hits
     # every hit gets 1/(k + r) + 1/(k + 6 - r): the ends (r = 1, 5) tie above the middle, ties keep retrieval order
     assert [h.id for h in fused] == [retrieved[0], retrieved[4], retrieved[1], retrieved[3], retrieved[2]]
     assert [h.rank for h in fused] == [1, 2, 3, 4, 5]
     assert [h.stage_scores["rerank"] for h in fused[:2]] == [0.0, 4.0]
     assert fused[0].score == fused[0].stage_scores["rerank_rrf"]
     assert fused[0].score == pytest.approx(1 / 61 + 1 / 65)
+    # the default weighs the retrieval ranking 1.5: 1.5/(k + r) + 1/(k + 6 - r) falls with r, so a reranker that
+    # reverses five hits leaves their order, and the top hit scores 1.5/61 + 1/65
+    weighted = Pipeline(index, rrf.updated(rerank_retrieval_weight=1.5), reranker=ReverseReranker()).run(question)
+    assert PipelineConfig().rerank_retrieval_weight == 1.5
+    assert [h.id for h in weighted.hits] == retrieved
+    assert weighted.hits[0].score == pytest.approx(1.5 / 61 + 1 / 65)
     with pytest.raises(MedfaqError, match="rerank fusion"):
         replace.updated(rerank_fusion="mean")
+    for bad in (0.0, -1.0, float("nan")):
+        with pytest.raises(MedfaqError, match="rerank_retrieval_weight|finite"):
+            replace.updated(rerank_retrieval_weight=bad)
 
 
 class CorrectingReranker(ReverseReranker):
