@@ -214,7 +214,7 @@ class PipelineConfig:
             return cls()
         try:
             return cls.from_dict(json.loads(path.read_text(encoding="utf-8")))
-        except (json.JSONDecodeError, TypeError) as error:
+        except (json.JSONDecodeError, TypeError, MedfaqError) as error:
             raise MedfaqError(f"{path} is not a valid pipeline config: {error}") from None
 
 

@@ -315,6 +315,9 @@ def test_old_one_threshold_pipeline_json_still_loads(tmp_path):
     never_calibrated = {**old, "abstain": False, "threshold": 0.5}
     (tmp_path / "pipeline.json").write_text(json.dumps(never_calibrated), encoding="utf-8")
     assert PipelineConfig.load(tmp_path).thresholds == {}
+    (tmp_path / "pipeline.json").write_text(json.dumps({**old, "rerank_retrieval_weight": 0}), encoding="utf-8")
+    with pytest.raises(MedfaqError, match=r"pipeline.json is not a valid pipeline config: .*rerank_retrieval_weight"):
+        PipelineConfig.load(tmp_path)  # a bad value names the file it came from
 
 
 def test_store_threshold_keeps_other_configurations(tmp_path):
