@@ -120,13 +120,16 @@ class SummarizerTrainConfig:
         (directory / CONFIG_FILE).write_text(json.dumps(dataclasses.asdict(self), indent=2) + "\n", encoding="utf-8")
 
     @classmethod
+    def unknown_keys(cls, values: dict) -> list[str]:
+        """The keys of `values` that name no setting of this config, sorted."""
+        return sorted(set(values) - {f.name for f in dataclasses.fields(cls)})
+
+    @classmethod
     def load(cls, directory: Path) -> SummarizerTrainConfig:
         values = json.loads((Path(directory) / CONFIG_FILE).read_text(encoding="utf-8"))
-        unknown = set(values) - {f.name for f in dataclasses.fields(cls)}
+        unknown = cls.unknown_keys(values)
         if unknown:
-            raise MedfaqError(
-                f"{directory} is not a trained summarizer (its {CONFIG_FILE} has {', '.join(sorted(unknown))})"
-            )
+            raise MedfaqError(f"{directory} is not a trained summarizer (its {CONFIG_FILE} has {', '.join(unknown)})")
         return cls(**values)
 
 
@@ -179,9 +182,9 @@ def preset_config(preset: str = "quick", variant: str = "ecl", **overrides) -> S
     if variant == "qfcl":
         values.update(QFCL_DEFAULTS)
     values.update({key: value for key, value in overrides.items() if value is not None})
-    unknown = set(values) - {f.name for f in dataclasses.fields(SummarizerTrainConfig)}
+    unknown = SummarizerTrainConfig.unknown_keys(values)
     if unknown:
-        raise MedfaqError(f"unknown training options: {', '.join(sorted(unknown))}")
+        raise MedfaqError(f"unknown training options: {', '.join(unknown)}")
     return SummarizerTrainConfig(**values)
 
 
