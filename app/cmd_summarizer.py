@@ -123,6 +123,10 @@ def average(
 
 
 def read_texts(path: Path) -> tuple[list[dict], list[str]]:
+    """The rows of a JSONL file of questions and each row's text; a row without text, or with empty or invalid
+    text, is a one-line error naming its line."""
+    from retriever.search import check_query
+
     if not path.is_file():
         raise MedfaqError(f"input file {path} does not exist")
     rows, texts = [], []
@@ -137,7 +141,7 @@ def read_texts(path: Path) -> tuple[list[dict], list[str]]:
         if text is None:
             raise MedfaqError(f"{path}:{number}: needs a text field ({' or '.join(TEXT_FIELDS)})")
         rows.append(row)
-        texts.append(text)
+        texts.append(check_query(text, f"{path}:{number}: the question"))
     return rows, texts
 
 
@@ -160,6 +164,7 @@ def summarize(
     device: str | None = typer.Option(None, "--device", help="cpu or cuda."),
 ) -> None:
     """Summarize consumer health questions into short FAQ-style questions."""
+    from retriever.search import check_query
     from retriever.setup_plan import best_summarizer
     from retriever.stages import set_up_model
     from summarizer.generation import Summarizer
@@ -168,7 +173,7 @@ def summarize(
         raise MedfaqError("give either a question or --input FILE.jsonl (with --output OUT.jsonl)")
     if input is not None and output is None:
         raise MedfaqError("--input needs --output OUT.jsonl")
-    rows, texts = read_texts(input) if input is not None else ([], [text])
+    rows, texts = read_texts(input) if input is not None else ([], [check_query(text, "the question")])
     chosen = set_up_model(model, "summarizer", best_summarizer())
     summaries = Summarizer.load(chosen, device=device).summarize(texts, num_beams, max_length, batch_size, mbr)
     if input is None:

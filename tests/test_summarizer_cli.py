@@ -62,6 +62,11 @@ def test_cli_errors_are_one_line(tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"id": 1}\n')
     one_line_error(medfaq("summarize", "--input", bad, "--output", tmp_path / "o.jsonl"), "needs a text field")
+    one_line_error(medfaq("summarize", "  "), "the question is empty")  # refused before any model loads
+    bad.write_text('{"chq": "what is asthma"}\n{"chq": " "}\n')
+    one_line_error(
+        medfaq("summarize", "--input", bad, "--output", tmp_path / "o.jsonl"), "bad.jsonl:2: the question is empty"
+    )
 
 
 def test_train_data_spec_trains_on_the_named_splits_and_is_saved(tmp_path, tiny_bert_dir):
