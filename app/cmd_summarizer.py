@@ -157,9 +157,9 @@ def summarize(
     ),
     input: Path | None = typer.Option(None, "--input", help='JSONL file of {"chq"|"question"|"text": ...} lines.'),
     output: Path | None = typer.Option(None, "--output", help='JSONL to write (input rows plus "summary").'),
-    num_beams: int = typer.Option(1, "--num-beams", help="Beam size (1: greedy)."),
-    max_length: int = typer.Option(64, "--max-length", help="Maximum new tokens per summary."),
-    batch_size: int = typer.Option(16, "--batch-size", help="Questions per batch."),
+    num_beams: int = typer.Option(1, "--num-beams", min=1, help="Beam size (1: greedy)."),
+    max_length: int = typer.Option(64, "--max-length", min=1, help="Maximum new tokens per summary."),
+    batch_size: int = typer.Option(16, "--batch-size", min=1, help="Questions per batch."),
     mbr: int = MBR,
     device: str | None = typer.Option(None, "--device", help="cpu or cuda."),
 ) -> None:

@@ -63,6 +63,8 @@ def test_cli_errors_are_one_line(tmp_path):
     bad.write_text('{"id": 1}\n')
     one_line_error(medfaq("summarize", "--input", bad, "--output", tmp_path / "o.jsonl"), "needs a text field")
     one_line_error(medfaq("summarize", "  "), "the question is empty")  # refused before any model loads
+    for option in ("--num-beams", "--max-length", "--batch-size"):
+        one_line_error(medfaq("summarize", option, 0, "hello"), f"Invalid value for '{option}'")
     bad.write_text('{"chq": "what is asthma"}\n{"chq": " "}\n')
     one_line_error(
         medfaq("summarize", "--input", bad, "--output", tmp_path / "o.jsonl"), "bad.jsonl:2: the question is empty"
