@@ -10,7 +10,7 @@ from pathlib import Path
 
 import typer
 
-from app.cmd_summarizer import MBR
+from app.cmd_summarizer import GUIDANCE, MBR
 from index.runtime import MedfaqError, resolve_model
 
 
@@ -57,6 +57,7 @@ def eval_summarizer(
     max_length: int = typer.Option(64, "--max-length", min=1, help="Maximum generated tokens."),
     batch_size: int = typer.Option(16, "--batch-size", min=1, help="Generation batch size."),
     mbr: int = MBR,
+    guidance: float = GUIDANCE,
     data_root: Path | None = typer.Option(None, "--data-root", help="Read data laid out like ../shared/data."),
     limit: int | None = typer.Option(None, "--limit", min=1, help="Evaluate the first N pairs only."),
     ner: str = typer.Option("auto", "--ner", help="Entity recogniser for FIR/consistency: auto|dictionary|stanza."),
@@ -85,7 +86,7 @@ def eval_summarizer(
     )
     start = time.perf_counter()
     texts = [pair.chq for pair in pairs]
-    found = summarizer.candidates(texts, mbr, num_beams=num_beams, max_length=max_length, batch_size=batch_size)
+    found = summarizer.candidates(texts, mbr, num_beams, max_length, batch_size, guidance)
     predictions = [consensus(beams) for beams in found]
     seconds = time.perf_counter() - start
     rows = [

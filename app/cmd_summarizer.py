@@ -148,6 +148,12 @@ def read_texts(path: Path) -> tuple[list[dict], list[str]]:
 MBR = typer.Option(
     1, "--mbr", min=1, help="Pick among the N best beams by minimum Bayes risk (mean ROUGE with the others); 1 = off."
 )
+GUIDANCE = typer.Option(
+    0.0,
+    "--guidance",
+    min=0.0,
+    help="Context-aware decoding weight W: score (1+W) log p(y|CHQ) - W log p(y|no CHQ); 0 = off (decoder-only).",
+)
 
 
 def summarize(
@@ -161,6 +167,7 @@ def summarize(
     max_length: int = typer.Option(64, "--max-length", min=1, help="Maximum new tokens per summary."),
     batch_size: int = typer.Option(16, "--batch-size", min=1, help="Questions per batch."),
     mbr: int = MBR,
+    guidance: float = GUIDANCE,
     device: str | None = typer.Option(None, "--device", help="cpu or cuda."),
 ) -> None:
     """Summarize consumer health questions into short FAQ-style questions."""
@@ -175,7 +182,9 @@ def summarize(
         raise MedfaqError("--input needs --output OUT.jsonl")
     rows, texts = read_texts(input) if input is not None else ([], [check_query(text, "the question")])
     chosen = set_up_model(model, "summarizer", best_summarizer())
-    summaries = Summarizer.load(chosen, device=device).summarize(texts, num_beams, max_length, batch_size, mbr)
+    summaries = Summarizer.load(chosen, device=device).summarize(
+        texts, num_beams, max_length, batch_size, mbr, guidance
+    )
     if input is None:
         typer.echo(summaries[0])
         return

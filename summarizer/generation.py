@@ -1,12 +1,15 @@
 """Generation with a trained summarizer: batched greedy or beam search with the KV cache, inputs sorted by length;
-optionally the minimum Bayes risk choice among the best beams (`consensus`).
+optionally context-aware decoding (`ContextGuidance`) and the minimum Bayes risk choice among the best beams
+(`consensus`).
 
 Seq2seq models read the CHQ; decoder-only models read the cleaned CHQ + separator (left-padded) and continue it.
 """
 
 from __future__ import annotations
 
+import inspect
 import json
+import math
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -17,6 +20,7 @@ from summarizer.modeling import backbone_is_causal, is_causal_lm, load_backbone,
 
 CONFIG_FILE = "train_config.json"
 INT8_BACKENDS = ("auto", "ctranslate2", "torch")
+PLAUSIBILITY = 0.1
 
 
 def generate_candidates(
@@ -30,13 +34,18 @@ def generate_candidates(
     max_source_len: int = 512,
     device: str = "cpu",
     progress: bool = True,
+    guidance: float = 0.0,
 ) -> list[list[str]]:
     """The `num_return` best beams for each of `texts` (beam width at least `num_return`), best first, in input
-    order; batches hold inputs of similar length to waste little padding."""
+    order; batches hold inputs of similar length to waste little padding. `guidance` > 0: context-aware decoding
+    with that weight (:class:`ContextGuidance`, decoder-only models)."""
     from tqdm.auto import tqdm
+    from transformers import LogitsProcessorList
 
     num_beams = max(num_beams, num_return)
     causal = is_causal_lm(model)
+    if guidance and not causal:
+        raise MedfaqError("context-aware decoding (guidance) needs a decoder-only summarizer")
     order = sorted(range(len(texts)), key=lambda i: len(texts[i]), reverse=True)
     outputs: list[list[str]] = [[] for _ in texts]
     with torch.inference_mode():
@@ -53,6 +62,12 @@ def generate_candidates(
                     return_tensors="pt",
                 )
             encoded = {key: value.to(device) for key, value in encoded.items()}
+            width = encoded["input_ids"].size(1)
+            guide = (
+                [ContextGuidance(model, prompt_ids(tokenizer, "", max_source_len)[0], width, guidance)]
+                if guidance
+                else []
+            )
             generated = model.generate(
                 input_ids=encoded["input_ids"],
                 attention_mask=encoded["attention_mask"],
@@ -62,13 +77,54 @@ def generate_candidates(
                 use_cache=True,
                 max_new_tokens=max_length,
                 early_stopping=num_beams > 1,
+                logits_processor=LogitsProcessorList(guide),
             )
             if causal:
-                generated = generated[:, encoded["input_ids"].size(1) :]
+                generated = generated[:, width:]
             decoded = tokenizer.batch_decode(generated, skip_special_tokens=True)
             for row, i in enumerate(chunk):
                 outputs[i] = [" ".join(text.split()) for text in decoded[row * num_return : (row + 1) * num_return]]
     return outputs
+
+
+class ContextGuidance:
+    """Context-aware decoding (Shi et al., NAACL 2024) as a logits processor: next-token scores
+    (1 + w) log p(y | CHQ) - w log p(y | no CHQ), which lowers what the model would ask whatever the CHQ said (its
+    most frequent question type) and raises what this CHQ makes likely. Only tokens whose probability given the CHQ
+    is at least `PLAUSIBILITY` times the best token's stay open (the plausibility constraint of contrastive decoding,
+    Li et al., ACL 2023), so the ratio cannot promote a token the CHQ itself makes unlikely.
+
+    The context-free model (the prompt of an empty CHQ) runs beside the search with its own KV cache, whose rows
+    follow the beams: each row's cache is the one of the row that held its prefix at the previous step."""
+
+    def __init__(self, model, empty_prompt: list[int], prompt_width: int, weight: float, tokens: int = 0):
+        """`tokens` > 0: guide only the first `tokens` generated tokens (where the question type is chosen)."""
+        self.model, self.weight, self.prompt_width, self.tokens = model, weight, prompt_width, tokens
+        self.empty_prompt = torch.tensor([empty_prompt])
+        self.cache = None
+        self.rows: dict[tuple[int, ...], int] = {}
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        from transformers import DynamicCache
+
+        generated = input_ids[:, self.prompt_width :]
+        if self.tokens and generated.size(1) >= self.tokens:
+            return torch.log_softmax(scores.float(), dim=-1)
+        if self.cache is None:
+            self.cache = DynamicCache(config=self.model.config)
+            tokens = self.empty_prompt.to(input_ids.device).expand(len(input_ids), -1)
+        else:
+            previous = [self.rows[tuple(row[:-1])] for row in generated.tolist()]
+            self.cache.reorder_cache(torch.tensor(previous, device=input_ids.device))
+            tokens = generated[:, -1:]
+        cache_argument = "cache" if "cache" in inspect.signature(self.model.forward).parameters else "past_key_values"
+        output = self.model(input_ids=tokens, use_cache=True, logits_to_keep=1, **{cache_argument: self.cache})
+        self.rows = {tuple(row): index for index, row in enumerate(generated.tolist())}
+        conditional = torch.log_softmax(scores.float(), dim=-1)
+        context_free = torch.log_softmax(output.logits[:, -1].float(), dim=-1)
+        plausible = conditional >= conditional.max(dim=-1, keepdim=True).values + math.log(PLAUSIBILITY)
+        guided = conditional + self.weight * (conditional - context_free)
+        return guided.masked_fill(~plausible, -math.inf)
 
 
 def consensus(candidates: Sequence[str]) -> str:
@@ -156,18 +212,36 @@ class Summarizer:
         return cls(network.to(device), tokenizer, device, **settings)
 
     def summarize(
-        self, texts: list[str], num_beams: int = 1, max_length: int = 64, batch_size: int = 16, mbr: int = 1
+        self,
+        texts: list[str],
+        num_beams: int = 1,
+        max_length: int = 64,
+        batch_size: int = 16,
+        mbr: int = 1,
+        guidance: float = 0.0,
     ) -> list[str]:
-        """One short FAQ-style question per input text; `mbr` > 1: the :func:`consensus` of the `mbr` best beams."""
-        return [consensus(found) for found in self.candidates(texts, mbr, num_beams, max_length, batch_size)]
+        """One short FAQ-style question per input text; `mbr` > 1: the :func:`consensus` of the `mbr` best beams;
+        `guidance` > 0: context-aware decoding with that weight (:class:`ContextGuidance`)."""
+        found = self.candidates(texts, mbr, num_beams, max_length, batch_size, guidance)
+        return [consensus(beams) for beams in found]
 
     def candidates(
-        self, texts: list[str], num_return: int, num_beams: int = 1, max_length: int = 64, batch_size: int = 16
+        self,
+        texts: list[str],
+        num_return: int,
+        num_beams: int = 1,
+        max_length: int = 64,
+        batch_size: int = 16,
+        guidance: float = 0.0,
     ) -> list[list[str]]:
         """The `num_return` best beams per input text, best first."""
         if min(num_return, num_beams, max_length, batch_size) < 1:
             raise MedfaqError("num_beams, mbr candidates, max_length and batch_size must be at least 1")
+        if guidance < 0:
+            raise MedfaqError("the guidance weight must be at least 0")
         if self.fast is not None:
+            if guidance:
+                raise MedfaqError("context-aware decoding (guidance) runs on the fp32 model, not the int8 one")
             from tqdm.auto import tqdm
 
             starts = range(0, len(texts), batch_size)
@@ -190,6 +264,7 @@ class Summarizer:
             max_source_len=self.max_source_len,
             device=self.device,
             progress=len(texts) > batch_size,
+            guidance=guidance,
         )
 
     def rewrite(self, texts: list[str]) -> list[str]:

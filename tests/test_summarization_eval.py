@@ -60,14 +60,16 @@ class FakeSummarizer:
     """Stands in for summarizer.generation.Summarizer: 'summarizes' a CHQ into its first sentence."""
 
     loaded: list = []
+    guidance: list = []
 
     @classmethod
     def load(cls, model, device=None, quantize=False, int8_backend="auto"):
         cls.loaded.append(str(model))
         return cls()
 
-    def candidates(self, texts, num_return, num_beams=1, max_length=64, batch_size=16):
+    def candidates(self, texts, num_return, num_beams=1, max_length=64, batch_size=16, guidance=0.0):
         """The first sentence as the best beam; below it an outlier, then a near copy of the first sentence."""
+        self.guidance.append(guidance)
         return [
             [f"{first}?", "Why?", f"{first} today?"][:num_return] for first in (text.split(".")[0] for text in texts)
         ]
@@ -116,6 +118,9 @@ def test_eval_summarizer_cli_json_and_predictions(tmp_path, meqsum_root, monkeyp
     rows = [json.loads(line) for line in predictions.read_text().splitlines()]
     assert rows[2]["candidates"] == ["What is asthma?", "Why?", "What is asthma today?"]
     assert all(row["prediction"] == consensus(row["candidates"]) for row in rows)
+
+    guided = CliRunner().invoke(app, [*args, "--output", str(predictions), "--ner", "dictionary", "--guidance", "0.1"])
+    assert guided.exit_code == 0 and FakeSummarizer.guidance[-1] == 0.1 and FakeSummarizer.guidance[0] == 0.0
 
 
 def test_consensus_picks_the_candidate_the_others_agree_with():

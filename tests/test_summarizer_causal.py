@@ -4,6 +4,7 @@ trains, saves, resumes, reloads and generates; QFCL's loss weights; the learned 
 from __future__ import annotations
 
 import json
+import math
 from types import SimpleNamespace
 
 import numpy as np
@@ -11,7 +12,7 @@ import pytest
 import torch
 
 from index.runtime import MedfaqError
-from summarizer.generation import Summarizer
+from summarizer.generation import ContextGuidance, Summarizer
 from summarizer.modeling import SEPARATOR, backbone_is_causal, load_backbone
 from summarizer.trainer import (
     CONFIG_FILE,
@@ -336,3 +337,47 @@ def test_onnx_greedy_decoding_feeds_the_cache_back_and_stops_each_row_at_its_sto
     assert session.seen == [(3, 0, 3), (4, 3, 1), (5, 4, 1)]  # the prompt once, then one new id on the grown cache
     capped = greedy_with_cache(ScriptedDecoder([[5, 6, 7, 8]]), prompt[:1], mask[:1], max_new_tokens=2, stop_ids={1})
     assert capped == [[5, 6]]
+
+
+def test_context_guidance_follows_the_beams_and_equals_a_full_recomputation(tiny_gemma_dir, tiny_bert_dir, monkeypatch):
+    import summarizer.generation as generation
+
+    checked_steps = []
+
+    class Recomputed(ContextGuidance):
+        """Checks each step's scores against the context-free model run on the whole prefix without a cache."""
+
+        def __call__(self, input_ids, scores):
+            guided = super().__call__(input_ids, scores)
+            generated = input_ids[:, self.prompt_width :]
+            prefix = torch.cat([self.empty_prompt.expand(len(generated), -1), generated], dim=1)
+            context_free = torch.log_softmax(self.model(input_ids=prefix).logits[:, -1].float(), dim=-1)
+            conditional = torch.log_softmax(scores.float(), dim=-1)
+            expected = conditional + self.weight * (conditional - context_free)
+            implausible = conditional < conditional.max(dim=-1, keepdim=True).values + math.log(generation.PLAUSIBILITY)
+            torch.testing.assert_close(guided, expected.masked_fill(implausible, -math.inf))
+            checked_steps.append(len(generated[0]))
+            return guided
+
+    monkeypatch.setattr(generation, "ContextGuidance", Recomputed)
+    model, tokenizer = load_backbone(tiny_gemma_dir)
+    texts = [chq for chq, _ in PAIRS[:3]]
+    plain = generation.generate_candidates(model.eval(), tokenizer, texts, num_beams=3, max_length=5, progress=False)
+    guided = generation.generate_candidates(
+        model, tokenizer, texts, num_beams=3, max_length=5, guidance=1.0, progress=False
+    )
+    assert len(guided) == 3 and all(len(beams) == 1 for beams in guided)
+    assert checked_steps[:2] == [0, 1] and max(checked_steps) >= 3  # every step of the search was checked
+    assert guided != plain  # with random weights, dividing by the context-free model changes the search
+    scores = torch.zeros(2, model.config.vocab_size)
+    scores[:, 7], scores[:, 8] = 10.0, 9.0  # only tokens 7 and 8 are plausible given the CHQ
+    guide = ContextGuidance(model, [tokenizer.cls_token_id], 3, 2.0)
+    kept = guide(torch.zeros(2, 3, dtype=torch.long), scores).isfinite()
+    assert kept[:, [7, 8]].all() and kept.sum() == 4
+    first_token_only = ContextGuidance(model, [tokenizer.cls_token_id], 3, 2.0, tokens=1)
+    after_it = first_token_only(torch.zeros(2, 4, dtype=torch.long), scores)  # one token generated already
+    torch.testing.assert_close(after_it, torch.log_softmax(scores, dim=-1))
+    assert first_token_only.cache is None  # the context-free model never ran
+    bert, bert_tokenizer = load_backbone(tiny_bert_dir)  # an encoder-decoder warm-started from BERT
+    with pytest.raises(MedfaqError, match="decoder-only"):
+        generation.generate_candidates(bert, bert_tokenizer, texts, guidance=0.5, progress=False)
