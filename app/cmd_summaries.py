@@ -79,6 +79,8 @@ def eval_summarizer(
     pairs = load_pairs(data, data_root)[:limit]
     if not pairs:
         raise MedfaqError(f"{data} has no pairs")
+    if guidance and quantize:
+        raise MedfaqError("--guidance runs on the fp32 model; drop --quantize")
     resolve_model(model)  # a missing model fails here, before anything is loaded
     summarizer = _summarizer_class().load(model, device=device, quantize=quantize, int8_backend=int8_backend)
     evaluator = SummarizationEvaluator.from_pairs(

@@ -121,6 +121,8 @@ def test_eval_summarizer_cli_json_and_predictions(tmp_path, meqsum_root, monkeyp
 
     guided = CliRunner().invoke(app, [*args, "--output", str(predictions), "--ner", "dictionary", "--guidance", "0.1"])
     assert guided.exit_code == 0 and FakeSummarizer.guidance[-1] == 0.1 and FakeSummarizer.guidance[0] == 0.0
+    int8 = CliRunner().invoke(app, [*args, "--output", str(predictions), "--guidance", "0.1", "--quantize"])
+    assert int8.exit_code == 2 and int8.output.strip() == "error: --guidance runs on the fp32 model; drop --quantize"
 
 
 def test_consensus_picks_the_candidate_the_others_agree_with():
