@@ -112,13 +112,13 @@ class ContextGuidance:
             return torch.log_softmax(scores.float(), dim=-1)
         if self.cache is None:
             self.cache = DynamicCache(config=self.model.config)
-            tokens = self.empty_prompt.to(input_ids.device).expand(len(input_ids), -1)
+            step_ids = self.empty_prompt.to(input_ids.device).expand(len(input_ids), -1)
         else:
             previous = [self.rows[tuple(row[:-1])] for row in generated.tolist()]
             self.cache.reorder_cache(torch.tensor(previous, device=input_ids.device))
-            tokens = generated[:, -1:]
+            step_ids = generated[:, -1:]
         cache_argument = "cache" if "cache" in inspect.signature(self.model.forward).parameters else "past_key_values"
-        output = self.model(input_ids=tokens, use_cache=True, logits_to_keep=1, **{cache_argument: self.cache})
+        output = self.model(input_ids=step_ids, use_cache=True, logits_to_keep=1, **{cache_argument: self.cache})
         self.rows = {tuple(row): index for index, row in enumerate(generated.tolist())}
         conditional = torch.log_softmax(scores.float(), dim=-1)
         context_free = torch.log_softmax(output.logits[:, -1].float(), dim=-1)
