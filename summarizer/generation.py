@@ -46,6 +46,7 @@ def generate_candidates(
     causal = is_causal_lm(model)
     if guidance and not causal:
         raise MedfaqError("context-aware decoding (guidance) needs a decoder-only summarizer")
+    empty_prompt = prompt_ids(tokenizer, "", max_source_len)[0] if guidance else []
     order = sorted(range(len(texts)), key=lambda i: len(texts[i]), reverse=True)
     outputs: list[list[str]] = [[] for _ in texts]
     with torch.inference_mode():
@@ -63,11 +64,7 @@ def generate_candidates(
                 )
             encoded = {key: value.to(device) for key, value in encoded.items()}
             width = encoded["input_ids"].size(1)
-            guide = (
-                [ContextGuidance(model, prompt_ids(tokenizer, "", max_source_len)[0], width, guidance)]
-                if guidance
-                else []
-            )
+            guide = [ContextGuidance(model, empty_prompt, width, guidance)] if guidance else []
             generated = model.generate(
                 input_ids=encoded["input_ids"],
                 attention_mask=encoded["attention_mask"],
@@ -101,6 +98,8 @@ class ContextGuidance:
         """`tokens` > 0: guide only the first `tokens` generated tokens (where the question type is chosen)."""
         self.model, self.weight, self.prompt_width, self.tokens = model, weight, prompt_width, tokens
         self.empty_prompt = torch.tensor([empty_prompt])
+        parameters = inspect.signature(model.forward).parameters
+        self.cache_argument = "cache" if "cache" in parameters else "past_key_values"  # renamed in transformers 5
         self.cache = None
         self.rows: dict[tuple[int, ...], int] = {}
 
@@ -117,8 +116,7 @@ class ContextGuidance:
             previous = [self.rows[tuple(row[:-1])] for row in generated.tolist()]
             self.cache.reorder_cache(torch.tensor(previous, device=input_ids.device))
             step_ids = generated[:, -1:]
-        cache_argument = "cache" if "cache" in inspect.signature(self.model.forward).parameters else "past_key_values"
-        output = self.model(input_ids=step_ids, use_cache=True, logits_to_keep=1, **{cache_argument: self.cache})
+        output = self.model(input_ids=step_ids, use_cache=True, logits_to_keep=1, **{self.cache_argument: self.cache})
         self.rows = {tuple(row): index for index, row in enumerate(generated.tolist())}
         conditional = torch.log_softmax(scores.float(), dim=-1)
         context_free = torch.log_softmax(output.logits[:, -1].float(), dim=-1)
