@@ -791,10 +791,11 @@ def _read_manifest_versioned(path: Path) -> tuple[IndexManifest, str]:
 
 def verify_checksums(path: Path, manifest: IndexManifest) -> None:
     for name, expected in manifest.checksums.items():
-        file = path / name
-        if not file.is_file():
-            raise MedfaqError(f"index {path} is corrupt: {name} is missing; rebuild it")
-        if _sha256(file) != expected:
+        try:
+            actual = _sha256(path / name)
+        except OSError:  # missing, or swapped away by a save while it was read (the load then retries)
+            raise MedfaqError(f"index {path} is corrupt: {name} is missing; rebuild it") from None
+        if actual != expected:
             raise MedfaqError(f"index {path} is corrupt: checksum mismatch for {name}; rebuild it")
 
 

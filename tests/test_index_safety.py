@@ -206,6 +206,25 @@ def test_readers_never_see_a_half_written_index(index_dir):
     assert not errors and seen and seen <= {2, 3, 4, 5, 6}
 
 
+def test_a_load_whose_files_vanish_under_a_save_reads_the_new_index(index_dir, monkeypatch):
+    """A save that swaps the directory between a reader's checks and its reads (a file found, then gone when
+    opened) makes the load read the new index, not fail with an OSError."""
+    import index.faq_index as faq_index
+
+    checksum, raced = faq_index._sha256, []
+
+    def vanishing(file: Path) -> str:
+        if not raced:
+            raced.append(file)
+            FaqIndex.delete_from(index_dir, ["f1"])
+            raise FileNotFoundError(2, "No such file or directory", str(file))
+        return checksum(file)
+
+    monkeypatch.setattr(faq_index, "_sha256", vanishing)
+    index = FaqIndex.load(index_dir)
+    assert raced and "f1" not in index and index.version == disk_version(index_dir)
+
+
 def test_a_waiting_write_says_so_and_fails_after_its_timeout(index_dir):
     """A real `medfaq index delete` process against a lock held here: one waiting line, one error line, no change."""
     before = snapshot(index_dir)
