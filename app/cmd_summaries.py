@@ -10,7 +10,7 @@ from pathlib import Path
 
 import typer
 
-from app.cmd_summarizer import GUIDANCE, MBR
+from app.cmd_summarizer import GUIDANCE, LENGTH_PENALTY, MBR
 from index.runtime import MedfaqError, resolve_model
 
 
@@ -58,6 +58,7 @@ def eval_summarizer(
     batch_size: int = typer.Option(16, "--batch-size", min=1, help="Generation batch size."),
     mbr: int = MBR,
     guidance: float = GUIDANCE,
+    length_penalty: float = LENGTH_PENALTY,
     data_root: Path | None = typer.Option(None, "--data-root", help="Read data laid out like ../shared/data."),
     limit: int | None = typer.Option(None, "--limit", min=1, help="Evaluate the first N pairs only."),
     ner: str = typer.Option("auto", "--ner", help="Entity recogniser for FIR/consistency: auto|dictionary|stanza."),
@@ -88,7 +89,7 @@ def eval_summarizer(
     )
     start = time.perf_counter()
     texts = [pair.chq for pair in pairs]
-    found = summarizer.candidates(texts, mbr, num_beams, max_length, batch_size, guidance)
+    found = summarizer.candidates(texts, mbr, num_beams, max_length, batch_size, guidance, length_penalty)
     predictions = [consensus(beams) for beams in found]
     seconds = time.perf_counter() - start
     rows = [
@@ -109,7 +110,11 @@ def eval_summarizer(
     metrics |= {"seconds": seconds, "questions_per_s": len(pairs) / seconds if seconds else 0.0}
     where = "stdout" if to_stdout else str(output)
     if as_json:
-        typer.echo(json.dumps(metrics | {"model": model, "data": data, "predictions": where}), err=to_stdout)
+        decoding = {"num_beams": num_beams, "mbr": mbr, "guidance": guidance, "length_penalty": length_penalty}
+        typer.echo(
+            json.dumps(metrics | {"model": model, "data": data, "decoding": decoding, "predictions": where}),
+            err=to_stdout,
+        )
     else:
         typer.echo(f"{metrics['questions_per_s']:.1f} questions/s; predictions in {where}", err=to_stdout)
 

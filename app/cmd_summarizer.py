@@ -154,6 +154,11 @@ GUIDANCE = typer.Option(
     min=0.0,
     help="Context-aware decoding weight W: score (1+W) log p(y|CHQ) - W log p(y|no CHQ); 0 = off (decoder-only).",
 )
+LENGTH_PENALTY = typer.Option(
+    1.0,
+    "--length-penalty",
+    help="Beam search: a finished summary scores its log-probability divided by length**P; above 1 favours longer.",
+)
 
 
 def summarize(
@@ -168,6 +173,7 @@ def summarize(
     batch_size: int = typer.Option(16, "--batch-size", min=1, help="Questions per batch."),
     mbr: int = MBR,
     guidance: float = GUIDANCE,
+    length_penalty: float = LENGTH_PENALTY,
     device: str | None = typer.Option(None, "--device", help="cpu or cuda."),
 ) -> None:
     """Summarize consumer health questions into short FAQ-style questions."""
@@ -183,7 +189,7 @@ def summarize(
     rows, texts = read_texts(input) if input is not None else ([], [check_query(text, "the question")])
     chosen = set_up_model(model, "summarizer", best_summarizer())
     summaries = Summarizer.load(chosen, device=device).summarize(
-        texts, num_beams, max_length, batch_size, mbr, guidance
+        texts, num_beams, max_length, batch_size, mbr, guidance, length_penalty
     )
     if input is None:
         typer.echo(summaries[0])

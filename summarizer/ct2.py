@@ -40,9 +40,16 @@ class CT2Generator:
         )
 
     def __call__(
-        self, texts: Sequence[str], num_beams: int, max_length: int, max_source_len: int, num_return: int = 1
+        self,
+        texts: Sequence[str],
+        num_beams: int,
+        max_length: int,
+        max_source_len: int,
+        num_return: int = 1,
+        length_penalty: float = 1.0,
     ) -> list[list[str]]:
-        """The `num_return` best beams per text, best first."""
+        """The `num_return` best beams per text, best first (`length_penalty`: as in
+        :func:`summarizer.generation.generate_candidates`)."""
         prompts = [
             self.tokenizer.convert_ids_to_tokens(prompt_ids(self.tokenizer, t, max_source_len)[0]) for t in texts
         ]
@@ -51,6 +58,7 @@ class CT2Generator:
             max_length=max_length,
             beam_size=max(num_beams, num_return),
             num_hypotheses=num_return,
+            length_penalty=length_penalty,
             sampling_topk=1,
             include_prompt_in_result=False,
             end_token=self.tokenizer.eos_token,

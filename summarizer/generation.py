@@ -35,10 +35,12 @@ def generate_candidates(
     device: str = "cpu",
     progress: bool = True,
     guidance: float = 0.0,
+    length_penalty: float = 1.0,
 ) -> list[list[str]]:
     """The `num_return` best beams for each of `texts` (beam width at least `num_return`), best first, in input
     order; batches hold inputs of similar length to waste little padding. `guidance` > 0: context-aware decoding
-    with that weight (:class:`ContextGuidance`, decoder-only models)."""
+    with that weight (:class:`ContextGuidance`, decoder-only models). `length_penalty`: a finished beam scores its
+    summed log-probability divided by its length to this power (above 1 favours longer summaries)."""
     from tqdm.auto import tqdm
     from transformers import LogitsProcessorList
 
@@ -74,6 +76,7 @@ def generate_candidates(
                 use_cache=True,
                 max_new_tokens=max_length,
                 early_stopping=num_beams > 1,
+                length_penalty=length_penalty,
                 logits_processor=LogitsProcessorList(guide),
             )
             if causal:
@@ -217,10 +220,12 @@ class Summarizer:
         batch_size: int = 16,
         mbr: int = 1,
         guidance: float = 0.0,
+        length_penalty: float = 1.0,
     ) -> list[str]:
         """One short FAQ-style question per input text; `mbr` > 1: the :func:`consensus` of the `mbr` best beams;
-        `guidance` > 0: context-aware decoding with that weight (:class:`ContextGuidance`)."""
-        found = self.candidates(texts, mbr, num_beams, max_length, batch_size, guidance)
+        `guidance` > 0: context-aware decoding with that weight (:class:`ContextGuidance`); `length_penalty`: the
+        beam search's length exponent (:func:`generate_candidates`)."""
+        found = self.candidates(texts, mbr, num_beams, max_length, batch_size, guidance, length_penalty)
         return [consensus(beams) for beams in found]
 
     def candidates(
@@ -231,6 +236,7 @@ class Summarizer:
         max_length: int = 64,
         batch_size: int = 16,
         guidance: float = 0.0,
+        length_penalty: float = 1.0,
     ) -> list[list[str]]:
         """The `num_return` best beams per input text, best first."""
         if min(num_return, num_beams, max_length, batch_size) < 1:
@@ -248,7 +254,12 @@ class Summarizer:
                 found
                 for start in bar
                 for found in self.fast(
-                    texts[start : start + batch_size], num_beams, max_length, self.max_source_len, num_return
+                    texts[start : start + batch_size],
+                    num_beams,
+                    max_length,
+                    self.max_source_len,
+                    num_return,
+                    length_penalty,
                 )
             ]
         return generate_candidates(
@@ -263,6 +274,7 @@ class Summarizer:
             device=self.device,
             progress=len(texts) > batch_size,
             guidance=guidance,
+            length_penalty=length_penalty,
         )
 
     def rewrite(self, texts: list[str]) -> list[str]:

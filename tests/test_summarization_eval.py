@@ -60,16 +60,18 @@ class FakeSummarizer:
     """Stands in for summarizer.generation.Summarizer: 'summarizes' a CHQ into its first sentence."""
 
     loaded: list = []
-    guidance: list = []
+    decoding: list = []
 
     @classmethod
     def load(cls, model, device=None, quantize=False, int8_backend="auto"):
         cls.loaded.append(str(model))
         return cls()
 
-    def candidates(self, texts, num_return, num_beams=1, max_length=64, batch_size=16, guidance=0.0):
+    def candidates(
+        self, texts, num_return, num_beams=1, max_length=64, batch_size=16, guidance=0.0, length_penalty=1.0
+    ):
         """The first sentence as the best beam; below it an outlier, then a near copy of the first sentence."""
-        self.guidance.append(guidance)
+        self.decoding.append((guidance, length_penalty))
         return [
             [f"{first}?", "Why?", f"{first} today?"][:num_return] for first in (text.split(".")[0] for text in texts)
         ]
@@ -120,7 +122,12 @@ def test_eval_summarizer_cli_json_and_predictions(tmp_path, meqsum_root, monkeyp
     assert all(row["prediction"] == consensus(row["candidates"]) for row in rows)
 
     guided = CliRunner().invoke(app, [*args, "--output", str(predictions), "--ner", "dictionary", "--guidance", "0.1"])
-    assert guided.exit_code == 0 and FakeSummarizer.guidance[-2:] == [0.0, 0.1]  # after the --mbr run: off
+    assert guided.exit_code == 0 and FakeSummarizer.decoding[-2:] == [(0.0, 1.0), (0.1, 1.0)]  # after --mbr: off
+    longer = CliRunner().invoke(
+        app, [*args, "--json", "--output", str(predictions), "--ner", "dictionary", "--length-penalty", "1.5"]
+    )
+    assert longer.exit_code == 0 and FakeSummarizer.decoding[-1] == (0.0, 1.5)
+    assert json.loads(longer.stdout)["decoding"] == {"num_beams": 4, "mbr": 1, "guidance": 0.0, "length_penalty": 1.5}
     int8 = CliRunner().invoke(app, [*args, "--output", str(predictions), "--guidance", "0.1", "--quantize"])
     assert int8.exit_code == 2 and int8.output.strip() == "error: --guidance runs on the fp32 model; drop --quantize"
 
