@@ -180,21 +180,22 @@ def test_any_causal_lm_id_or_path_works(tiny_llama_dir, tmp_path):
         assert all(choice in found for choice, found in zip(chosen, beams, strict=True))
         with pytest.raises(MedfaqError, match="at least 1"):
             summarizer.candidates(texts, 0)
-    assert_length_penalty_reaches_the_search(int8, "generator", "generate_batch")
-    assert_length_penalty_reaches_the_search(Summarizer.load(out), "model", "generate")
+    assert_length_penalty_reaches_the_search(int8, int8.fast, "generator", "generate_batch")  # CTranslate2
+    fp32 = Summarizer.load(out)
+    assert_length_penalty_reaches_the_search(fp32, fp32, "model", "generate")  # transformers
 
 
-def assert_length_penalty_reaches_the_search(summarizer: Summarizer, owner: str, method: str) -> None:
-    """`length_penalty` is handed to the beam search (CTranslate2's or transformers') unchanged, 1.0 by default."""
-    searched = getattr(summarizer.fast, owner) if owner == "generator" else getattr(summarizer, owner)
-    penalties, search = [], getattr(searched, method)
+def assert_length_penalty_reaches_the_search(summarizer: Summarizer, holder, attribute: str, method: str) -> None:
+    """`length_penalty` reaches the beam search (`holder.attribute.method`) unchanged, 1.0 by default."""
+    searcher = getattr(holder, attribute)
+    search, penalties = getattr(searcher, method), []
 
     def spy(*args, **kwargs):
         penalties.append(kwargs["length_penalty"])
         return search(*args, **kwargs)
 
-    proxy = type("Spy", (), {method: staticmethod(spy), "__getattr__": lambda self, name: getattr(searched, name)})()
-    setattr(summarizer.fast if owner == "generator" else summarizer, owner, proxy)
+    spying = type("Spying", (), {method: staticmethod(spy), "__getattr__": lambda _, name: getattr(searcher, name)})
+    setattr(holder, attribute, spying())
     texts = [PAIRS[0][0], PAIRS[1][0]]
     summarizer.summarize(texts, num_beams=3, max_length=4, length_penalty=2.5)
     summarizer.summarize(texts, num_beams=3, max_length=4)
