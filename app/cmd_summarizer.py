@@ -7,6 +7,7 @@ from pathlib import Path
 
 import typer
 
+from app.cmd_search import finite
 from index.runtime import PRECISION_HELP, MedfaqError
 
 DEFAULT_PRETRAIN = ["rqe:train", "healthcaremagic:train", "chq_summ:train"]
@@ -152,11 +153,13 @@ GUIDANCE = typer.Option(
     0.0,
     "--guidance",
     min=0.0,
+    callback=finite,
     help="Context-aware decoding weight W: score (1+W) log p(y|CHQ) - W log p(y|no CHQ); 0 = off (decoder-only).",
 )
 LENGTH_PENALTY = typer.Option(
     1.0,
     "--length-penalty",
+    callback=finite,
     help="Beam search: a finished summary scores its log-probability divided by length**P; above 1 favours longer.",
 )
 

@@ -128,6 +128,9 @@ def test_eval_summarizer_cli_json_and_predictions(tmp_path, meqsum_root, monkeyp
     )
     assert longer.exit_code == 0 and FakeSummarizer.decoding[-1] == (0.0, 1.5)
     assert json.loads(longer.stdout)["decoding"] == {"num_beams": 4, "mbr": 1, "guidance": 0.0, "length_penalty": 1.5}
+    for option in ("--length-penalty", "--guidance"):
+        endless = CliRunner().invoke(app, [*args, "--output", str(predictions), option, "inf"])
+        assert endless.exit_code == 2 and "inf is not a finite number" in endless.output
     int8 = CliRunner().invoke(app, [*args, "--output", str(predictions), "--guidance", "0.1", "--quantize"])
     assert int8.exit_code == 2 and int8.output.strip() == "error: --guidance runs on the fp32 model; drop --quantize"
 
