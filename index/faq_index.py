@@ -515,23 +515,26 @@ class FaqIndex:
     def load(cls, directory: str | Path, encoder: Encoder | str | None = None, verify: bool = True) -> FaqIndex:
         """Open an index; refuses one built with another encoder than `encoder` (name or Encoder) when given.
 
-        A load that races a save (the directory's version changes while it is read) reads the new index.
+        A load that races a save (the directory's version changes while it is read) reads the new index; after
+        `LOAD_ATTEMPTS` raced reads it reads once more under the write lock, which holds saves off.
         """
         path = Path(directory).expanduser()
         _restore_interrupted_swap(path)
-        for attempt in range(1, LOAD_ATTEMPTS + 1):
+        for _ in range(LOAD_ATTEMPTS):
             before = disk_version(path)
             try:
                 index = cls._load_once(path, encoder, verify)
             except MedfaqError:
                 swapping = not path.exists() and _backup_name(path).is_dir()  # a save between its two renames
-                if attempt == LOAD_ATTEMPTS or (disk_version(path) == before and not swapping):
+                if disk_version(path) == before and not swapping:
                     raise
                 _restore_interrupted_swap(path)  # waits for that save under the write lock
                 continue
-            if attempt == LOAD_ATTEMPTS or disk_version(path) == index.version:
+            if disk_version(path) == index.version:
                 return index
-        raise AssertionError("unreachable")
+        with write_lock(path):
+            _restore_interrupted_swap(path)
+            return cls._load_once(path, encoder, verify)
 
     @classmethod
     def _load_once(cls, path: Path, encoder: Encoder | str | None, verify: bool) -> FaqIndex:

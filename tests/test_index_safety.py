@@ -225,6 +225,25 @@ def test_a_load_whose_files_vanish_under_a_save_reads_the_new_index(index_dir, m
     assert raced and "f1" not in index and index.version == disk_version(index_dir)
 
 
+def test_a_load_that_races_a_save_at_every_attempt_reads_under_the_lock(index_dir, monkeypatch):
+    """When every optimistic read races a save, the last read holds the write lock: a consistent index, never the
+    mix of an old manifest and newer files."""
+    import index.faq_index as faq_index
+
+    checksum, doomed = faq_index._sha256, [f"f{number}" for number in range(1, faq_index.LOAD_ATTEMPTS + 1)]
+
+    def racing(file: Path) -> str:
+        locked = index_dir.resolve() in faq_index._held.__dict__.get("paths", set())
+        if file == index_dir / faq_index.KEYS and doomed and not locked:
+            FaqIndex.delete_from(index_dir, [doomed.pop(0)])  # one save during each optimistic read
+        return checksum(file)
+
+    monkeypatch.setattr(faq_index, "_sha256", racing)
+    index = FaqIndex.load(index_dir)
+    assert not doomed and index.version == disk_version(index_dir)
+    assert len(index) == len(index.store) == index.manifest.counts["records"] == 6 - faq_index.LOAD_ATTEMPTS
+
+
 def test_a_waiting_write_says_so_and_fails_after_its_timeout(index_dir):
     """A real `medfaq index delete` process against a lock held here: one waiting line, one error line, no change."""
     before = snapshot(index_dir)
