@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from app.cmd_search import finite, positive
+from app.options import finite, positive
 from index.runtime import PRECISION_HELP, MedfaqError, resolve_model
 
 if TYPE_CHECKING:

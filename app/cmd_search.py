@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
 
+from app.options import finite
 from app.render import hits_table
 from index.runtime import PRECISION_HELP, MedfaqError
 from retriever.pipeline import QUERY_SOURCES, PipelineConfig
@@ -18,20 +18,6 @@ from retriever.search import MODES, check_query
 
 if TYPE_CHECKING:
     from retriever.pipeline import Pipeline
-
-
-def finite(value: float | None) -> float | None:
-    """Option callback: reject nan and inf (a one-line usage error)."""
-    if value is not None and not math.isfinite(value):
-        raise typer.BadParameter(f"{value} is not a finite number")
-    return value
-
-
-def positive(value: float | None) -> float | None:
-    """Option callback: a finite number above 0 (e.g. a learning rate)."""
-    if finite(value) is not None and value <= 0:
-        raise typer.BadParameter(f"{value} is not above 0")
-    return value
 
 
 @dataclass

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from app.cmd_search import finite
+from app.options import finite
 from index.runtime import PRECISION_HELP, MedfaqError
 
 DEFAULT_PRETRAIN = ["rqe:train", "healthcaremagic:train", "chq_summ:train"]
