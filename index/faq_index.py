@@ -796,8 +796,10 @@ def verify_checksums(path: Path, manifest: IndexManifest) -> None:
     for name, expected in manifest.checksums.items():
         try:
             actual = _sha256(path / name)
-        except OSError:  # missing, or swapped away by a save while it was read (the load then retries)
+        except FileNotFoundError:  # missing, or swapped away by a save while it was read (the load then retries)
             raise MedfaqError(f"index {path} is corrupt: {name} is missing; rebuild it") from None
+        except OSError as error:
+            raise MedfaqError(f"cannot read {path / name}: {error.strerror or error}") from None
         if actual != expected:
             raise MedfaqError(f"index {path} is corrupt: checksum mismatch for {name}; rebuild it")
 
