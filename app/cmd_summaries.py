@@ -6,6 +6,7 @@ import json
 import re
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import typer
@@ -72,6 +73,7 @@ def eval_summarizer(
     from eval.summarization import SummarizationEvaluator
     from eval.summarization_data import load_pairs
     from retriever.runs import check_output, is_stdio, write_text_atomic
+    from summarizer.decoding import Decoding
     from summarizer.entities import load_recognizer
     from summarizer.generation import consensus
 
@@ -82,6 +84,7 @@ def eval_summarizer(
         raise MedfaqError(f"{data} has no pairs")
     if guidance and quantize:
         raise MedfaqError("--guidance runs on the fp32 model; drop --quantize")
+    decoding = Decoding(num_beams, max_length, length_penalty, guidance, mbr)
     resolve_model(model)  # a missing model fails here, before anything is loaded
     summarizer = _summarizer_class().load(model, device=device, quantize=quantize, int8_backend=int8_backend)
     evaluator = SummarizationEvaluator.from_pairs(
@@ -89,7 +92,7 @@ def eval_summarizer(
     )
     start = time.perf_counter()
     texts = [pair.chq for pair in pairs]
-    found = summarizer.candidates(texts, mbr, num_beams, max_length, batch_size, guidance, length_penalty)
+    found = summarizer.candidates(texts, decoding, batch_size)
     predictions = [consensus(beams) for beams in found]
     seconds = time.perf_counter() - start
     rows = [
@@ -110,9 +113,9 @@ def eval_summarizer(
     metrics |= {"seconds": seconds, "questions_per_s": len(pairs) / seconds if seconds else 0.0}
     where = "stdout" if to_stdout else str(output)
     if as_json:
-        decoding = {"num_beams": num_beams, "mbr": mbr, "guidance": guidance, "length_penalty": length_penalty}
+        settings = {"model": model, "data": data, "decoding": asdict(decoding), "predictions": where}
         typer.echo(
-            json.dumps(metrics | {"model": model, "data": data, "decoding": decoding, "predictions": where}),
+            json.dumps(metrics | settings),
             err=to_stdout,
         )
     else:

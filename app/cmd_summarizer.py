@@ -183,6 +183,7 @@ def summarize(
     from retriever.search import check_query
     from retriever.setup_plan import best_summarizer
     from retriever.stages import set_up_model
+    from summarizer.decoding import Decoding
     from summarizer.generation import Summarizer
 
     if (text is None) == (input is None):
@@ -191,9 +192,8 @@ def summarize(
         raise MedfaqError("--input needs --output OUT.jsonl")
     rows, texts = read_texts(input) if input is not None else ([], [check_query(text, "the question")])
     chosen = set_up_model(model, "summarizer", best_summarizer())
-    summaries = Summarizer.load(chosen, device=device).summarize(
-        texts, num_beams, max_length, batch_size, mbr, guidance, length_penalty
-    )
+    decoding = Decoding(num_beams, max_length, length_penalty, guidance, mbr)
+    summaries = Summarizer.load(chosen, device=device).summarize(texts, decoding, batch_size)
     if input is None:
         typer.echo(summaries[0])
         return

@@ -65,6 +65,7 @@ def torch_generator(model_name: str, quantize: bool, max_new_tokens: int, max_so
     import torch
 
     from index.runtime import quantize_linear
+    from summarizer.decoding import Decoding
     from summarizer.generation import generate_candidates, left_padded
     from summarizer.modeling import is_causal_lm, load_backbone, prompt_ids
 
@@ -89,7 +90,7 @@ def torch_generator(model_name: str, quantize: bool, max_new_tokens: int, max_so
             model,
             tokenizer,
             texts,
-            max_length=max_new_tokens,
+            Decoding(max_length=max_new_tokens),
             batch_size=len(texts),
             max_source_len=max_source_len,
             progress=False,
@@ -104,17 +105,19 @@ def ct2_generator(model_name: str, max_new_tokens: int, max_source_len: int, thr
     function of one question (text, new tokens) and one of a batch (texts)."""
     from index.runtime import resolve_model
     from summarizer.ct2 import CT2Generator
+    from summarizer.decoding import Decoding
     from summarizer.modeling import load_backbone
 
     _, tokenizer = load_backbone(model_name)
     generator = CT2Generator(Path(resolve_model(model_name)), tokenizer, threads)
+    greedy = Decoding(max_length=max_new_tokens)
 
     def generate(text: str) -> tuple[str, int]:
-        output = generator([text], 1, max_new_tokens, max_source_len)[0][0]
+        output = generator([text], greedy, max_source_len)[0][0]
         return output, len(tokenizer(output, add_special_tokens=False)["input_ids"])
 
     def generate_batch(texts: list[str]) -> list[str]:
-        return [beams[0] for beams in generator(texts, 1, max_new_tokens, max_source_len)]
+        return [beams[0] for beams in generator(texts, greedy, max_source_len)]
 
     return generate, generate_batch
 

@@ -15,6 +15,7 @@ Import this module (the CLI does) before :meth:`Pipeline.from_config`.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -40,11 +41,13 @@ class SummarizerRewriter:
 
     def __init__(self, summarizer: Any, num_beams: int | None = None, max_length: int | None = None) -> None:
         self.summarizer = summarizer
-        self.num_beams = num_beams or summarizer.num_beams
-        self.max_length = max_length or summarizer.max_length
+        validated = summarizer.decoding
+        self.decoding = replace(
+            validated, num_beams=num_beams or validated.num_beams, max_length=max_length or validated.max_length
+        )
 
     def rewrite(self, texts: list[str]) -> list[str]:
-        return self.summarizer.summarize(list(texts), num_beams=self.num_beams, max_length=self.max_length)
+        return self.summarizer.summarize(list(texts), self.decoding)
 
 
 def load_rewriter(name: str | None, config: PipelineConfig) -> SummarizerRewriter:

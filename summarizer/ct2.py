@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from index.runtime import MedfaqError, make_once
+from summarizer.decoding import Decoding
 from summarizer.modeling import prompt_ids
 
 CT2_DIR = "ct2-int8"
@@ -39,26 +40,17 @@ class CT2Generator:
             str(convert(model_dir)), device="cpu", compute_type="int8", intra_threads=threads
         )
 
-    def __call__(
-        self,
-        texts: Sequence[str],
-        num_beams: int,
-        max_length: int,
-        max_source_len: int,
-        num_return: int = 1,
-        length_penalty: float = 1.0,
-    ) -> list[list[str]]:
-        """The `num_return` best beams per text, best first (`length_penalty`: as in
-        :func:`summarizer.generation.generate_candidates`)."""
+    def __call__(self, texts: Sequence[str], decoding: Decoding, max_source_len: int) -> list[list[str]]:
+        """The `decoding.mbr` best beams per text, best first (context-aware `decoding.guidance` is not supported)."""
         prompts = [
             self.tokenizer.convert_ids_to_tokens(prompt_ids(self.tokenizer, t, max_source_len)[0]) for t in texts
         ]
         results = self.generator.generate_batch(
             prompts,
-            max_length=max_length,
-            beam_size=max(num_beams, num_return),
-            num_hypotheses=num_return,
-            length_penalty=length_penalty,
+            max_length=decoding.max_length,
+            beam_size=decoding.width,
+            num_hypotheses=decoding.mbr,
+            length_penalty=decoding.length_penalty,
             sampling_topk=1,
             include_prompt_in_result=False,
             end_token=self.tokenizer.eos_token,

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from index.runtime import MedfaqError, choose_device, quantize_linear, resolve_model
+from summarizer.decoding import GREEDY, Decoding
 from summarizer.modeling import backbone_is_causal, is_causal_lm, load_backbone, load_tokenizer, prompt_ids
 
 CONFIG_FILE = "train_config.json"
@@ -27,24 +28,18 @@ def generate_candidates(
     model,
     tokenizer,
     texts: Sequence[str],
-    num_return: int = 1,
-    num_beams: int = 1,
-    max_length: int = 64,
+    decoding: Decoding = GREEDY,
     batch_size: int = 16,
     max_source_len: int = 512,
     device: str = "cpu",
     progress: bool = True,
-    guidance: float = 0.0,
-    length_penalty: float = 1.0,
 ) -> list[list[str]]:
-    """The `num_return` best beams for each of `texts` (beam width at least `num_return`), best first, in input
-    order; batches hold inputs of similar length to waste little padding. `guidance` > 0: context-aware decoding
-    with that weight (:class:`ContextGuidance`, decoder-only models). `length_penalty`: a finished beam scores its
-    summed log-probability divided by its length to this power (above 1 favours longer summaries)."""
+    """The `decoding.mbr` best beams for each of `texts`, best first, in input order; batches hold inputs of similar
+    length to waste little padding."""
     from tqdm.auto import tqdm
     from transformers import LogitsProcessorList
 
-    num_beams = max(num_beams, num_return)
+    num_return, guidance = decoding.mbr, decoding.guidance
     causal = is_causal_lm(model)
     if guidance and not causal:
         raise MedfaqError("context-aware decoding (guidance) needs a decoder-only summarizer")
@@ -70,13 +65,13 @@ def generate_candidates(
             generated = model.generate(
                 input_ids=encoded["input_ids"],
                 attention_mask=encoded["attention_mask"],
-                num_beams=num_beams,
+                num_beams=decoding.width,
                 num_return_sequences=num_return,
                 do_sample=False,
                 use_cache=True,
-                max_new_tokens=max_length,
-                early_stopping=num_beams > 1,
-                length_penalty=length_penalty,
+                max_new_tokens=decoding.max_length,
+                early_stopping=decoding.width > 1,
+                length_penalty=decoding.length_penalty,
                 logits_processor=LogitsProcessorList(guide),
             )
             if causal:
@@ -160,20 +155,13 @@ class Summarizer:
     """A trained CHQ→FAQ summarizer; `rewrite` is the pipeline's question-rewriting stage."""
 
     def __init__(
-        self,
-        model,
-        tokenizer,
-        device: str = "cpu",
-        num_beams: int = 1,
-        max_length: int = 64,
-        max_source_len: int = 512,
-        fast=None,
+        self, model, tokenizer, device: str = "cpu", decoding: Decoding = GREEDY, max_source_len: int = 512, fast=None
     ):
         """`model`: a transformers model (None with `fast`, a :class:`summarizer.ct2.CT2Generator`, which then
-        generates instead)."""
+        generates instead); `decoding`: what `rewrite` uses, the settings the model was validated with."""
         self.model = model.eval() if model is not None else None
         self.tokenizer, self.device, self.fast = tokenizer, device, fast
-        self.num_beams, self.max_length, self.max_source_len = num_beams, max_length, max_source_len
+        self.decoding, self.max_source_len = decoding, max_source_len
 
     @classmethod
     def load(
@@ -194,8 +182,7 @@ class Summarizer:
         saved = json.loads(config_file.read_text(encoding="utf-8"))
         device = "cpu" if quantize else choose_device(device)
         settings = {
-            "num_beams": saved.get("eval_beams", 1),
-            "max_length": saved.get("eval_max_length", 64),
+            "decoding": Decoding(num_beams=saved.get("eval_beams", 1), max_length=saved.get("eval_max_length", 64)),
             "max_source_len": saved.get("max_source_len", 512),
         }
         if quantize and int8_backend != "torch" and backbone_is_causal(path):
@@ -212,71 +199,37 @@ class Summarizer:
             quantize_linear(network)
         return cls(network.to(device), tokenizer, device, **settings)
 
-    def summarize(
-        self,
-        texts: list[str],
-        num_beams: int = 1,
-        max_length: int = 64,
-        batch_size: int = 16,
-        mbr: int = 1,
-        guidance: float = 0.0,
-        length_penalty: float = 1.0,
-    ) -> list[str]:
-        """One short FAQ-style question per input text; `mbr` > 1: the :func:`consensus` of the `mbr` best beams;
-        `guidance` > 0: context-aware decoding with that weight (:class:`ContextGuidance`); `length_penalty`: the
-        beam search's length exponent (:func:`generate_candidates`)."""
-        found = self.candidates(texts, mbr, num_beams, max_length, batch_size, guidance, length_penalty)
-        return [consensus(beams) for beams in found]
+    def summarize(self, texts: list[str], decoding: Decoding = GREEDY, batch_size: int = 16) -> list[str]:
+        """One short FAQ-style question per input text: the best beam, or the :func:`consensus` of the `decoding.mbr`
+        best."""
+        return [consensus(beams) for beams in self.candidates(texts, decoding, batch_size)]
 
-    def candidates(
-        self,
-        texts: list[str],
-        num_return: int,
-        num_beams: int = 1,
-        max_length: int = 64,
-        batch_size: int = 16,
-        guidance: float = 0.0,
-        length_penalty: float = 1.0,
-    ) -> list[list[str]]:
-        """The `num_return` best beams per input text, best first."""
-        if min(num_return, num_beams, max_length, batch_size) < 1:
-            raise MedfaqError("num_beams, mbr candidates, max_length and batch_size must be at least 1")
-        if guidance < 0:
-            raise MedfaqError("the guidance weight must be at least 0")
-        if self.fast is not None:
-            if guidance:
-                raise MedfaqError("context-aware decoding (guidance) runs on the fp32 model, not the int8 one")
-            from tqdm.auto import tqdm
+    def candidates(self, texts: list[str], decoding: Decoding = GREEDY, batch_size: int = 16) -> list[list[str]]:
+        """The `decoding.mbr` best beams per input text, best first."""
+        if batch_size < 1:
+            raise MedfaqError("batch_size must be at least 1")
+        if self.fast is None:
+            return generate_candidates(
+                self.model,
+                self.tokenizer,
+                texts,
+                decoding,
+                batch_size=batch_size,
+                max_source_len=self.max_source_len,
+                device=self.device,
+                progress=len(texts) > batch_size,
+            )
+        if decoding.guidance:
+            raise MedfaqError("context-aware decoding (guidance) runs on the fp32 model, not the int8 one")
+        from tqdm.auto import tqdm
 
-            starts = range(0, len(texts), batch_size)
-            bar = tqdm(starts, desc="summarize", disable=len(texts) <= batch_size, leave=False)
-            return [
-                found
-                for start in bar
-                for found in self.fast(
-                    texts[start : start + batch_size],
-                    num_beams,
-                    max_length,
-                    self.max_source_len,
-                    num_return,
-                    length_penalty,
-                )
-            ]
-        return generate_candidates(
-            self.model,
-            self.tokenizer,
-            texts,
-            num_return,
-            num_beams=num_beams,
-            max_length=max_length,
-            batch_size=batch_size,
-            max_source_len=self.max_source_len,
-            device=self.device,
-            progress=len(texts) > batch_size,
-            guidance=guidance,
-            length_penalty=length_penalty,
-        )
+        starts = tqdm(range(0, len(texts), batch_size), desc="summarize", disable=len(texts) <= batch_size, leave=False)
+        return [
+            found
+            for start in starts
+            for found in self.fast(texts[start : start + batch_size], decoding, self.max_source_len)
+        ]
 
     def rewrite(self, texts: list[str]) -> list[str]:
         """`summarize` with the beam size and length the model was validated with."""
-        return self.summarize(texts, num_beams=self.num_beams, max_length=self.max_length)
+        return self.summarize(texts, self.decoding)

@@ -698,11 +698,12 @@ class SummarizerTrainer:
 
     def generate(self, texts: list[str], num_beams: int, max_length: int, batch_size: int = 32) -> list[str]:
         """Summaries of `texts` with the current model (eval mode inside, train mode restored after)."""
+        from summarizer.decoding import Decoding
         from summarizer.generation import Summarizer
 
         summarizer = Summarizer(self.model, self.tokenizer, self.device, max_source_len=self.config.max_source_len)
         try:
-            return summarizer.summarize(texts, num_beams=num_beams, max_length=max_length, batch_size=batch_size)
+            return summarizer.summarize(texts, Decoding(num_beams, max_length), batch_size)
         finally:
             self.model.train()
 

@@ -246,6 +246,7 @@ def test_real_stage_loaders_are_registered_and_pass_settings(monkeypatch, index)
     import summarizer.generation as generation
     from index.runtime import models_dir, quantize_linear
     from retriever.pipeline import _STAGE_LOADERS
+    from summarizer.decoding import Decoding
 
     assert {"rewrite", "rerank", "entities"} <= set(_STAGE_LOADERS)
 
@@ -255,15 +256,15 @@ def test_real_stage_loaders_are_registered_and_pass_settings(monkeypatch, index)
             if quantize:
                 quantize_linear(self.model)
             self.calls = []
-            self.num_beams, self.max_length = 1, 32
+            self.decoding = Decoding(max_length=32)
 
         @classmethod
         def load(cls, name, device=None, quantize=False):
             assert name == "summarizer-ecl-quick"  # the best (only) summarizer on disk
             return cls(quantize)
 
-        def summarize(self, texts, num_beams=1, max_length=64):
-            self.calls.append((num_beams, max_length))
+        def summarize(self, texts, decoding):
+            self.calls.append((decoding.num_beams, decoding.max_length))
             return [t.upper() for t in texts]
 
     monkeypatch.setattr(generation, "Summarizer", FakeSummarizer)

@@ -67,13 +67,11 @@ class FakeSummarizer:
         cls.loaded.append(str(model))
         return cls()
 
-    def candidates(
-        self, texts, num_return, num_beams=1, max_length=64, batch_size=16, guidance=0.0, length_penalty=1.0
-    ):
+    def candidates(self, texts, decoding, batch_size=16):
         """The first sentence as the best beam; below it an outlier, then a near copy of the first sentence."""
-        self.decoding.append((guidance, length_penalty))
+        self.decoding.append((decoding.guidance, decoding.length_penalty))
         return [
-            [f"{first}?", "Why?", f"{first} today?"][:num_return] for first in (text.split(".")[0] for text in texts)
+            [f"{first}?", "Why?", f"{first} today?"][: decoding.mbr] for first in (text.split(".")[0] for text in texts)
         ]
 
 
@@ -127,7 +125,8 @@ def test_eval_summarizer_cli_json_and_predictions(tmp_path, meqsum_root, monkeyp
         app, [*args, "--json", "--output", str(predictions), "--ner", "dictionary", "--length-penalty", "1.5"]
     )
     assert longer.exit_code == 0 and FakeSummarizer.decoding[-1] == (0.0, 1.5)
-    assert json.loads(longer.stdout)["decoding"] == {"num_beams": 4, "mbr": 1, "guidance": 0.0, "length_penalty": 1.5}
+    decoding = {"num_beams": 4, "max_length": 64, "length_penalty": 1.5, "guidance": 0.0, "mbr": 1}
+    assert json.loads(longer.stdout)["decoding"] == decoding
     for option in ("--length-penalty", "--guidance"):
         endless = CliRunner().invoke(app, [*args, "--output", str(predictions), option, "inf"])
         assert endless.exit_code == 2 and "inf is not a finite number" in endless.output

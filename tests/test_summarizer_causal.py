@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from index.runtime import MedfaqError
+from summarizer.decoding import Decoding
 from summarizer.generation import ContextGuidance, Summarizer
 from summarizer.modeling import SEPARATOR, backbone_is_causal, load_backbone
 from summarizer.trainer import (
@@ -148,9 +149,9 @@ def test_each_variant_trains_resumes_reloads_and_generates(variant, tiny_gemma_d
         assert "train_lcl" in record and "train_diversity" in record
     assert json.loads((out / CONFIG_FILE).read_text())["variant"] == variant
     summarizer = Summarizer.load(out)
-    summaries = summarizer.summarize([PAIRS[0][0], PAIRS[1][0], "short"], max_length=5, batch_size=2)
+    summaries = summarizer.summarize([PAIRS[0][0], PAIRS[1][0], "short"], Decoding(max_length=5), batch_size=2)
     assert len(summaries) == 3 and all(isinstance(s, str) for s in summaries)
-    alone = summarizer.summarize([PAIRS[1][0]], max_length=5)
+    alone = summarizer.summarize([PAIRS[1][0]], Decoding(max_length=5))
     assert alone[0] == summaries[1]  # left padding in a batch changes nothing
 
 
@@ -159,10 +160,11 @@ def test_any_causal_lm_id_or_path_works(tiny_llama_dir, tmp_path):
     train_summarizer(tiny_config("ecl", tiny_llama_dir), PAIRS[:4], PAIRS[4:], out)
     int8 = Summarizer.load(out, quantize=True)  # decoder-only int8: CTranslate2, converted once beside the model
     assert int8.fast is not None and (out / "ct2-int8" / "model.bin").is_file()
-    summaries = int8.summarize([PAIRS[0][0], "short"], max_length=4)
+    short = Decoding(max_length=4)
+    summaries = int8.summarize([PAIRS[0][0], "short"], short)
     assert len(summaries) == 2 and all(isinstance(s, str) for s in summaries)
     torch_int8 = Summarizer.load(out, quantize=True, int8_backend="torch")  # PyTorch dynamic quantisation instead
-    assert torch_int8.fast is None and len(torch_int8.summarize([PAIRS[0][0]], max_length=4)) == 1
+    assert torch_int8.fast is None and len(torch_int8.summarize([PAIRS[0][0]], short)) == 1
     with pytest.raises(MedfaqError, match="unknown int8 backend 'onnx'"):
         Summarizer.load(out, quantize=True, int8_backend="onnx")
     from eval.summarizer_speed import ct2_generator
@@ -173,16 +175,37 @@ def test_any_causal_lm_id_or_path_works(tiny_llama_dir, tmp_path):
     assert generate_batch([PAIRS[0][0], "short"]) == summaries
     for summarizer in (int8, Summarizer.load(out)):
         texts = [PAIRS[0][0], PAIRS[1][0], "short"]
-        beams = summarizer.candidates(texts, 3, max_length=4, batch_size=2)
+        beams = summarizer.candidates(texts, Decoding(max_length=4, mbr=3), batch_size=2)
         assert [len(found) for found in beams] == [3, 3, 3]
-        assert [found[0] for found in beams] == summarizer.summarize(texts, num_beams=3, max_length=4, batch_size=2)
-        chosen = summarizer.summarize(texts, max_length=4, batch_size=2, mbr=3)
+        best = summarizer.summarize(texts, Decoding(num_beams=3, max_length=4), batch_size=2)
+        assert [found[0] for found in beams] == best
+        chosen = summarizer.summarize(texts, Decoding(max_length=4, mbr=3), batch_size=2)
         assert all(choice in found for choice, found in zip(chosen, beams, strict=True))
         with pytest.raises(MedfaqError, match="at least 1"):
-            summarizer.candidates(texts, 0)
+            summarizer.candidates(texts, short, batch_size=0)
     assert_length_penalty_reaches_the_search(int8, int8.fast, "generator", "generate_batch")  # CTranslate2
     fp32 = Summarizer.load(out)
     assert_length_penalty_reaches_the_search(fp32, fp32, "model", "generate")  # transformers
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"num_beams": 0}, "at least 1"),
+        ({"mbr": 0}, "at least 1"),
+        ({"max_length": 0}, "at least 1"),
+        ({"length_penalty": float("nan")}, "length penalty must be a finite number"),
+        ({"guidance": -0.1}, "guidance weight must be a finite number of at least 0"),
+        ({"guidance": float("inf")}, "guidance weight must be a finite number of at least 0"),
+    ],
+)
+def test_decoding_settings_refuse_impossible_values(settings, message):
+    with pytest.raises(MedfaqError, match=message):
+        Decoding(**settings)
+
+
+def test_decoding_beam_width_covers_the_beams_returned():
+    assert Decoding().width == 1 and Decoding(num_beams=4).width == 4 and Decoding(num_beams=2, mbr=8).width == 8
 
 
 def assert_length_penalty_reaches_the_search(summarizer: Summarizer, holder, attribute: str, method: str) -> None:
@@ -197,8 +220,8 @@ def assert_length_penalty_reaches_the_search(summarizer: Summarizer, holder, att
     spying = type("Spying", (), {method: staticmethod(spy), "__getattr__": lambda _, name: getattr(searcher, name)})
     setattr(holder, attribute, spying())
     texts = [PAIRS[0][0], PAIRS[1][0]]
-    summarizer.summarize(texts, num_beams=3, max_length=4, length_penalty=2.5)
-    summarizer.summarize(texts, num_beams=3, max_length=4)
+    summarizer.summarize(texts, Decoding(num_beams=3, max_length=4, length_penalty=2.5))
+    summarizer.summarize(texts, Decoding(num_beams=3, max_length=4))
     assert penalties == [2.5, 1.0]
 
 
@@ -280,7 +303,7 @@ def test_lora_trains_adapters_only_resumes_and_saves_a_merged_model(tiny_gemma_d
     assert not any("lora" in name for name in merged.state_dict())
     changed = [name for name, weight in merged.state_dict().items() if not torch.equal(weight, base.state_dict()[name])]
     assert changed and all("proj" in name for name in changed)  # adapters of linear layers; embedding untouched
-    summaries = Summarizer.load(out).summarize([PAIRS[0][0]], max_length=5)
+    summaries = Summarizer.load(out).summarize([PAIRS[0][0]], Decoding(max_length=5))
     assert len(summaries) == 1
 
 
@@ -302,7 +325,7 @@ def test_average_of_seeds_is_the_parameter_mean_and_generates(tiny_gemma_dir, ti
     assert any(not torch.equal(weights[0][name], weights[1][name]) for name in averaged)  # the seeds differ
     assert all(torch.allclose(averaged[name], (weights[0][name] + weights[1][name]) / 2) for name in averaged)
     assert json.loads((out / CONFIG_FILE).read_text())["averaged_from"] == [str(run) for run in runs]
-    assert len(Summarizer.load(out).summarize([PAIRS[0][0]], max_length=4)) == 1
+    assert len(Summarizer.load(out).summarize([PAIRS[0][0]], Decoding(max_length=4))) == 1
 
     train_summarizer(tiny_config("ecl", tiny_gemma_dir, threads=1), PAIRS[:4], PAIRS[4:], tmp_path / "ecl")
     with pytest.raises(MedfaqError, match="differ in .*variant"):
@@ -382,10 +405,8 @@ def test_context_guidance_follows_the_beams_and_equals_a_full_recomputation(tiny
     monkeypatch.setattr(generation, "ContextGuidance", Recomputed)
     model, tokenizer = load_backbone(tiny_gemma_dir)
     texts = [chq for chq, _ in PAIRS[:3]]
-    plain = generation.generate_candidates(model.eval(), tokenizer, texts, num_beams=3, max_length=5, progress=False)
-    guided = generation.generate_candidates(
-        model, tokenizer, texts, num_beams=3, max_length=5, guidance=1.0, progress=False
-    )
+    plain = generation.generate_candidates(model.eval(), tokenizer, texts, Decoding(3, 5), progress=False)
+    guided = generation.generate_candidates(model, tokenizer, texts, Decoding(3, 5, guidance=1.0), progress=False)
     assert len(guided) == 3 and all(len(beams) == 1 for beams in guided)
     assert checked_steps[:2] == [0, 1] and max(checked_steps) >= 3  # every step of the search was checked
     assert guided != plain  # with random weights, dividing by the context-free model changes the search
@@ -400,4 +421,4 @@ def test_context_guidance_follows_the_beams_and_equals_a_full_recomputation(tiny
     assert first_token_only.cache is None  # the context-free model never ran
     bert, bert_tokenizer = load_backbone(tiny_bert_dir)  # an encoder-decoder warm-started from BERT
     with pytest.raises(MedfaqError, match="decoder-only"):
-        generation.generate_candidates(bert, bert_tokenizer, texts, guidance=0.5, progress=False)
+        generation.generate_candidates(bert, bert_tokenizer, texts, Decoding(guidance=0.5), progress=False)

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from index.runtime import MedfaqError
+from summarizer.decoding import Decoding
 from summarizer.generation import Summarizer
 from summarizer.trainer import (
     CONFIG_FILE,
@@ -91,7 +92,8 @@ def test_each_variant_trains_saves_reloads_and_generates(variant, tiny_bert_dir,
     for directory in (out, out / LAST_DIR):
         assert json.loads((directory / CONFIG_FILE).read_text())["variant"] == variant
     assert (out / "model.safetensors").is_file()
-    summaries = Summarizer.load(out).summarize([PAIRS[0][0], PAIRS[1][0], "short"], max_length=5, batch_size=2)
+    texts = [PAIRS[0][0], PAIRS[1][0], "short"]
+    summaries = Summarizer.load(out).summarize(texts, Decoding(max_length=5), batch_size=2)
     assert len(summaries) == 3 and all(isinstance(s, str) for s in summaries)
 
 
@@ -104,7 +106,7 @@ def test_quantized_summarizer_has_int8_linear_layers_and_generates(tiny_bert_dir
     layers = list(quantized.model.modules())
     assert quantized.device == "cpu" and any(isinstance(m, DynamicQuantizedLinear) for m in layers)
     assert not any(type(m) is torch.nn.Linear for m in layers)
-    summaries = quantized.summarize([PAIRS[0][0], "short"], max_length=5)
+    summaries = quantized.summarize([PAIRS[0][0], "short"], Decoding(max_length=5))
     assert len(summaries) == 2 and all(isinstance(s, str) for s in summaries)
     with pytest.raises(MedfaqError, match="decoder-only"):
         Summarizer.load(out, quantize=True, int8_backend="ctranslate2")
