@@ -35,6 +35,7 @@ class StageFlags:
     quantize: bool | None = None
     rerank_fusion: str | None = None
     rerank_depth: int | None = None
+    rerank_margin: float | None = None
     rerank_max_length: int | None = None
     rerank_precision: str | None = None
 
@@ -58,6 +59,7 @@ class StageFlags:
             quantize=self.quantize,
             rerank_fusion=self.rerank_fusion,
             rerank_depth=self.rerank_depth,
+            rerank_margin=self.rerank_margin,
             rerank_max_length=self.rerank_max_length,
             rerank_precision=self.rerank_precision,
             **changes,
@@ -86,6 +88,13 @@ RERANK_FUSION = typer.Option(
     "auto: replace for a reranker trained with --prior-scale, else rrf.",
 )
 RERANK_DEPTH = typer.Option(None, "--rerank-depth", min=1, help="How many top hits the cross-encoder rescores.")
+RERANK_MARGIN = typer.Option(
+    None,
+    "--rerank-margin",
+    min=0.0,
+    callback=finite,
+    help="Rerank only questions whose top two dense cosines differ by less than this (e.g. 0.05); default: all.",
+)
 RERANK_MAX_LENGTH = typer.Option(
     None, "--rerank-max-length", min=8, help="Tokens per (question, FAQ) pair the cross-encoder reads."
 )
@@ -158,6 +167,7 @@ def search(
     quantize: bool | None = QUANTIZE,
     rerank_fusion: str | None = RERANK_FUSION,
     rerank_depth: int | None = RERANK_DEPTH,
+    rerank_margin: float | None = RERANK_MARGIN,
     rerank_max_length: int | None = RERANK_MAX_LENGTH,
     rerank_precision: str | None = RERANK_PRECISION,
 ) -> None:
@@ -224,6 +234,7 @@ def bench(
     quantize: bool | None = QUANTIZE,
     rerank_fusion: str | None = RERANK_FUSION,
     rerank_depth: int | None = RERANK_DEPTH,
+    rerank_margin: float | None = RERANK_MARGIN,
     rerank_max_length: int | None = RERANK_MAX_LENGTH,
     rerank_precision: str | None = RERANK_PRECISION,
 ) -> None:

@@ -24,6 +24,7 @@ from eval.benchmarks import Qrels, Run
 from index.faq_index import FaqIndex
 from index.runtime import MedfaqError
 from retriever.pipeline import (
+    RERANK_MARGIN,
     Pipeline,
     PipelineConfig,
     QueryRewriter,
@@ -200,7 +201,8 @@ class CachedReranker:
 
 
 # summary-* search with the summary; fusion = raw + summary by RRF (dense-fusion: of two dense lists);
-# hybrid-wN: the dense list weighs N in hybrid RRF; rerank-rrf-w1: retrieval and cross-encoder ranks weigh the same
+# hybrid-wN: the dense list weighs N in hybrid RRF; rerank-rrf-w1: retrieval and cross-encoder ranks weigh the same;
+# rerank-rrf-gated: only questions whose top two cosines differ by less than RERANK_MARGIN are reranked
 VARIANTS: list[tuple[str, dict[str, Any]]] = [
     ("bm25", {"mode": "bm25"}),
     ("dense", {"mode": "dense"}),
@@ -213,6 +215,10 @@ VARIANTS: list[tuple[str, dict[str, Any]]] = [
     ("dense+rerank", {"mode": "dense", "rerank": True}),
     ("dense+rerank-rrf", {"mode": "dense", "rerank": True, "rerank_fusion": "rrf"}),
     ("dense+rerank-rrf-w1", {"mode": "dense", "rerank": True, "rerank_fusion": "rrf", "rerank_retrieval_weight": 1.0}),
+    (
+        "dense+rerank-rrf-gated",
+        {"mode": "dense", "rerank": True, "rerank_fusion": "rrf", "rerank_margin": RERANK_MARGIN},
+    ),
     ("summary-bm25", {"mode": "bm25", "summarize": True, "query_source": "summary"}),
     ("summary-dense", {"mode": "dense", "summarize": True, "query_source": "summary"}),
     ("summary-hybrid", {"mode": "hybrid", "summarize": True, "query_source": "summary"}),

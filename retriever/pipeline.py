@@ -32,6 +32,7 @@ PIPELINE_FILE = "pipeline.json"
 QUERY_SOURCES = ("raw", "summary", "both")
 RERANK_QUERIES = ("auto", "raw", "summary")
 RERANK_FUSIONS = ("auto", "replace", "rrf")
+RERANK_MARGIN = 0.05  # the dense-margin gate chosen on development queries (`PipelineConfig.rerank_margin`)
 STAGE_KINDS = ("rewrite", "rerank", "entities")
 STEM_CHARS = 5  # key terms are compared on their first characters: a cheap stemmer ("diabetes" ~ "diabetic")
 
@@ -83,7 +84,11 @@ class PipelineConfig:
     reranker `medfaq setup` trains it lowered Recall@1 least, where ``replace`` lost meqsum questions with two seeds),
     ``auto`` replace for a reranker trained as a correction of the bi-encoder (its scores contain the cosine),
     else rrf. `rerank_retrieval_weight`: weight of the retrieval ranking against the cross-encoder ranking's 1 in
-    that RRF (1.5: chosen on development queries, docs/results.md).
+    that RRF (1.5: chosen on development queries, docs/results.md). `rerank_margin`: rerank only the questions
+    dense search is unsure of, those whose top two cosines differ by less than this; for the others the retrieval
+    order stands and the cross-encoder scores the top hit alone (for the confidence). None: rerank every question.
+    It applies to dense search over one query source (other first stages score on other scales);
+    `RERANK_MARGIN` (0.05) kept development queries' Recall@1 while reranking a fifth of them (docs/results.md).
     `quantize`: int8 dynamic quantisation of the summarizer and reranker. `rerank_precision`: the cross-encoder's
     matrix products, ``fp32``, ``bf16`` or ``auto`` (bf16 where this machine measures it faster, e.g. AMX CPUs).
     `key_terms`: drop hits sharing no key term (entities, else content words) with the query (precision bias).
@@ -110,6 +115,7 @@ class PipelineConfig:
     rerank_query: str = "auto"
     rerank_fusion: str = "rrf"
     rerank_retrieval_weight: float = 1.5
+    rerank_margin: float | None = None
     rerank_precision: str = "fp32"
     quantize: bool = False
     entities: bool = True
@@ -147,6 +153,9 @@ class PipelineConfig:
             raise MedfaqError(f"weights and thresholds must be finite numbers, got {values} {self.thresholds}")
         if min(weights) <= 0:
             raise MedfaqError(f"dense_weight and rerank_retrieval_weight must be above 0, got {weights}")
+        margin = self.rerank_margin
+        if margin is not None and not (isinstance(margin, int | float) and math.isfinite(margin) and margin >= 0):
+            raise MedfaqError(f"rerank_margin must be a finite number of at least 0, got {margin}")
 
     @property
     def threshold_key(self) -> str:
@@ -437,8 +446,15 @@ class Pipeline:
             return "replace" if corrects_first_stage(self.reranker) else "rrf"
         return fusion
 
+    def _retrieval_is_sure(self, hits: list[Hit]) -> bool:
+        """Dense search ranked its top hit clearly first: its cosine beats the second's by `rerank_margin`."""
+        config = self.config
+        if config.rerank_margin is None or config.mode != "dense" or config.query_source == "both" or len(hits) < 2:
+            return False
+        return hits[0].score - hits[1].score >= config.rerank_margin
+
     def _rerank(self, query: str, hits: list[Hit]) -> list[Hit]:
-        depth = self.config.rerank_depth
+        depth = 1 if self._retrieval_is_sure(hits) else self.config.rerank_depth
         head, tail = hits[:depth], hits[depth:]
         if not head:
             return hits

@@ -53,6 +53,8 @@ def index_dir(tmp_path_factory, tiny_encoder_dir) -> Path:
         (("search", "--threshold", "nan", "--abstain", "flu"), "nan is not a finite number"),
         (("search", "--threshold", "inf", "--abstain", "flu"), "inf is not a finite number"),
         (("search", "--beams", "0", "flu"), "Invalid value for '--beams'"),
+        (("search", "--rerank-margin", "-0.1", "flu"), "Invalid value for '--rerank-margin'"),
+        (("search", "--rerank-margin", "inf", "flu"), "inf is not a finite number"),
         (("bench", "--batch-size", "0"), "Invalid value for '--batch-size'"),
         (("bench", "--queries", "0"), "Invalid value for '--queries'"),
         (("bench", "--ann-vectors", "-1"), "Invalid value for '--ann-vectors'"),

@@ -134,6 +134,28 @@ def test_rrf_rerank_fusion_combines_retrieval_and_reranker_ranks(index):
             replace.updated(rerank_retrieval_weight=bad)
 
 
+def test_a_rerank_margin_reranks_only_questions_whose_top_two_cosines_are_close(index):
+    question = "treatment of shingles rash"
+    retrieved = Pipeline(index, PipelineConfig(mode="dense", top_k=5)).run(question).hits
+    margin = retrieved[0].score - retrieved[1].score
+    assert margin > 0
+    replace = PipelineConfig(mode="dense", top_k=5, rerank=True, rerank_depth=5, rerank_fusion="replace")
+    for gate, reranked in ((margin / 2, False), (margin * 2, True), (None, True)):
+        counting = CountingReranker()
+        response = Pipeline(index, replace.updated(rerank_margin=gate), reranker=counting).run(question)
+        assert counting.sizes == [5 if reranked else 1]  # a sure question: only its top hit is scored
+        assert response.hits[0].stage_scores["rerank"] == response.confidence  # the scale of every rerank run
+        if not reranked:
+            assert [h.id for h in response.hits] == [h.id for h in retrieved]
+    hybrid = replace.updated(mode="hybrid", rerank_margin=0.0)  # RRF scores are no cosines: every question reranked
+    counting = CountingReranker()
+    Pipeline(index, hybrid, reranker=counting).run(question)
+    assert counting.sizes == [5]
+    for bad in (-0.1, float("nan"), float("inf")):
+        with pytest.raises(MedfaqError, match="rerank_margin must be a finite number of at least 0"):
+            replace.updated(rerank_margin=bad)
+
+
 class CorrectingReranker(ReverseReranker):
     """A reranker whose scores already contain the first stage's (trained with a prior)."""
 

@@ -107,9 +107,10 @@ def test_pipeline_config_round_trip_and_validation(tmp_path, index):
         Pipeline(index, PipelineConfig(summarize=True))
     with pytest.raises(MedfaqError, match="rerank_max_length at least 8"):
         PipelineConfig(rerank_max_length=4)
-    flags = StageFlags(rerank=True, rerank_depth=5, rerank_max_length=64, rerank_precision="bf16")
+    flags = StageFlags(rerank=True, rerank_depth=5, rerank_margin=0.05, rerank_max_length=64, rerank_precision="bf16")
     applied = flags.apply(config)
     assert (applied.rerank, applied.rerank_depth, applied.rerank_max_length) == (True, 5, 64)
+    assert applied.rerank_margin == 0.05
     assert applied.rerank_precision == "bf16"
     assert StageFlags().apply(applied) == applied  # flags not given keep the index's settings
 
