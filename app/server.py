@@ -18,7 +18,7 @@ import anyio
 from fastapi import Depends, FastAPI, Header, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationInfo, field_validator, model_validator
 
 from app.service import SearchService
 from index.records import FaqRecord
@@ -49,12 +49,13 @@ class SearchRequest(BaseModel):
     threshold: float | None = None
     query_source: Literal["raw", "summary", "both"] | None = None
     rerank_fusion: Literal["auto", "replace", "rrf"] | None = None
+    rerank_margin: float | None = Field(None, ge=0)
 
-    @field_validator("threshold")
+    @field_validator("threshold", "rerank_margin")
     @classmethod
-    def _finite(cls, value: float | None) -> float | None:
+    def _finite(cls, value: float | None, info: ValidationInfo) -> float | None:
         if value is not None and not math.isfinite(value):
-            raise ValueError("threshold must be a finite number")
+            raise ValueError(f"{info.field_name} must be a finite number")
         return value
 
     @model_validator(mode="after")

@@ -16,7 +16,17 @@ from index.records import FaqRecord
 from retriever.pipeline import Pipeline, PipelineConfig, load_stage
 from retriever.unanswered import UnansweredLog
 
-OVERRIDABLE = ("mode", "top_k", "rerank", "summarize", "abstain", "threshold", "query_source", "rerank_fusion")
+OVERRIDABLE = (
+    "mode",
+    "top_k",
+    "rerank",
+    "summarize",
+    "abstain",
+    "threshold",
+    "query_source",
+    "rerank_fusion",
+    "rerank_margin",
+)
 """PipelineConfig fields a request may set for itself."""
 
 

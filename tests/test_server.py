@@ -48,6 +48,7 @@ def test_search_contract_single_and_batch(service):
     batch = client.post("/search", json={"questions": QUESTIONS, "top_k": 3, "mode": "dense"}).json()["results"]
     assert [answer["query"] for answer in batch] == QUESTIONS
     assert [hit["id"] for hit in batch[0]["hits"]] == [hit["id"] for hit in body["hits"]]
+    assert service.pipeline({"rerank_margin": 0.05}).config.rerank_margin == 0.05  # a request may set the gate
 
 
 @pytest.mark.parametrize(
@@ -63,6 +64,8 @@ def test_search_contract_single_and_batch(service):
         ({"question": "a", "top_k": 1000}, 422),
         ({"question": "a", "mode": "fuzzy"}, 422),
         ({"question": "a", "threshold": "NaN"}, 422),
+        ({"question": "a", "rerank_margin": -0.1}, 422),
+        ({"question": "a", "rerank_margin": "Infinity"}, 422),
         ({"questions": ["a"] * 65}, 413),
     ],
 )
