@@ -114,10 +114,7 @@ def eval_summarizer(
     where = "stdout" if to_stdout else str(output)
     if as_json:
         settings = {"model": model, "data": data, "decoding": asdict(decoding), "predictions": where}
-        typer.echo(
-            json.dumps(metrics | settings),
-            err=to_stdout,
-        )
+        typer.echo(json.dumps(metrics | settings), err=to_stdout)
     else:
         typer.echo(f"{metrics['questions_per_s']:.1f} questions/s; predictions in {where}", err=to_stdout)
 
