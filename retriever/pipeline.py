@@ -446,6 +446,9 @@ class Pipeline:
             return "replace" if corrects_first_stage(self.reranker) else "rrf"
         return fusion
 
+    def _reranker_text(self, hit: Hit) -> str:
+        return self.index.text_for_reranking(hit.question)
+
     def _retrieval_is_sure(self, hits: list[Hit]) -> bool:
         """Dense search ranked its top hit clearly first: its cosine beats the second's by `rerank_margin`."""
         config = self.config
@@ -454,11 +457,14 @@ class Pipeline:
         return hits[0].score - hits[1].score >= config.rerank_margin
 
     def _rerank(self, query: str, hits: list[Hit]) -> list[Hit]:
-        depth = 1 if self._retrieval_is_sure(hits) else self.config.rerank_depth
+        if self._retrieval_is_sure(hits):  # dense order and scores stand; the top hit's rerank score: the confidence
+            hits[0].stage_scores["rerank"] = float(self.reranker.score(query, [self._reranker_text(hits[0])])[0])
+            return hits
+        depth = self.config.rerank_depth
         head, tail = hits[:depth], hits[depth:]
         if not head:
             return hits
-        scores = self.reranker.score(query, [self.index.text_for_reranking(hit.question) for hit in head])
+        scores = self.reranker.score(query, [self._reranker_text(hit) for hit in head])
         rescored = {
             hit.id: _rescored(hit, float(score), hit.rank, "rerank") for hit, score in zip(head, scores, strict=True)
         }
