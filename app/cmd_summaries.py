@@ -54,7 +54,7 @@ def eval_summarizer(
     output: Path | None = typer.Option(
         None, "--output", help="Predictions JSONL (default predictions_<data>.jsonl; - = stdout, metrics on stderr)."
     ),
-    num_beams: int = typer.Option(4, "--num-beams", min=1, help="Beam size."),
+    num_beams: int = typer.Option(3, "--num-beams", min=1, help="Beam size (1: greedy)."),
     max_length: int = typer.Option(64, "--max-length", min=1, help="Maximum generated tokens."),
     batch_size: int = typer.Option(16, "--batch-size", min=1, help="Generation batch size."),
     mbr: int = MBR,
