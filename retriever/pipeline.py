@@ -64,6 +64,10 @@ class EntityFinder(Protocol):
     def find(self, text: str) -> list[Any]: ...
 
 
+def _finite_number(value: object) -> bool:
+    return isinstance(value, int | float) and math.isfinite(value)
+
+
 @dataclass
 class PipelineConfig:
     """What the pipeline runs; saved as ``pipeline.json`` beside an index.
@@ -149,13 +153,12 @@ class PipelineConfig:
             raise MedfaqError("summary_beams and summary_max_length must be at least 1, rerank_max_length at least 8")
         weights = [self.dense_weight, self.rerank_retrieval_weight]
         values = [*weights, *([] if self.threshold is None else [self.threshold])]
-        if not all(isinstance(v, int | float) and math.isfinite(v) for v in [*values, *self.thresholds.values()]):
+        if not all(_finite_number(v) for v in [*values, *self.thresholds.values()]):
             raise MedfaqError(f"weights and thresholds must be finite numbers, got {values} {self.thresholds}")
         if min(weights) <= 0:
             raise MedfaqError(f"dense_weight and rerank_retrieval_weight must be above 0, got {weights}")
-        margin = self.rerank_margin
-        if margin is not None and not (isinstance(margin, int | float) and math.isfinite(margin) and margin >= 0):
-            raise MedfaqError(f"rerank_margin must be a finite number of at least 0, got {margin}")
+        if self.rerank_margin is not None and not (_finite_number(self.rerank_margin) and self.rerank_margin >= 0):
+            raise MedfaqError(f"rerank_margin must be a finite number of at least 0, got {self.rerank_margin}")
 
     @property
     def threshold_key(self) -> str:
