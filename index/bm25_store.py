@@ -9,8 +9,11 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-import bm25s
 import numpy as np
+
+from index.runtime import import_bm25s
+
+bm25s = import_bm25s()
 
 logging.getLogger("bm25s").setLevel(logging.WARNING)  # bm25s sets its own logger to DEBUG on import
 

@@ -25,7 +25,7 @@ from functools import cache, lru_cache
 from pathlib import Path
 from typing import Protocol
 
-from index.runtime import MedfaqError
+from index.runtime import MedfaqError, import_bm25s
 
 WORD = re.compile(r"\w+(?:['’\-]\w+)*")
 """A word: letters/digits, with inner apostrophes or hyphens (``parkinson's``, ``covid-19``)."""
@@ -89,9 +89,7 @@ def _load_package_dictionary(package: str, file: str, prefix: str) -> tuple[dict
 @lru_cache(maxsize=1)
 def _stopwords() -> frozenset[str]:
     """English stopwords (the NLTK-style list shipped with bm25s)."""
-    from bm25s.stopwords import STOPWORDS_EN_PLUS
-
-    return frozenset(STOPWORDS_EN_PLUS)
+    return frozenset(import_bm25s().stopwords.STOPWORDS_EN_PLUS)
 
 
 @lru_cache(maxsize=1)

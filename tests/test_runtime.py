@@ -3,6 +3,9 @@ from __future__ import annotations
 import importlib
 import io
 import json
+import os
+import subprocess
+import sys
 import zipfile
 from importlib import metadata
 from pathlib import Path
@@ -203,3 +206,30 @@ def test_precision_speed_times_training_steps_and_inference_in_both_precisions(t
     row = json.loads(out.read_text())["rows"][str(tiny_bert_dir)]
     assert row["train_step_s_fp32"] > 0 and row["inference_s_bf16"] > 0
     assert row["train_speedup"] == pytest.approx(row["train_step_s_fp32"] / row["train_step_s_bf16"])
+
+
+FAKE_JAX_LAX = """import os
+
+
+def top_k(scores, k):  # stands for the call that pre-allocates most of a GPU's memory
+    open(os.environ["JAX_CALLED"], "w").close()
+"""
+
+
+def test_bm25s_never_initialises_jax_and_leaves_it_importable(tmp_path):
+    """bm25s' import-time JAX probe must not run in medfaq (on a GPU it takes 75 % of the GPU's memory)."""
+    (tmp_path / "jax").mkdir()
+    (tmp_path / "jax" / "__init__.py").write_text("")
+    (tmp_path / "jax" / "lax.py").write_text(FAKE_JAX_LAX)
+    called = tmp_path / "called"
+    code = (
+        "import jax.lax as mine\n"  # a program that imported JAX before medfaq keeps its module
+        "from summarizer.entities import _stopwords\n"
+        "import index.bm25_store, bm25s.selection, jax.lax\n"
+        "assert _stopwords() and not bm25s.selection.JAX_IS_AVAILABLE and jax.lax is mine\n"
+    )
+    repo = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}:{repo}", "JAX_CALLED": str(called)}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert not called.exists()
