@@ -334,11 +334,13 @@ def import_bm25s() -> Any:
     is not installed; a JAX module imported before stays in place for its owner."""
     if "bm25s" in sys.modules:
         return sys.modules["bm25s"]
-    hidden = {name: module for name, module in sys.modules.items() if name == "jax" or name.startswith("jax.")}
-    sys.modules["jax"] = None  # `import jax...` raises ImportError while this is set
+    jax = sys.modules.get("jax")
+    sys.modules["jax"] = None  # `import jax` and `import jax.lax` raise ImportError while this is set
     try:
         import bm25s
     finally:
-        del sys.modules["jax"]
-        sys.modules.update(hidden)
+        if jax is None:
+            del sys.modules["jax"]
+        else:
+            sys.modules["jax"] = jax
     return bm25s
