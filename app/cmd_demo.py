@@ -9,8 +9,9 @@ from pathlib import Path
 
 import typer
 
-from app.setup_state import ENV_NO_TRAIN, EXAMPLE_QUESTIONS, SHARED_DATA, DemoSettings, index_built
+from app.setup_state import ENV_NO_TRAIN, EXAMPLE_QUESTIONS, SHARED_DATA, DemoSettings
 from index.runtime import DEFAULT_ENCODER
+from retriever.setup_plan import index_built
 
 APP_SCRIPT = Path(__file__).resolve().parent / "streamlit_app.py"
 THEME = {"primaryColor": "#0f766e", "backgroundColor": "#ffffff", "secondaryBackgroundColor": "#f1f5f9"}

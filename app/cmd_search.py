@@ -9,12 +9,13 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from app.options import finite
+from app.options import INDEX, finite
 from app.render import hits_table
 from index.runtime import PRECISION_HELP, MedfaqError
 from retriever.pipeline import QUERY_SOURCES, PipelineConfig
 from retriever.runs import RUN_FORMATS, check_output, is_stdio, read_queries, write_run, write_text_atomic
 from retriever.search import MODES, check_query
+from retriever.setup_plan import set_up_index
 
 if TYPE_CHECKING:
     from retriever.pipeline import Pipeline
@@ -138,7 +139,7 @@ def run_in_batches(pipeline: Pipeline, questions: list[str], batch_size: int = S
 
 def search(
     question: str | None = typer.Argument(None, help="The question (omit with --queries)."),
-    index: Path = typer.Option(..., "--index", help="Index directory."),
+    index: Path | None = INDEX,
     top_k: int | None = typer.Option(None, "--top-k", min=1, help="Number of results (default 10)."),
     mode: str | None = typer.Option(
         None,
@@ -184,6 +185,7 @@ def search(
     if output is not None:
         check_output(output)
     flags = StageFlags.from_options(locals())
+    index = index or set_up_index()
     if question is not None:
         check_query(question)  # invalid text fails before anything is loaded
         pipeline = open_pipeline(
@@ -213,7 +215,7 @@ def search(
 
 
 def bench(
-    index: Path = typer.Option(..., "--index", help="Index directory."),
+    index: Path | None = INDEX,
     queries: int = typer.Option(100, "--queries", min=1, help="Number of timed single-question searches."),
     top_k: int = typer.Option(10, "--top-k", min=1, help="Results per search."),
     as_json: bool = typer.Option(False, "--json", help="Print the measurements as JSON."),
@@ -243,6 +245,7 @@ def bench(
     from eval import speed
 
     flags = StageFlags.from_options(locals(), abstain=False)
+    index = index or set_up_index()
     texts = read_queries(query_file).questions[:queries] if query_file else None
     pipeline = open_pipeline(index, flags, top_k=top_k, log_unanswered=False)
     texts = texts or speed.sample_queries(pipeline.index, queries)

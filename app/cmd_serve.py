@@ -6,9 +6,12 @@ from pathlib import Path
 
 import typer
 
+from app.options import INDEX
+from retriever.setup_plan import set_up_index
+
 
 def serve(
-    index: Path = typer.Option(..., "--index", help="Index directory to serve."),
+    index: Path | None = INDEX,
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on."),
     port: int = typer.Option(8000, "--port", min=1, max=65535, help="Port to listen on."),
     workers: int = typer.Option(4, "--workers", min=1, help="Threads running searches at once."),
@@ -20,6 +23,7 @@ def serve(
     from app.server import ServerLimits, create_app
     from app.service import SearchService
 
+    index = index or set_up_index()
     service = SearchService(index)
     app = create_app(service, allow_writes=allow_writes, limits=ServerLimits(workers=workers))
     typer.echo(f"serving {index} ({len(service.index)} FAQs) on http://{host}:{port} (OpenAPI: /docs)", err=True)

@@ -1,4 +1,5 @@
-"""Option callbacks the command modules share: each turns a bad number into a one-line usage error."""
+"""Options and option callbacks the command modules share; each callback turns a bad number into a one-line usage
+error."""
 
 from __future__ import annotations
 
@@ -19,3 +20,10 @@ def positive(value: float | None) -> float | None:
     if finite(value) is not None and value <= 0:
         raise typer.BadParameter(f"{value} is not above 0")
     return value
+
+
+INDEX = typer.Option(
+    None,
+    "--index",
+    help="Index directory (default: the one `medfaq setup` built, indexes/medquad-faq, else indexes/medquad-minilm).",
+)

@@ -26,6 +26,7 @@ from retriever.setup_plan import (
     STOCK_INDEX,
     SUMMARIZERS,
     ModelStep,
+    index_built,
     model_ready,
     steps_for,
 )
@@ -108,13 +109,6 @@ class DemoSettings:
         from index.faq_index import MANIFEST
 
         return (self.index_dir / MANIFEST).stat().st_mtime
-
-
-def index_built(path: Path) -> bool:
-    """Whether `path` holds a built index (its manifest)."""
-    from index.faq_index import MANIFEST  # imported late: the command line starts without the index stack
-
-    return (path / MANIFEST).is_file()
 
 
 def _summarizer_rank(path: Path) -> int:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from index.runtime import models_dir
+from index.runtime import MedfaqError, indexes_dir, models_dir
 
 FAQ_INDEX = "medquad-faq"  # the MedQuAD index encoded by the fine-tuned retrieval bi-encoder (under indexes_dir())
 STOCK_INDEX = "medquad-minilm"  # the MedQuAD index encoded by stock MiniLM: search works before any training
@@ -114,6 +114,24 @@ SUMMARIZERS = (SUMMARIZER_GEMMA.model, SUMMARIZER_ECL.model)
 def model_ready(path: Path | None) -> bool:
     """A saved model directory is complete once its ``config.json`` is written."""
     return path is not None and (path / "config.json").is_file()
+
+
+def index_built(path: Path) -> bool:
+    """Whether `path` holds a built index (its manifest)."""
+    from index.faq_index import MANIFEST  # imported late: the command line starts without the index stack
+
+    return (path / MANIFEST).is_file()
+
+
+def set_up_index() -> Path:
+    """The best index ``medfaq setup`` built: the fine-tuned encoder's once it exists, else the stock MiniLM one."""
+    built = next((path for path in (indexes_dir() / FAQ_INDEX, indexes_dir() / STOCK_INDEX) if index_built(path)), None)
+    if built is None:
+        raise MedfaqError(
+            f"no --index given and no index under {indexes_dir()} yet: run `medfaq setup` "
+            "(or `medfaq index build ...`), or pass --index DIR"
+        )
+    return built
 
 
 def trained(name: str, models: Path | None = None) -> bool:

@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -159,3 +161,20 @@ def test_help_texts_survive_rich_markup():
                 lost.append(f"{' '.join(path)}: {text}")
     assert not lost, lost
     assert "'medfaq[mpnet]'" in medfaq("index", "build", "--help").stdout
+
+
+def test_search_without_index_uses_the_set_up_index(tmp_path, faq_jsonl, tiny_encoder_dir):
+    assert_one_line_error(medfaq("search", "flu"), "run `medfaq setup`")
+    assert_one_line_error(medfaq("bench", "--queries", "1"), "or pass --index DIR")
+    indexes = Path(os.environ["MEDFAQ_HOME"]) / "indexes"
+    stock = medfaq("index", "build", faq_jsonl, "--out", indexes / "medquad-minilm", "--encoder", tiny_encoder_dir)
+    assert stock.exit_code == 0, stock.output
+    first = json.loads(medfaq("search", "--json", "--mode", "bm25", "shingles").stdout)
+    assert first["hits"][0]["id"] == "f3"
+
+    extra = tmp_path / "extra.jsonl"  # the fine-tuned encoder's index, once built, takes over
+    extra.write_text(json.dumps({"id": "n1", "question": "How is shingles treated in children?"}) + "\n")
+    tuned = medfaq("index", "build", extra, "--out", indexes / "medquad-faq", "--encoder", tiny_encoder_dir)
+    assert tuned.exit_code == 0, tuned.output
+    after = json.loads(medfaq("search", "--json", "--mode", "bm25", "shingles").stdout)
+    assert [hit["id"] for hit in after["hits"]] == ["n1"]

@@ -75,7 +75,7 @@ def test_usage_errors_are_one_line(tmp_path, args, pattern):
 
 
 def test_missing_option_is_one_line():
-    assert_one_line_error(medfaq("search", "flu"), "Missing option '--index'")
+    assert_one_line_error(medfaq("eval", "retrieval", "--queries", "q.jsonl"), "Missing option '--index'")
 
 
 def test_nan_threshold_refused_by_the_config_too():
