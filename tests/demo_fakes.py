@@ -68,8 +68,8 @@ def page_default_config():
 
 
 def build_demo_home(home: Path, encoder) -> dict[str, str]:
-    """A tiny index (with a threshold of 0.5 calibrated for the page's default configuration only) and two
-    stand-in model directories under `home`; returns the demo's environment variables."""
+    """A tiny index (its pipeline.json turning every stage on, with a threshold of 0.5 calibrated for that
+    configuration only) and two stand-in model directories under `home`; returns the demo's environment variables."""
     from index.collections import load_collection
     from index.faq_index import FaqIndex
     from retriever.pipeline import store_threshold
@@ -78,6 +78,7 @@ def build_demo_home(home: Path, encoder) -> dict[str, str]:
     records, _ = load_collection(str(write_collection(home / "faqs.jsonl")))
     index_dir = home / "indexes" / "tiny"
     FaqIndex.build(records, encoder, progress=False).save(index_dir)
+    page_default_config().save(index_dir)  # every stage on, as a pipeline.json may ask
     store_threshold(index_dir, page_default_config(), 0.5)
     models = {}
     for name in ("summarizer", "reranker"):

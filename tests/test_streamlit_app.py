@@ -77,6 +77,19 @@ def test_controls_switch_stages_and_mode(demo_env):
     assert "BM25" in page and "reranker" not in page
 
 
+def test_stages_start_as_the_index_pipeline_json_says(demo_env):
+    from retriever.pipeline import PipelineConfig
+
+    index = demo_env["MEDFAQ_DEMO_INDEX"]
+    PipelineConfig.load(index).updated(summarize=False, query_source="raw", rerank=False).save(index)
+    app = ask(QUESTION)
+    switches = [app.toggle(key=f"ctl_{stage}_ready") for stage in ("summarizer", "reranker")]
+    assert [(switch.value, switch.disabled) for switch in switches] == [(False, False), (False, False)]
+    page = markdown(app)
+    assert "We read your question as" not in page and "reranker" not in page
+    assert "1. Can I drink alcohol while taking amoxicillin?" in page
+
+
 def test_the_page_applies_the_threshold_of_the_configuration_that_ran(demo_env):
     from retriever.pipeline import PipelineConfig
 

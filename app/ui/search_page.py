@@ -82,23 +82,25 @@ def hit_stage(hit: Hit) -> str:
     return ranked[0] if ranked else "retrieval"
 
 
-def stage_switch(label: str, stage: str, notes: dict[str, str], ready: dict[str, bool]) -> bool:
-    """On by default once the stage's model is ready (the key changes then, so the switch turns on by itself)."""
+def stage_switch(label: str, stage: str, notes: dict[str, str], ready: dict[str, bool], on: bool) -> bool:
+    """Enabled once the stage's model is ready, then on when the index's pipeline.json turns the stage on (`on`);
+    the key changes when the model becomes ready, so the switch takes that default by itself."""
     return st.sidebar.toggle(
         label,
-        value=ready[stage],
+        value=ready[stage] and on,
         disabled=not ready[stage],
         key=f"ctl_{stage}_{'ready' if ready[stage] else 'missing'}",
         help=f"{stage}: {notes[stage]}",
     )
 
 
-def controls(notes: dict[str, str], ready: dict[str, bool], default_mode: str) -> Controls:
+def controls(notes: dict[str, str], ready: dict[str, bool], base: PipelineConfig) -> Controls:
+    """The sidebar's settings, starting from the index's pipeline.json (`base`), as `medfaq search` does."""
     st.sidebar.markdown("**Search settings**")
-    summarize = stage_switch("Summarize my question", "summarizer", notes, ready)
-    rerank = stage_switch("Rerank with the cross-encoder", "reranker", notes, ready)
+    summarize = stage_switch("Summarize my question", "summarizer", notes, ready, base.summarize)
+    rerank = stage_switch("Rerank with the cross-encoder", "reranker", notes, ready, base.rerank)
     mode = st.sidebar.selectbox(
-        "Search mode", MODES, index=MODES.index(default_mode), key="ctl_mode", format_func=MODE_LABELS.get
+        "Search mode", MODES, index=MODES.index(base.mode), key="ctl_mode", format_func=MODE_LABELS.get
     )
     top_k = st.sidebar.slider("Results", 1, 20, 5, key="ctl_top_k")
     return Controls(summarize, rerank, mode, top_k)
@@ -250,7 +252,7 @@ def render() -> None:
         return
     ready = {"summarizer": stages.rewriter is not None, "reranker": stages.reranker is not None}
     base = resources.base_config(demo)
-    chosen = controls(stages.notes, ready, base.mode)
+    chosen = controls(stages.notes, ready, base)
     common.in_use_panel(demo, stages.notes)
 
     st.pills("Try an example", EXAMPLE_LABELS, key="example", on_change=_use_example)
