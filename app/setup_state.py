@@ -18,16 +18,15 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TextIO
 
-from index.runtime import indexes_dir, medfaq_home, models_dir
+from index.runtime import medfaq_home, models_dir
 from retriever.setup_plan import (
     BIENCODER,
-    FAQ_INDEX,
     RERANKER,
-    STOCK_INDEX,
     SUMMARIZERS,
     ModelStep,
     index_built,
     model_ready,
+    set_up_index_dirs,
     steps_for,
 )
 
@@ -76,9 +75,7 @@ class DemoSettings:
         names = [chosen] if chosen is not None else [s.model for s in steps_for(fast) if s.stage == "rewrite"]
         summarizers = sorted(filter(None, map(_model_path, names)), key=_summarizer_rank)
         return cls(
-            index_dirs=(Path(custom).expanduser(),)
-            if custom
-            else (indexes_dir() / FAQ_INDEX, indexes_dir() / STOCK_INDEX),
+            index_dirs=(Path(custom).expanduser(),) if custom else set_up_index_dirs(),
             summarizers=tuple(summarizers),
             reranker=_model_path(os.environ.get(ENV_RERANKER, RERANKER.model)),
             train=os.environ.get(ENV_NO_TRAIN, "0").strip().lower() in OFF_VALUES,

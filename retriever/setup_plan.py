@@ -123,9 +123,14 @@ def index_built(path: Path) -> bool:
     return (path / MANIFEST).is_file()
 
 
+def set_up_index_dirs() -> tuple[Path, Path]:
+    """Where ``medfaq setup`` builds its indexes, best first: the fine-tuned encoder's, then the stock MiniLM one."""
+    return indexes_dir() / FAQ_INDEX, indexes_dir() / STOCK_INDEX
+
+
 def set_up_index() -> Path:
-    """The best index ``medfaq setup`` built: the fine-tuned encoder's once it exists, else the stock MiniLM one."""
-    built = next((path for path in (indexes_dir() / FAQ_INDEX, indexes_dir() / STOCK_INDEX) if index_built(path)), None)
+    """The best index ``medfaq setup`` built (`set_up_index_dirs`)."""
+    built = next((path for path in set_up_index_dirs() if index_built(path)), None)
     if built is None:
         raise MedfaqError(
             f"no --index given and no index under {indexes_dir()} yet: run `medfaq setup` "
