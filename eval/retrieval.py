@@ -201,7 +201,8 @@ class CachedReranker:
 
 
 # summary-* search with the summary; fusion = raw + summary by RRF (dense-fusion: of two dense lists);
-# hybrid-wN: the dense list weighs N in hybrid RRF; rerank-rrf-w1: retrieval and cross-encoder ranks weigh the same;
+# hybrid-wN: the dense list weighs N in hybrid RRF; rerank-rrf-w1: retrieval and cross-encoder ranks weigh the same,
+# k = 60; rerank-rrf-k60: the retrieval rank weighs 1.5, k = 60 (the reranking RRF before the default's w = 3, k = 10);
 # rerank-rrf-gated: only questions whose top two cosines differ by less than RERANK_MARGIN are reranked
 VARIANTS: list[tuple[str, dict[str, Any]]] = [
     ("bm25", {"mode": "bm25"}),
@@ -214,7 +215,14 @@ VARIANTS: list[tuple[str, dict[str, Any]]] = [
     ("hybrid-w2+rerank-rrf", {"mode": "hybrid", "dense_weight": 2.0, "rerank": True, "rerank_fusion": "rrf"}),
     ("dense+rerank", {"mode": "dense", "rerank": True}),
     ("dense+rerank-rrf", {"mode": "dense", "rerank": True, "rerank_fusion": "rrf"}),
-    ("dense+rerank-rrf-w1", {"mode": "dense", "rerank": True, "rerank_fusion": "rrf", "rerank_retrieval_weight": 1.0}),
+    (
+        "dense+rerank-rrf-w1",
+        {"mode": "dense", "rerank": True, "rerank_fusion": "rrf", "rerank_retrieval_weight": 1.0, "rerank_rrf_k": 60},
+    ),
+    (
+        "dense+rerank-rrf-k60",
+        {"mode": "dense", "rerank": True, "rerank_fusion": "rrf", "rerank_retrieval_weight": 1.5, "rerank_rrf_k": 60},
+    ),
     (
         "dense+rerank-rrf-gated",
         {"mode": "dense", "rerank": True, "rerank_fusion": "rrf", "rerank_margin": RERANK_MARGIN},

@@ -87,8 +87,9 @@ class PipelineConfig:
     RRF of their retrieval and cross-encoder ranks (a weak reranker then cannot bury a strong retrieval hit; with the
     reranker `medfaq setup` trains it lowered Recall@1 least, where ``replace`` lost meqsum questions with two seeds),
     ``auto`` replace for a reranker trained as a correction of the bi-encoder (its scores contain the cosine),
-    else rrf. `rerank_retrieval_weight`: weight of the retrieval ranking against the cross-encoder ranking's 1 in
-    that RRF (1.5: chosen on development queries, docs/results.md). `rerank_margin`: rerank only the questions
+    else rrf. `rerank_retrieval_weight` and `rerank_rrf_k`: weight of the retrieval ranking against the
+    cross-encoder ranking's 1 in that RRF, and its constant k (3 and 10: chosen on development queries as the fusion
+    that lost none of their questions at rank 1, docs/results.md). `rerank_margin`: rerank only the questions
     dense search is unsure of, those whose top two cosines differ by less than this; for the others the retrieval
     order stands and the cross-encoder scores the top hit alone (for the confidence). None: rerank every question.
     It applies to dense search over one query source (other first stages score on other scales);
@@ -118,7 +119,8 @@ class PipelineConfig:
     rerank_max_length: int | None = None
     rerank_query: str = "auto"
     rerank_fusion: str = "rrf"
-    rerank_retrieval_weight: float = 1.5
+    rerank_retrieval_weight: float = 3.0
+    rerank_rrf_k: int = 10
     rerank_margin: float | None = None
     rerank_precision: str = "fp32"
     quantize: bool = False
@@ -157,6 +159,10 @@ class PipelineConfig:
             raise MedfaqError(f"weights and thresholds must be finite numbers, got {values} {self.thresholds}")
         if min(weights) <= 0:
             raise MedfaqError(f"dense_weight and rerank_retrieval_weight must be above 0, got {weights}")
+        if not all(isinstance(k, int) and not isinstance(k, bool) and k >= 0 for k in (self.rrf_k, self.rerank_rrf_k)):
+            raise MedfaqError(
+                f"rrf_k and rerank_rrf_k must be whole numbers of at least 0, got {self.rrf_k} {self.rerank_rrf_k}"
+            )
         if self.rerank_margin is not None and not (_finite_number(self.rerank_margin) and self.rerank_margin >= 0):
             raise MedfaqError(f"rerank_margin must be a finite number of at least 0, got {self.rerank_margin}")
 
@@ -179,11 +185,14 @@ class PipelineConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> PipelineConfig:
         """Validated settings; a file of the one-threshold format keeps its threshold for the configuration it was
-        saved with (when abstention was on; otherwise it was never calibrated and is dropped)."""
+        saved with (when abstention was on; otherwise it was never calibrated and is dropped); a file without
+        ``rerank_rrf_k`` keeps the reranking RRF it was saved with (then `rrf_k`)."""
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
             raise MedfaqError(f"unknown pipeline setting(s): {', '.join(unknown)}")
+        if "rerank_retrieval_weight" in data and "rerank_rrf_k" not in data:
+            data = {**data, "rerank_rrf_k": data.get("rrf_k", RRF_K)}
         if "thresholds" not in data and data.get("threshold") is not None:
             legacy = cls(**{**data, "threshold": None})
             calibrated = {legacy.threshold_key: float(data["threshold"])} if legacy.abstain else {}
@@ -476,7 +485,7 @@ class Pipeline:
             retrieval_ranking = [(hit.id, hit.score) for hit in head]
             model_ranking = [(hit.id, hit.score) for hit in by_model]
             weights = [self.config.rerank_retrieval_weight, 1.0]
-            fused = reciprocal_rank_fusion([retrieval_ranking, model_ranking], self.config.rrf_k, weights)
+            fused = reciprocal_rank_fusion([retrieval_ranking, model_ranking], self.config.rerank_rrf_k, weights)
             by_model = [_rescored(rescored[doc_id], score, 0, "rerank_rrf") for doc_id, score in fused]
         reranked = [_rescored(hit, hit.score, rank, None) for rank, hit in enumerate(by_model, 1)]
         return reranked + [_rescored(hit, hit.score, rank, None) for rank, hit in enumerate(tail, len(head) + 1)]

@@ -113,7 +113,7 @@ def test_rrf_rerank_fusion_combines_retrieval_and_reranker_ranks(index):
     replace = PipelineConfig(mode="dense", top_k=5, rerank=True, rerank_depth=5, rerank_fusion="replace")
     by_model = Pipeline(index, replace, reranker=ReverseReranker()).run(question).hits
     assert [h.id for h in by_model] == retrieved[::-1]
-    rrf = replace.updated(rerank_fusion="rrf", rerank_retrieval_weight=1.0)
+    rrf = replace.updated(rerank_fusion="rrf", rerank_retrieval_weight=1.0, rerank_rrf_k=60)
     fused = Pipeline(index, rrf, reranker=ReverseReranker()).run(question).hits
     # every hit gets 1/(k + r) + 1/(k + 6 - r): the ends (r = 1, 5) tie above the middle, ties keep retrieval order
     assert [h.id for h in fused] == [retrieved[0], retrieved[4], retrieved[1], retrieved[3], retrieved[2]]
@@ -121,17 +121,25 @@ def test_rrf_rerank_fusion_combines_retrieval_and_reranker_ranks(index):
     assert [h.stage_scores["rerank"] for h in fused[:2]] == [0.0, 4.0]
     assert fused[0].score == fused[0].stage_scores["rerank_rrf"]
     assert fused[0].score == pytest.approx(1 / 61 + 1 / 65)
-    # the default weighs the retrieval ranking 1.5: 1.5/(k + r) + 1/(k + 6 - r) falls with r, so a reranker that
-    # reverses five hits leaves their order, and the top hit scores 1.5/61 + 1/65
+    # weighing the retrieval ranking 1.5: 1.5/(k + r) + 1/(k + 6 - r) falls with r, so a reranker that reverses
+    # five hits leaves their order, and the top hit scores 1.5/61 + 1/65
     weighted = Pipeline(index, rrf.updated(rerank_retrieval_weight=1.5), reranker=ReverseReranker()).run(question)
-    assert PipelineConfig().rerank_retrieval_weight == 1.5
     assert [h.id for h in weighted.hits] == retrieved
     assert weighted.hits[0].score == pytest.approx(1.5 / 61 + 1 / 65)
+    # the default (w = 3, k = 10) leaves that order too, and the hybrid RRF keeps its own k
+    default = PipelineConfig(mode="dense", top_k=5, rerank=True, rerank_depth=5)
+    assert (default.rerank_retrieval_weight, default.rerank_rrf_k, default.rrf_k) == (3.0, 10, 60)
+    by_default = Pipeline(index, default, reranker=ReverseReranker()).run(question).hits
+    assert [h.id for h in by_default] == retrieved
+    assert by_default[0].score == pytest.approx(3 / 11 + 1 / 15)
     with pytest.raises(MedfaqError, match="rerank fusion"):
         replace.updated(rerank_fusion="mean")
     for bad in (0.0, -1.0, float("nan")):
         with pytest.raises(MedfaqError, match="rerank_retrieval_weight|finite"):
             replace.updated(rerank_retrieval_weight=bad)
+    for bad in (-1, 2.5, True):
+        with pytest.raises(MedfaqError, match="rerank_rrf_k must be whole numbers"):
+            replace.updated(rerank_rrf_k=bad)
 
 
 def test_a_rerank_margin_reranks_only_questions_whose_top_two_cosines_are_close(index):
@@ -338,6 +346,10 @@ def test_old_one_threshold_pipeline_json_still_loads(tmp_path):
     never_calibrated = {**old, "abstain": False, "threshold": 0.5}
     (tmp_path / "pipeline.json").write_text(json.dumps(never_calibrated), encoding="utf-8")
     assert PipelineConfig.load(tmp_path).thresholds == {}
+    saved_before_rerank_rrf_k = {**old, "rerank_retrieval_weight": 1.5, "rrf_k": 60}  # keeps the fusion it had
+    (tmp_path / "pipeline.json").write_text(json.dumps(saved_before_rerank_rrf_k), encoding="utf-8")
+    loaded = PipelineConfig.load(tmp_path)
+    assert (loaded.rerank_retrieval_weight, loaded.rerank_rrf_k) == (1.5, 60)
     (tmp_path / "pipeline.json").write_text(json.dumps({**old, "rerank_retrieval_weight": 0}), encoding="utf-8")
     with pytest.raises(MedfaqError, match=r"pipeline.json is not a valid pipeline config: .*rerank_retrieval_weight"):
         PipelineConfig.load(tmp_path)  # a bad value names the file it came from
