@@ -185,8 +185,9 @@ class PipelineConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> PipelineConfig:
         """Validated settings; a file of the one-threshold format keeps its threshold for the configuration it was
-        saved with (when abstention was on; otherwise it was never calibrated and is dropped); a file without
-        ``rerank_rrf_k`` keeps the reranking RRF it was saved with (then `rrf_k`)."""
+        saved with (when abstention was on; otherwise it was never calibrated and is dropped); a file that sets
+        `rerank_retrieval_weight` but not `rerank_rrf_k` (saved before that setting existed) keeps the reranking RRF
+        it was saved with, k = its `rrf_k`."""
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
