@@ -125,8 +125,8 @@ def build(
 
 def _skipped(report: Any) -> str:
     """What a load that found no FAQ skipped, for the refusal line."""
-    skipped = report.skipped_empty + report.skipped_bad + report.skipped_other
-    return f"{skipped} skipped, none left" if skipped else "the file is empty"
+    skipped = report.skips()
+    return f"{'; '.join(skipped)}, none left" if skipped else "the file is empty"
 
 
 def backend_options(
@@ -209,6 +209,8 @@ def add(
     check_lock_timeout(lock_timeout)
     read_manifest(directory.expanduser())  # a wrong directory fails before the collection is read
     records, report = load_collection(collection, format, parse_field_map(field), skip_bad)
+    if not records:
+        raise MedfaqError(f"{report.path} holds no FAQs to add ({_skipped(report)}); {directory} was not changed")
     index, added = FaqIndex.add_to(directory, records, timeout=lock_timeout)
     typer.echo(report.summary(), err=True)
     typer.echo(f"added {added} FAQs; the index now holds {len(index)}")

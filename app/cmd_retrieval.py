@@ -28,7 +28,7 @@ from app.cmd_search import (
 )
 from index.runtime import DEFAULT_ENCODER, MedfaqError, indexes_dir
 from retriever.pipeline import Pipeline, PipelineConfig, load_stage, store_threshold
-from retriever.runs import check_output, write_run
+from retriever.runs import check_not_an_input, check_output, write_run
 from retriever.search import MODES
 
 
@@ -121,6 +121,7 @@ def eval_retrieval(
     known = read_summaries(summaries) if summaries is not None else None
     if run_out is not None:
         check_output(run_out)
+        check_not_an_input(run_out, queries, qrels, summaries, option="--run-out")
     rows = read_beir_queries(queries)
     judgements = read_qrels(qrels)
     texts = {row["_id"]: row["text"] for row in rows}

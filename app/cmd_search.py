@@ -13,7 +13,15 @@ from app.options import INDEX, finite
 from app.render import hits_table
 from index.runtime import PRECISION_HELP, MedfaqError
 from retriever.pipeline import QUERY_SOURCES, PipelineConfig
-from retriever.runs import RUN_FORMATS, check_output, is_stdio, read_queries, write_run, write_text_atomic
+from retriever.runs import (
+    RUN_FORMATS,
+    check_not_an_input,
+    check_output,
+    is_stdio,
+    read_queries,
+    write_run,
+    write_text_atomic,
+)
 from retriever.search import MODES, check_query
 from retriever.setup_plan import set_up_index
 
@@ -184,6 +192,7 @@ def search(
         raise MedfaqError(f"unknown run format {format!r}; choose one of {', '.join(RUN_FORMATS)}")
     if output is not None:
         check_output(output)
+        check_not_an_input(output, queries)
     flags = StageFlags.from_options(locals())
     index = index or set_up_index()
     if question is not None:
@@ -200,6 +209,8 @@ def search(
             typer.echo(f"wrote the {'JSON response' if as_json else 'results table'} to {output}", err=True)
         return
     query_file = read_queries(queries, skip_bad)
+    if format == "trec":
+        query_file.check_trec_ids()  # before any model loads
     report = query_file.report
     if report.skipped_bad:
         typer.echo(

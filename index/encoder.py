@@ -26,16 +26,16 @@ class Encoder:
     """
 
     def __init__(self, name: str | None = None, device: str | None = None, batch_size: int = 64) -> None:
+        self.name = str(name or DEFAULT_ENCODER)
+        location = resolve_model(self.name)  # a wrong name or path fails before the libraries load
+        check_model_directory(location, self.name)
         from sentence_transformers import SentenceTransformer
         from transformers.utils import logging as hf_logging
 
         if not logger.isEnabledFor(logging.INFO):
             hf_logging.disable_progress_bar()  # the per-load "Loading weights" bar
-        self.name = str(name or DEFAULT_ENCODER)
         self.device = choose_device(device)
         self.batch_size = batch_size
-        location = resolve_model(self.name)
-        check_model_directory(location, self.name)
         try:
             self.model = SentenceTransformer(location, device=self.device)
         except (OSError, ValueError, KeyError, TypeError, RuntimeError) as error:
@@ -92,3 +92,29 @@ def check_model_directory(location: str, name: str) -> None:
             f"{name!r} is not a sentence-transformers or Hugging Face model directory (it has no "
             f"{' or '.join(MODEL_MARKERS)}); pass 'minilm', a trained model directory, or a hub id"
         )
+
+
+def declared_dimension(location: str) -> int | None:
+    """The embedding dimension a local model directory declares in its files (the last Dense layer's output, else
+    the pooling's single mode, else a plain Hugging Face model's hidden size), read without loading the model;
+    None when it cannot be told that way (a hub id, an unusual module chain)."""
+    path = Path(location)
+    try:
+        if (path / "modules.json").is_file():
+            dimension = None
+            for module in json.loads((path / "modules.json").read_text(encoding="utf-8")):
+                config_file = path / module.get("path", "") / "config.json"
+                kind = str(module.get("type", ""))
+                if kind.endswith(("Dense", "Pooling")) and config_file.is_file():
+                    config = json.loads(config_file.read_text(encoding="utf-8"))
+                    if kind.endswith("Dense"):
+                        dimension = config.get("out_features")
+                    elif sum(bool(value) for key, value in config.items() if key.startswith("pooling_mode_")) == 1:
+                        dimension = config.get("word_embedding_dimension")
+            return dimension if isinstance(dimension, int) else None
+        if (path / "config.json").is_file():
+            hidden = json.loads((path / "config.json").read_text(encoding="utf-8")).get("hidden_size")
+            return hidden if isinstance(hidden, int) else None
+    except (OSError, ValueError, AttributeError, TypeError):
+        return None
+    return None

@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from index.collections import check_unique_ids, read_records, write_records
+from index.collections import check_records, read_records, write_records
 from index.concepts import CONCEPTS_FILE, ConceptLexicon, combined_vectors, read_with_concepts
 from index.records import FIELDS, FaqRecord, record_text
 from index.runtime import MedfaqError, resolve_model
@@ -165,7 +165,7 @@ class FaqIndex:
             raise MedfaqError(
                 "no FAQs to index (the collection is empty or every line was skipped); nothing was written"
             )
-        check_unique_ids(records, "the collection")
+        check_records(records, "the collection")
         store = backend_class(backend)(dim=encoder.dim, kind=kind, **(backend_options or {}))
         now = _now()
         manifest = IndexManifest(
@@ -215,9 +215,7 @@ class FaqIndex:
     def encoder(self) -> Encoder:
         """The encoder named in the manifest (loaded on first use, and checked against the manifest)."""
         if self._encoder is None:
-            from index.encoder import Encoder
-
-            encoder = Encoder(self.manifest.encoder)
+            encoder = open_encoder(self.manifest, self._origin)
             self.check_encoder(encoder)
             self._encoder = encoder
         return self._encoder
@@ -294,12 +292,7 @@ class FaqIndex:
         """
         from index.bm25_store import Bm25Index
 
-        check_unique_ids(records, "the new records")
-        clashes = [record.id for record in records if record.id in self._key_of]
-        if clashes:
-            shown = ", ".join(repr(c) for c in clashes[:5])
-            more = f" and {len(clashes) - 5} more" if len(clashes) > 5 else ""
-            raise MedfaqError(f"duplicate FAQ ids already in the index: {shown}{more} (delete them first)")
+        self.check_new(records)
         if not records:
             return 0
         keys = np.arange(self.manifest.next_key, self.manifest.next_key + len(records), dtype=np.int64)
@@ -326,6 +319,16 @@ class FaqIndex:
         self.manifest.next_key = int(keys[-1]) + 1
         self.manifest.updated = _now()
         return len(records)
+
+    def check_new(self, records: list[FaqRecord]) -> None:
+        """A one-line error when `records` cannot be added: a record that cannot be indexed, or an id already in the
+        index (delete it first)."""
+        check_records(records, "the new records")
+        clashes = [record.id for record in records if record.id in self._key_of]
+        if clashes:
+            shown = ", ".join(repr(c) for c in clashes[:5])
+            more = f" and {len(clashes) - 5} more" if len(clashes) > 5 else ""
+            raise MedfaqError(f"duplicate FAQ ids already in the index: {shown}{more} (delete them first)")
 
     def _expanded(self, records: list[FaqRecord], texts: list[str]) -> list[tuple[int, str]]:
         """(row, text with its concepts' other names) for each record whose question names a concept."""
@@ -487,9 +490,8 @@ class FaqIndex:
         """
         manifest = read_manifest(Path(directory).expanduser())  # no lock file beside a directory that is no index
         if encoder is None and records:  # the model loads before the lock, so other writes wait only for the change
-            from index.encoder import Encoder
-
-            encoder = Encoder(manifest.encoder)
+            cls.load(directory).check_new(records)  # bad or clashing records fail before the model loads
+            encoder = open_encoder(manifest, str(directory))
             encoder.fingerprint  # noqa: B018 - computed (and cached) outside the lock too
         with write_lock(directory, timeout):
             index = cls.load(directory, encoder)
@@ -802,6 +804,20 @@ def verify_checksums(path: Path, manifest: IndexManifest) -> None:
             raise MedfaqError(f"cannot read {path / name}: {error.strerror or error}") from None
         if actual != expected:
             raise MedfaqError(f"index {path} is corrupt: checksum mismatch for {name}; rebuild it")
+
+
+def open_encoder(manifest: IndexManifest, where: str | None = None) -> Encoder:
+    """Load the manifest's encoder; a model whose files declare another dimension than the index's vectors is
+    refused before it loads (seconds of loading saved on a one-line error)."""
+    from index.encoder import Encoder, declared_dimension
+
+    declared = declared_dimension(resolve_model(manifest.encoder))
+    if declared is not None and declared != manifest.dimension:
+        raise MedfaqError(
+            f"encoder {manifest.encoder!r} gives {declared}-d vectors but index {where or 'this index'} holds "
+            f"{manifest.dimension}-d vectors; use the encoder it was built with or rebuild the index"
+        )
+    return Encoder(manifest.encoder)
 
 
 def _same_encoder(requested: str, built_with: str) -> bool:

@@ -332,10 +332,18 @@ def test_an_index_built_before_fingerprints_still_loads_and_grows(tmp_path, inde
 BAD_COLLECTIONS = {
     "empty.jsonl": (b"", False, "holds no FAQs to index (the file is empty)"),
     "header-only.csv": (b"id,question,answer\n", False, "holds no FAQs to index"),
-    "all-bad.jsonl": (b'{"id": "x"}\nnot json\n', True, "holds no FAQs to index (2 skipped, none left)"),
+    "all-bad.jsonl": (
+        b'{"id": "x"}\nnot json\n',
+        True,
+        "2 malformed lines skipped (first: [1, 2]), none left",
+    ),
     "latin1.jsonl": (b'{"id": "a", "question": "ok"}\n{"id": "b", "question": "caf\xe9?"}\n', False, ":2: not UTF-8"),
     "surrogate.jsonl": (b'{"id": "a", "question": "caf\\udce9?"}\n', False, ":1: invalid UTF-8 (a lone surrogate"),
-    "surrogate-skipped.jsonl": (b'{"id": "a", "question": "caf\\udce9?"}\n', True, "(1 skipped, none left)"),
+    "surrogate-skipped.jsonl": (
+        b'{"id": "a", "question": "caf\\udce9?"}\n',
+        True,
+        "(1 malformed lines skipped (first: [1]), none left)",
+    ),
 }
 
 
