@@ -343,7 +343,7 @@ def create_app(
         status_code=201,
         dependencies=[Depends(require_key)],
         response_model=FeedbackOut,
-        responses=errors(401, 413, 422),
+        responses=errors(400, 401, 413, 422),
     )
     async def feedback(body: FeedbackRequest):
         row = await run_in_threadpool(service.add_feedback, body.question, body.faq_id, body.helpful, body.comment)

@@ -103,23 +103,36 @@ class SearchService:
         self.refresh()
         changes = dict(overrides or {})
         config = self.config.with_flags(changes.pop("summarize", None), changes.pop("query_source", None), **changes)
+        served = {"rewrite": self.config.summarize, "rerank": self.config.rerank, "entities": self.config.entities}
+        stages = {
+            kind: self._stage(kind, name, config, served[kind])
+            for kind, name, wanted in [
+                ("rewrite", config.summarizer, config.summarize),
+                ("rerank", config.reranker, config.rerank),
+                ("entities", None, config.entities),
+            ]
+            if wanted
+        }
         return Pipeline(
             self.index,
             config,
-            rewriter=self._stage("rewrite", config.summarizer, config) if config.summarize else None,
-            reranker=self._stage("rerank", config.reranker, config) if config.rerank else None,
-            entity_finder=self._stage("entities", None, config) if config.entities else None,
+            rewriter=stages.get("rewrite"),
+            reranker=stages.get("rerank"),
+            entity_finder=stages.get("entities"),
             unanswered=UnansweredLog(config.unanswered_log),
         )
 
-    def _stage(self, kind: str, name: str | None, config: PipelineConfig) -> Any:
+    def _stage(self, kind: str, name: str | None, config: PipelineConfig, served: bool) -> Any:
+        """The cached stage object; one that cannot load is the server's fault (:class:`ServiceUnavailable`) when its
+        index's pipeline.json runs it (`served`), else a refusal of the request that asked for it."""
         key = (kind, name, config.quantize, config.summary_beams, config.summary_max_length)
         with self._guard:
             if key not in self._stages:
                 try:
                     self._stages[key] = load_stage(kind, name, config)
                 except MedfaqError as error:
-                    raise ServiceUnavailable(f"the {kind} stage is not available on this server: {error}") from None
+                    fault = ServiceUnavailable if served else MedfaqError
+                    raise fault(f"the {kind} stage is not available on this server: {error}") from None
             return self._stages[key]
 
     def search(self, questions: list[str], overrides: dict[str, Any] | None = None) -> list[dict[str, Any]]:
