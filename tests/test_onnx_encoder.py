@@ -120,3 +120,17 @@ def test_minilm_on_onnx_equals_pytorch():
     assert onnx.fingerprint == torch_encoder.fingerprint
     cosines = np.einsum("ij,ij->i", load_encoder("minilm", "onnx-int8").encode(TEXTS), expected)
     assert cosines.min() > 0.97, cosines
+
+
+def test_backend_comparison_reports_each_backend(tmp_path, exported_dir):
+    from eval.benchmarks import Benchmark
+    from eval.encoder_backends import compare_backends, format_table
+
+    corpus = [{"_id": f"d{i}", "title": "", "text": text} for i, text in enumerate(TEXTS[:2] + TEXTS[5:])]
+    queries = [{"_id": f"q{i}", "text": row["text"], "metadata": {}} for i, row in enumerate(corpus)]
+    qrels = {f"q{i}": {f"d{i}": 1} for i in range(len(corpus))}
+    Benchmark("tiny", corpus, queries, qrels).save(tmp_path / "bench")
+    report = compare_backends(str(exported_dir), tmp_path / "bench", ["onnx", "onnx-int8"])
+    assert set(report["backends"]) == {"onnx", "onnx-int8"}
+    assert report["backends"]["onnx"]["recall@1"] == 100.0 and report["backends"]["onnx"]["corpus_texts_per_s"] > 0
+    assert "| onnx-int8 |" in format_table(report)
