@@ -16,7 +16,7 @@ import typer
 
 from index.collections import FORMATS
 from index.records import FIELDS
-from index.runtime import DEFAULT_ENCODER, MedfaqError
+from index.runtime import BACKEND_HELP, DEFAULT_ENCODER, MedfaqError
 from index.vector_store import INDEX_KINDS as KINDS
 from index.vector_store import VECTOR_BACKENDS
 
@@ -44,6 +44,7 @@ COLLECTION_OPTION = typer.Option(None, "--collection", help="Milvus collection n
 SHARDS_OPTION = typer.Option(1, "--shards", min=1, help="FAISS: split the vectors over N shards searched in parallel.")
 GPU_OPTION = typer.Option(False, "--gpu", help="Require FAISS GPU search (default: used when a GPU is present).")
 CPU_OPTION = typer.Option(False, "--cpu", help="Force the CPU for encoding and FAISS even when a GPU is present.")
+ENCODER_BACKEND_OPTION = typer.Option("auto", "--encoder-backend", help=BACKEND_HELP)
 LOCK_OPTION = typer.Option(
     None,
     "--lock-timeout",
@@ -73,6 +74,7 @@ def build(
     gpu: bool = GPU_OPTION,
     cpu: bool = CPU_OPTION,
     batch_size: int = typer.Option(64, "--batch-size", min=1, help="Encoding batch size."),
+    encoder_backend: str = ENCODER_BACKEND_OPTION,
     backend: str = BACKEND_OPTION,
     uri: str = URI_OPTION,
     collection_name: str | None = COLLECTION_OPTION,
@@ -86,7 +88,7 @@ def build(
     atomically, under its lock; a collection without a single FAQ is refused and changes nothing)."""
     from index.collections import load_collection, parse_field_map
     from index.concepts import concept_lexicon
-    from index.encoder import Encoder
+    from index.encoder import load_encoder
     from index.faq_index import FaqIndex, check_index_target, staging_dir
 
     check_choice("--kind", kind, KINDS)
@@ -98,7 +100,7 @@ def build(
     if not records:
         raise MedfaqError(f"{report.path} holds no FAQs to index ({_skipped(report)}); {target} was not written")
     concepts = concept_lexicon(synonyms)
-    sentence_encoder = Encoder(encoder, device="cpu" if cpu else device, batch_size=batch_size)
+    sentence_encoder = load_encoder(encoder, encoder_backend, device="cpu" if cpu else device, batch_size=batch_size)
     typer.echo(report.summary(), err=True)
     if concepts is not None:
         known = f"{len(concepts.concepts):,} {concepts.source} concepts"
@@ -198,6 +200,7 @@ def add(
     format: str = typer.Option("auto", "--format", help=FORMAT_HELP),
     field: list[str] = typer.Option([], "--field", help=FIELD_HELP),
     skip_bad: bool = typer.Option(False, "--skip-bad", help="Skip malformed lines (counted) instead of failing."),
+    encoder_backend: str = ENCODER_BACKEND_OPTION,
     lock_timeout: float | None = LOCK_OPTION,
 ) -> None:
     """Add FAQs to an index (only the new ones are encoded); ids already in the index are an error.
@@ -211,7 +214,7 @@ def add(
     records, report = load_collection(collection, format, parse_field_map(field), skip_bad)
     if not records:
         raise MedfaqError(f"{report.path} holds no FAQs to add ({_skipped(report)}); {directory} was not changed")
-    index, added = FaqIndex.add_to(directory, records, timeout=lock_timeout)
+    index, added = FaqIndex.add_to(directory, records, timeout=lock_timeout, backend=encoder_backend)
     typer.echo(report.summary(), err=True)
     typer.echo(f"added {added} FAQs; the index now holds {len(index)}")
 

@@ -12,6 +12,7 @@ from app.cmd_index import SYNONYMS_OPTION
 from app.cmd_search import (
     ABSTAIN,
     BEAMS,
+    ENCODER_BACKEND,
     QUANTIZE,
     QUERY,
     RERANK,
@@ -50,7 +51,7 @@ def make_benchmark(
     from eval.benchmarks import make_benchmark as build
     from index.collections import load_collection, read_records
     from index.concepts import concept_lexicon
-    from index.encoder import Encoder
+    from index.encoder import load_encoder
     from index.faq_index import MANIFEST, RECORDS, FaqIndex, check_index_target
 
     if build_index:
@@ -68,7 +69,7 @@ def make_benchmark(
         typer.echo(f"copied the index {bank} and added {encoded} FAQs into {out / 'index'}")
     elif build_index:
         records, _ = load_collection(out / "corpus.jsonl", "jsonl", CORPUS_FIELDS)
-        FaqIndex.build(records, Encoder(encoder), concepts=concepts).save(out / "index")
+        FaqIndex.build(records, load_encoder(encoder), concepts=concepts).save(out / "index")
         typer.echo(f"indexed {len(records)} FAQs into {out / 'index'}")
 
 
@@ -102,6 +103,7 @@ def eval_retrieval(
     rerank_margin: float | None = RERANK_MARGIN,
     rerank_max_length: int | None = RERANK_MAX_LENGTH,
     rerank_precision: str | None = RERANK_PRECISION,
+    encoder_backend: str | None = ENCODER_BACKEND,
     min_words: int = typer.Option(0, "--min-words", min=0, help="Evaluate only the questions of at least N words."),
     summaries: Path | None = typer.Option(
         None, "--summaries", help="With --compare: JSONL of questions and their 'summary' (`medfaq summarize --input`)."

@@ -11,7 +11,7 @@ import typer
 
 from app.options import INDEX, finite
 from app.render import hits_table
-from index.runtime import PRECISION_HELP, MedfaqError
+from index.runtime import BACKEND_HELP, PRECISION_HELP, MedfaqError
 from retriever.pipeline import QUERY_SOURCES, PipelineConfig
 from retriever.runs import (
     RUN_FORMATS,
@@ -47,6 +47,7 @@ class StageFlags:
     rerank_margin: float | None = None
     rerank_max_length: int | None = None
     rerank_precision: str | None = None
+    encoder_backend: str | None = None
 
     @classmethod
     def from_options(cls, options: dict[str, Any], **fixed: Any) -> StageFlags:
@@ -71,6 +72,7 @@ class StageFlags:
             rerank_margin=self.rerank_margin,
             rerank_max_length=self.rerank_max_length,
             rerank_precision=self.rerank_precision,
+            encoder_backend=self.encoder_backend,
             **changes,
         )
 
@@ -108,6 +110,7 @@ RERANK_MAX_LENGTH = typer.Option(
     None, "--rerank-max-length", min=8, help="Tokens per (question, FAQ) pair the cross-encoder reads."
 )
 RERANK_PRECISION = typer.Option(None, "--rerank-precision", help=f"The cross-encoder's arithmetic: {PRECISION_HELP}")
+ENCODER_BACKEND = typer.Option(None, "--encoder-backend", help=f"Query encoder. {BACKEND_HELP}")
 
 
 SEARCH_BATCH = 64  # questions per pipeline call in batch runs (the progress bar moves per batch)
@@ -179,6 +182,7 @@ def search(
     rerank_margin: float | None = RERANK_MARGIN,
     rerank_max_length: int | None = RERANK_MAX_LENGTH,
     rerank_precision: str | None = RERANK_PRECISION,
+    encoder_backend: str | None = ENCODER_BACKEND,
 ) -> None:
     """Search an index with one question (table or --json), or a query file (--queries Q.jsonl --output RUN).
 
@@ -250,6 +254,7 @@ def bench(
     rerank_margin: float | None = RERANK_MARGIN,
     rerank_max_length: int | None = RERANK_MAX_LENGTH,
     rerank_precision: str | None = RERANK_PRECISION,
+    encoder_backend: str | None = ENCODER_BACKEND,
 ) -> None:
     """p50/p95 latency of the pipeline end to end and per stage, of each search mode, and batch throughput on the
     given index (seconds); --peers and --ann-vectors N add the peer comparisons. Ctrl-C prints what was measured."""

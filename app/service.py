@@ -68,7 +68,7 @@ class SearchService:
         index = FaqIndex.load(self.index_dir)
         config = PipelineConfig.load(self.index_dir)
         if config.mode != "bm25":
-            _ = index.encoder  # loaded now, never inside a request's timings
+            index.open_encoder(config.encoder_backend)  # loaded now, never inside a request's timings
         self.index, self.config = index, config
 
     def refresh(self) -> bool:

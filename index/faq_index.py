@@ -56,7 +56,7 @@ from index.vector_store import VECTOR_BACKENDS, VectorStore, backend_class
 
 if TYPE_CHECKING:  # bm25s (scipy) and sentence-transformers (torch) are imported when an index needs them
     from index.bm25_store import Bm25Index
-    from index.encoder import Encoder
+    from index.encoder import SentenceEncoder
 
 logger = logging.getLogger("medfaq.index")
 
@@ -82,6 +82,7 @@ class IndexManifest:
     """What an index directory holds; written as manifest.json and checked on load.
 
     `encoder_fingerprint` identifies the encoder's weights (empty in indexes built before it was recorded);
+    `encoder_backend` the runtime that encoded the FAQs (torch, onnx, onnx-int8; empty before it was recorded);
     `generation` counts the saves of this directory; `sources` counts FAQs per source (for `index info`);
     `concepts` describes the concept lexicon FAQs are encoded with (empty: none).
     """
@@ -101,6 +102,7 @@ class IndexManifest:
     generation: int = 0
     sources: dict[str, int] = field(default_factory=dict)
     concepts: dict[str, Any] = field(default_factory=dict)
+    encoder_backend: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -121,7 +123,7 @@ class FaqIndex:
         keys: np.ndarray,
         store: VectorStore,
         bm25: Bm25Index,
-        encoder: Encoder | None = None,
+        encoder: SentenceEncoder | None = None,
         concepts: ConceptLexicon | None = None,
     ) -> None:
         self.manifest = manifest
@@ -140,7 +142,7 @@ class FaqIndex:
     def build(
         cls,
         records: list[FaqRecord],
-        encoder: Encoder,
+        encoder: SentenceEncoder,
         fields: str = "question",
         kind: str = "flat",
         backend: str = "faiss",
@@ -177,6 +179,7 @@ class FaqIndex:
             created=now,
             updated=now,
             encoder_fingerprint=encoder.fingerprint,
+            encoder_backend=getattr(encoder, "backend", ""),
             concepts=concepts.describe() if concepts else {},
         )
         index = cls(manifest, [], np.zeros(0, dtype=np.int64), store, Bm25Index.build([], []), encoder, concepts)
@@ -212,15 +215,20 @@ class FaqIndex:
         return moved
 
     @property
-    def encoder(self) -> Encoder:
-        """The encoder named in the manifest (loaded on first use, and checked against the manifest)."""
+    def encoder(self) -> SentenceEncoder:
+        """The encoder named in the manifest (loaded on first use, see :meth:`open_encoder`)."""
+        return self.open_encoder()
+
+    def open_encoder(self, backend: str = "auto") -> SentenceEncoder:
+        """The encoder named in the manifest on `backend` (see :func:`open_encoder`), loaded and checked against the
+        manifest on the first call; later calls return it whatever their `backend`."""
         if self._encoder is None:
-            encoder = open_encoder(self.manifest, self._origin)
+            encoder = open_encoder(self.manifest, backend, self._origin)
             self.check_encoder(encoder)
             self._encoder = encoder
         return self._encoder
 
-    def check_encoder(self, encoder: Encoder) -> None:
+    def check_encoder(self, encoder: SentenceEncoder) -> None:
         """Refuse, in one line naming both, an encoder whose dimension or fingerprint differs from the manifest's.
 
         Indexes built before fingerprints were recorded are checked by dimension and encoder name.
@@ -354,8 +362,9 @@ class FaqIndex:
 
     @contextmanager
     def _encoding(self, workers: int) -> Iterator[Callable[[list[str]], np.ndarray]]:
-        """The encode function: this process, or a sentence-transformers pool of `workers` processes."""
-        if workers <= 1:
+        """The encode function: this process, or a sentence-transformers pool of `workers` processes (PyTorch; ONNX
+        Runtime spreads one encoder over the cores itself)."""
+        if workers <= 1 or self.encoder.backend != "torch":
             yield self.encoder.encode
             return
         model = self.encoder.model
@@ -479,19 +488,21 @@ class FaqIndex:
         cls,
         directory: str | Path,
         records: list[FaqRecord],
-        encoder: Encoder | None = None,
+        encoder: SentenceEncoder | None = None,
         progress: bool = True,
         timeout: float | None = None,
+        backend: str = "auto",
     ) -> tuple[FaqIndex, int]:
         """Add `records` to the index saved in `directory` and save it: (the new index, how many were added).
 
         The index is read from disk inside the write lock, so changes saved meanwhile by other processes are kept;
-        the encoder (`encoder`, else the manifest's) is loaded before the lock and checked against the manifest.
+        the encoder (`encoder`, else the manifest's on `backend`) is loaded before the lock and checked against the
+        manifest.
         """
         manifest = read_manifest(Path(directory).expanduser())  # no lock file beside a directory that is no index
         if encoder is None and records:  # the model loads before the lock, so other writes wait only for the change
             cls.load(directory).check_new(records)  # bad or clashing records fail before the model loads
-            encoder = open_encoder(manifest, str(directory))
+            encoder = open_encoder(manifest, backend, str(directory))
             encoder.fingerprint  # noqa: B018 - computed (and cached) outside the lock too
         with write_lock(directory, timeout):
             index = cls.load(directory, encoder)
@@ -514,7 +525,7 @@ class FaqIndex:
         return index, removed
 
     @classmethod
-    def load(cls, directory: str | Path, encoder: Encoder | str | None = None, verify: bool = True) -> FaqIndex:
+    def load(cls, directory: str | Path, encoder: SentenceEncoder | str | None = None, verify: bool = True) -> FaqIndex:
         """Open an index; refuses one built with another encoder than `encoder` (name or Encoder) when given.
 
         A load that races a save (the directory's version changes while it is read) reads the new index; after
@@ -539,7 +550,7 @@ class FaqIndex:
             return cls._load_once(path, encoder, verify)
 
     @classmethod
-    def _load_once(cls, path: Path, encoder: Encoder | str | None, verify: bool) -> FaqIndex:
+    def _load_once(cls, path: Path, encoder: SentenceEncoder | str | None, verify: bool) -> FaqIndex:
         from index.bm25_store import Bm25Index
 
         manifest, version = _read_manifest_versioned(path)
@@ -806,10 +817,10 @@ def verify_checksums(path: Path, manifest: IndexManifest) -> None:
             raise MedfaqError(f"index {path} is corrupt: checksum mismatch for {name}; rebuild it")
 
 
-def open_encoder(manifest: IndexManifest, where: str | None = None) -> Encoder:
-    """Load the manifest's encoder; a model whose files declare another dimension than the index's vectors is
-    refused before it loads (seconds of loading saved on a one-line error)."""
-    from index.encoder import Encoder, declared_dimension
+def open_encoder(manifest: IndexManifest, backend: str = "auto", where: str | None = None) -> SentenceEncoder:
+    """Load the manifest's encoder on `backend` (:func:`index.encoder.load_encoder`); a model whose files declare
+    another dimension than the index's vectors is refused before it loads (seconds saved on a one-line error)."""
+    from index.encoder import declared_dimension, load_encoder
 
     declared = declared_dimension(resolve_model(manifest.encoder))
     if declared is not None and declared != manifest.dimension:
@@ -817,7 +828,7 @@ def open_encoder(manifest: IndexManifest, where: str | None = None) -> Encoder:
             f"encoder {manifest.encoder!r} gives {declared}-d vectors but index {where or 'this index'} holds "
             f"{manifest.dimension}-d vectors; use the encoder it was built with or rebuild the index"
         )
-    return Encoder(manifest.encoder)
+    return load_encoder(manifest.encoder, backend)
 
 
 def _same_encoder(requested: str, built_with: str) -> bool:

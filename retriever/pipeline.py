@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from index.runtime import PRECISIONS, MedfaqError
+from index.runtime import ENCODER_BACKENDS, PRECISIONS, MedfaqError
 from retriever.search import MAX_QUERY_CHARS, MODES, RRF_K, Hit, Retriever, clean_queries, reciprocal_rank_fusion
 from retriever.unanswered import UnansweredLog
 
@@ -96,6 +96,8 @@ class PipelineConfig:
     `RERANK_MARGIN` (0.05) kept development queries' Recall@1 while reranking a fifth of them (docs/results.md).
     `quantize`: int8 dynamic quantisation of the summarizer and reranker. `rerank_precision`: the cross-encoder's
     matrix products, ``fp32``, ``bf16`` or ``auto`` (bf16 where this machine measures it faster, e.g. AMX CPUs).
+    `encoder_backend`: the runtime of the query encoder (:data:`index.encoder.ENCODER_BACKENDS`; ``auto``: PyTorch on
+    a GPU, ONNX Runtime on the CPU, where searching imports no torch).
     `key_terms`: drop hits sharing no key term (entities, else content words) with the query (precision bias).
     `dense_weight`: weight of the dense list against BM25's 1 in hybrid RRF.
     `abstain`: abstain when the confidence (:func:`confidence`) is below the threshold of the configuration that
@@ -124,6 +126,7 @@ class PipelineConfig:
     rerank_margin: float | None = None
     rerank_precision: str = "fp32"
     quantize: bool = False
+    encoder_backend: str = "auto"
     entities: bool = True
     key_terms: bool = False
     dense_weight: float = 1.0
@@ -142,6 +145,7 @@ class PipelineConfig:
             "rerank_query": RERANK_QUERIES,
             "rerank_fusion": RERANK_FUSIONS,
             "rerank_precision": PRECISIONS,
+            "encoder_backend": ENCODER_BACKENDS,
         }
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
@@ -378,7 +382,7 @@ class Pipeline:
         entities = "entities" in _STAGE_LOADERS and config.entities
         entity_finder = load_stage("entities", None, config) if entities else None
         if config.mode != "bm25":
-            _ = index.encoder
+            index.open_encoder(config.encoder_backend)
         return cls(index, config, rewriter=rewriter, reranker=reranker, entity_finder=entity_finder)
 
     @classmethod
