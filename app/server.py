@@ -14,7 +14,7 @@ from __future__ import annotations
 import ipaddress
 import math
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from functools import partial
 from typing import Any, Literal
 
@@ -24,7 +24,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from app.service import SearchService, ServiceUnavailable
+from app.service import SearchService, ServiceStatus, ServiceUnavailable
 from index.records import FaqRecord, record_problem
 from index.runtime import MedfaqError
 from retriever.search import check_query, invalid_text_position
@@ -194,17 +194,6 @@ class DeleteOut(BaseModel):
     removed: int
 
 
-class HealthOut(BaseModel):
-    status: Literal["ok", "degraded"]
-    index: str
-    faqs: int
-    version: str
-    encoder: str
-    config: dict[str, Any]
-    models: dict[str, str]
-    fault: str | None
-
-
 def errors(*codes: int) -> dict[int | str, dict[str, Any]]:
     """The OpenAPI description of an endpoint's error answers."""
     meaning = {
@@ -353,10 +342,9 @@ def create_app(
     async def unanswered():
         return {"questions": await run_in_threadpool(service.unanswered)}
 
-    @app.get("/health", response_model=HealthOut)
+    @app.get("/health", response_model=ServiceStatus)
     async def health():
-        status = await run_in_threadpool(service.status)
-        return {"status": "degraded" if status.fault else "ok", **asdict(status)}
+        return await run_in_threadpool(service.status)
 
     @app.post("/index/add", dependencies=WRITE, response_model=AddOut, responses=errors(400, 401, 403, 413, 422))
     async def add(body: AddRequest):

@@ -11,7 +11,7 @@ import logging
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import retriever.stages  # noqa: F401  (registers the summarizer, reranker and NER stage loaders)
 from app.feedback import Feedback, FeedbackStore
@@ -43,6 +43,10 @@ class ServiceUnavailable(MedfaqError):
 
 @dataclass
 class ServiceStatus:
+    """What ``GET /health`` answers: `status` is ``ok``, or ``degraded`` with the `fault` while a newer index on disk
+    cannot be loaded."""
+
+    status: Literal["ok", "degraded"]
     index: str
     faqs: int
     version: str
@@ -164,6 +168,7 @@ class SearchService:
             f"{kind}:{name or 'default'}": type(stage).__name__ for (kind, name, *_), stage in self._stages.items()
         }
         return ServiceStatus(
+            status="degraded" if self.fault else "ok",
             index=str(self.index_dir),
             faqs=len(self.index),
             version=self.index.version,

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -15,15 +14,13 @@ from pathlib import Path
 import httpx
 import pytest
 from fastapi.testclient import TestClient
-from typer.testing import CliRunner
 
-from app.cli import app as cli_app
 from app.server import create_app
 from app.service import SearchService
 from index.faq_index import MANIFEST, FaqIndex, disk_version
 from index.records import FaqRecord
 from retriever.pipeline import PipelineConfig
-from tests.conftest import FAQ_ROWS
+from tests.conftest import FAQ_ROWS, write_jsonl
 from tests.servers import serving
 
 REPO = Path(__file__).resolve().parents[1]
@@ -51,28 +48,6 @@ def error_line(result: subprocess.CompletedProcess) -> str:
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
     return lines[0]
-
-
-def write_jsonl(path: Path, rows: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
-    return path
-
-
-@pytest.fixture(scope="module")
-def workspace(tmp_path_factory, tiny_encoder_dir) -> Path:
-    """A folder with the six test FAQs and their index (`idx`, tiny encoder) built by `medfaq index build`."""
-    folder = tmp_path_factory.mktemp("hostile")
-    faqs = write_jsonl(folder / "faqs.jsonl", FAQ_ROWS)
-    built = CliRunner().invoke(cli_app, ["index", "build", str(faqs), "--out", str(folder / "idx"), "--encoder",
-                                         str(tiny_encoder_dir), "--synonyms", "none"])  # fmt: skip
-    assert built.exit_code == 0, built.output
-    return folder
-
-
-@pytest.fixture
-def index_dir(workspace, tmp_path) -> Path:
-    """A fresh copy of the built index for one test."""
-    return Path(shutil.copytree(workspace / "idx", tmp_path / "idx"))
 
 
 @pytest.fixture
@@ -117,8 +92,8 @@ def test_an_add_that_adds_nothing_is_an_error(index_dir, tmp_path, home):
     assert disk_version(index_dir) == version
 
 
-def test_wrong_models_ids_and_dimensions_fail_before_any_model_loads(index_dir, workspace, tmp_path, home):
-    build = run_medfaq("index", "build", workspace / "faqs.jsonl", "--out", tmp_path / "new", "--encoder",
+def test_wrong_models_ids_and_dimensions_fail_before_any_model_loads(index_dir, built_index, tmp_path, home):
+    build = run_medfaq("index", "build", built_index.parent / "faqs.jsonl", "--out", tmp_path / "new", "--encoder",
                        tmp_path / "no-such-model", home=home, models=False)  # fmt: skip
     assert "no-such-model" in error_line(build)
     rerank = run_medfaq("search", "--index", index_dir, "--rerank", "--reranker", tmp_path / "no-such-reranker",

@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import subprocess
 import sys
 import threading
@@ -21,7 +20,7 @@ from app.cli import app
 from index.faq_index import FaqIndex, disk_version, write_lock
 from index.records import FaqRecord
 from index.runtime import MedfaqError
-from tests.conftest import FAQ_ROWS
+from tests.conftest import FAQ_ROWS, write_jsonl
 
 runner = CliRunner()
 REPO = Path(__file__).resolve().parents[1]
@@ -46,28 +45,6 @@ def assert_one_line_error(result, pattern: str) -> None:
     assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
     assert pattern in lines[0], lines[0]
     assert "Traceback" not in result.stderr
-
-
-def write_jsonl(path: Path, rows: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
-    return path
-
-
-@pytest.fixture(scope="module")
-def built_index(tmp_path_factory, tiny_encoder_dir) -> Path:
-    """A six-FAQ index built once by `medfaq index build`; tests work on copies (see `index_dir`)."""
-    root = tmp_path_factory.mktemp("safety")
-    faqs = write_jsonl(root / "faqs.jsonl", FAQ_ROWS)
-    result = medfaq("index", "build", faqs, "--out", root / "idx", "--encoder", tiny_encoder_dir)
-    assert result.exit_code == 0, result.output
-    return root / "idx"
-
-
-@pytest.fixture
-def index_dir(tmp_path, built_index) -> Path:
-    target = tmp_path / "idx"
-    shutil.copytree(built_index, target)
-    return target
 
 
 def tiny_encoder_variant(tmp_path: Path, tiny_bert_dir: Path, hidden: int, seed: int) -> Path:
