@@ -1,4 +1,5 @@
-"""Encoder backends side by side (PyTorch fp32, ONNX Runtime fp32, ONNX Runtime int8) on this CPU: load time,
+"""Encoder backends side by side (PyTorch fp32, ONNX Runtime fp32, ONNX Runtime int8, and OpenVINO running the same
+fp32 export in f32 or bf16 where `pip install openvino` put it) on this CPU: load time,
 milliseconds per single-question encode, texts per second (wall and per CPU second) encoding a corpus, and dense
 retrieval quality (Recall@1, MRR@10 on the judged test queries of a `medfaq data make-benchmark` directory).
 
@@ -27,6 +28,9 @@ import numpy as np
 from index.runtime import ENCODER_BACKENDS, MedfaqError, positive_int, print_report
 
 BACKENDS = tuple(backend for backend in ENCODER_BACKENDS if backend != "auto")
+OPENVINO_HINTS = {"openvino": "f32", "openvino-bf16": "bf16"}
+"""Comparison-only rows: OpenVINO's inference precision for the ONNX fp32 export (the int8 graph holds ONNX Runtime
+operators OpenVINO cannot convert)."""
 LATENCY_QUERIES = 100  # single-question encodes timed per backend
 WARM_UP = 5
 TOP_K = 10
@@ -51,6 +55,41 @@ class Throughput:
             f"{prefix}_texts_per_s": self.texts / self.wall_s,
             f"{prefix}_texts_per_cpu_s": self.texts / max(self.cpu_s, 1e-9),
         }
+
+
+class OpenVinoSession:
+    """OpenVINO's compiled model behind the ``run(None, feed) -> [output]`` call of an ONNX Runtime session."""
+
+    def __init__(self, path: Path, hint: str) -> None:
+        import os
+
+        try:
+            import openvino
+        except ImportError:
+            raise MedfaqError("the openvino rows need OpenVINO: pip install openvino") from None
+        threads = os.environ.get("OMP_NUM_THREADS", "")
+        config = {"INFERENCE_PRECISION_HINT": hint, **({"INFERENCE_NUM_THREADS": threads} if threads.isdigit() else {})}
+        self.model = openvino.Core().compile_model(str(path), "CPU", config)
+        self.request = self.model.create_infer_request()
+
+    def run(self, _outputs: None, feed: dict[str, np.ndarray]) -> list[np.ndarray]:
+        return [np.asarray(self.request.infer(feed)[self.model.outputs[0]])]
+
+
+def load_for_comparison(model: str, backend: str) -> Any:
+    """The encoder of one row: a medfaq backend, or the ONNX fp32 export run by OpenVINO (`OPENVINO_HINTS`)."""
+    from index.encoder import load_encoder
+    from index.onnx_encoder import GRAPHS, OnnxEncoder, ensure_export
+    from index.runtime import resolve_model
+
+    if backend not in OPENVINO_HINTS:
+        return load_encoder(model, backend, device="cpu")
+    encoder = OnnxEncoder(model)
+    encoder.graph.session = OpenVinoSession(
+        ensure_export(resolve_model(model)) / GRAPHS["fp32"], OPENVINO_HINTS[backend]
+    )
+    encoder.backend = backend
+    return encoder
 
 
 def query_latency_ms(encoder: Any, questions: list[str]) -> dict[str, float]:
@@ -109,7 +148,6 @@ def compare_backends(
 ) -> dict[str, Any]:
     """One row per backend; see the module docstring. Every backend encodes the same texts."""
     from eval.benchmarks import Benchmark
-    from index.encoder import load_encoder
 
     benchmark = Benchmark.load(benchmark_dir) if benchmark_dir else None
     sample, build_total, build_faqs = [], 0, 0
@@ -123,7 +161,7 @@ def compare_backends(
     reference: np.ndarray | None = None
     for backend in backends:
         start = time.perf_counter()
-        encoder = load_encoder(model, backend, device="cpu")
+        encoder = load_for_comparison(model, backend)
         row: dict[str, float] = {"load_s": time.perf_counter() - start}
         row.update(query_latency_ms(encoder, questions))
         if benchmark:
@@ -179,7 +217,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m eval.encoder_backends", description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="minilm", help="Encoder name or directory.")
     parser.add_argument("--benchmark", type=Path, default=None, help="A `medfaq data make-benchmark` directory.")
-    parser.add_argument("--backends", default=",".join(BACKENDS), help="Comma-separated, in this order.")
+    parser.add_argument(
+        "--backends",
+        default=",".join(BACKENDS),
+        help=f"Comma-separated, in this order: {', '.join([*BACKENDS, *OPENVINO_HINTS])}.",
+    )
     parser.add_argument("--build", default=None, help="Collection to estimate the index build of (e.g. medquad).")
     parser.add_argument("--synonyms", default="auto", help="--synonyms of that build.")
     parser.add_argument("--build-sample", type=positive_int, default=2000, help="Texts of it to time.")

@@ -130,7 +130,9 @@ def test_backend_comparison_reports_each_backend(tmp_path, exported_dir):
     queries = [{"_id": f"q{i}", "text": row["text"], "metadata": {}} for i, row in enumerate(corpus)]
     qrels = {f"q{i}": {f"d{i}": 1} for i in range(len(corpus))}
     Benchmark("tiny", corpus, queries, qrels).save(tmp_path / "bench")
-    report = compare_backends(str(exported_dir), tmp_path / "bench", ["onnx", "onnx-int8"])
-    assert set(report["backends"]) == {"onnx", "onnx-int8"}
-    assert report["backends"]["onnx"]["recall@1"] == 100.0 and report["backends"]["onnx"]["corpus_texts_per_s"] > 0
+    report = compare_backends(str(exported_dir), tmp_path / "bench", ["onnx", "onnx-int8", "openvino"])
+    rows = report["backends"]
+    assert set(rows) == {"onnx", "onnx-int8", "openvino"}
+    assert rows["onnx"]["recall@1"] == 100.0 and rows["onnx"]["corpus_texts_per_s"] > 0
+    assert rows["openvino"]["recall@1"] == 100.0 and rows["openvino"]["min_cosine_to_first"] > 0.9999  # same graph
     assert "| onnx-int8 |" in format_table(report)
