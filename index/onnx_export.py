@@ -44,7 +44,7 @@ def export_encoder(location: str, out: Path) -> None:
     inputs = [name for name in ("input_ids", "attention_mask", "token_type_ids") if name in features]
     out.mkdir(parents=True)
     raw = out / "raw.onnx"
-    _export_graph(model, inputs, features, raw)
+    export_graph(model, inputs, features, raw)
     backend_tokenizer = tokenizer.backend_tokenizer
     backend_tokenizer.no_truncation()
     backend_tokenizer.no_padding()
@@ -62,7 +62,7 @@ def export_encoder(location: str, out: Path) -> None:
     )
     expected = model.encode(PROBES, convert_to_numpy=True, normalize_embeddings=True)
     fp32 = out / GRAPHS["fp32"]
-    info.optimized = _optimize(raw, fp32, transformer.auto_model.config)
+    info.optimized = optimize(raw, fp32, transformer.auto_model.config)
     if info.optimized and _drift(out, info, expected) > TOLERANCE:
         logger.info("the fused ONNX graph of %s drifts from sentence-transformers; keeping the plain graph", location)
         info.optimized = False
@@ -74,7 +74,7 @@ def export_encoder(location: str, out: Path) -> None:
             f"the ONNX export of {location} differs from sentence-transformers by {drift:.2g} (more than "
             f"{TOLERANCE}); use --encoder-backend torch"
         )
-    _quantize(fp32, out / GRAPHS["int8"])
+    quantize(fp32, out / GRAPHS["int8"])
     raw.unlink(missing_ok=True)
     info.save(out)
     logger.info("exported %s to ONNX in %s (fp32 within %.1g of torch)", location, out, drift)
@@ -90,8 +90,11 @@ def _load(location: str) -> Any:
         raise MedfaqError(f"cannot load encoder {location!r} to export it ({type(error).__name__}: {reason})") from None
 
 
-def _export_graph(model: Any, inputs: list[str], features: dict[str, Any], path: Path) -> None:
-    """The module chain, (inputs) -> sentence_embedding, with batch and sequence axes left free."""
+def export_graph(
+    model: Any, inputs: list[str], features: dict[str, Any], path: Path, output: str = "sentence_embedding"
+) -> None:
+    """The sentence-transformers module chain, (inputs) -> its `output` feature, with batch and sequence axes
+    left free."""
     import torch
 
     class Chain(torch.nn.Module):
@@ -100,7 +103,7 @@ def _export_graph(model: Any, inputs: list[str], features: dict[str, Any], path:
             self.model = model
 
         def forward(self, *tensors: torch.Tensor) -> torch.Tensor:
-            return self.model(dict(zip(inputs, tensors, strict=True)))["sentence_embedding"]
+            return self.model(dict(zip(inputs, tensors, strict=True)))[output]
 
     axes = {name: {0: "batch", 1: "sequence"} for name in inputs}
     with warnings.catch_warnings(), torch.no_grad():
@@ -110,14 +113,14 @@ def _export_graph(model: Any, inputs: list[str], features: dict[str, Any], path:
             tuple(features[name] for name in inputs),
             str(path),
             input_names=inputs,
-            output_names=["sentence_embedding"],
-            dynamic_axes={**axes, "sentence_embedding": {0: "batch"}},
+            output_names=[output],
+            dynamic_axes={**axes, output: {0: "batch"}},
             opset_version=OPSET,
             dynamo=False,
         )
 
 
-def _optimize(raw: Path, out: Path, config: Any) -> bool:
+def optimize(raw: Path, out: Path, config: Any) -> bool:
     """ONNX Runtime's transformer fusions (attention, layer norm, GELU) of `raw` into `out`; False when the
     optimizer cannot read this architecture."""
     from onnxruntime.transformers.optimizer import optimize_model
@@ -142,7 +145,7 @@ def _drift(directory: Path, info: ExportInfo, expected: np.ndarray) -> float:
     return float(np.abs(vectors - expected).max())
 
 
-def _quantize(fp32: Path, int8: Path) -> None:
+def quantize(fp32: Path, int8: Path) -> None:
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
