@@ -29,7 +29,7 @@ logger = logging.getLogger("medfaq.encoder")
 
 EXPORT_DIR = "medfaq-onnx"
 EXPORT_INFO = "export.json"
-EXPORT_VERSION = 1  # raised when the export's layout changes: older exports are made again
+EXPORT_VERSION = 2  # raised when the export's layout changes: older exports are made again
 TOKENIZER_FILE = "tokenizer.json"
 GRAPHS = {"fp32": "model.onnx", "int8": "model_int8.onnx"}
 INSTALLED = {"site-packages", "dist-packages"}  # a model inside an installed package is never written to

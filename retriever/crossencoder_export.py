@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from index.onnx_encoder import GRAPHS, TOKENIZER_FILE, ExportInfo, source_signature
-from index.onnx_export import export_graph, optimize, quantize
+from index.onnx_export import export_graph, optimize, quantize, store_weights_apart
 from index.runtime import MedfaqError
 
 logger = logging.getLogger("medfaq.crossencoder")
@@ -85,6 +85,7 @@ def export_crossencoder(location: str, out: Path) -> None:
         )
     quantize(fp32, out / GRAPHS["int8"])
     raw.unlink(missing_ok=True)
+    store_weights_apart(out)
     info.save(out)
     logger.info("exported reranker %s to ONNX in %s (fp32 logits within %.1g of PyTorch)", location, out, drift)
 
