@@ -9,13 +9,15 @@ An index directory keeps them as::
 
 A loaded table holds the keys and ids alone and parses a record when it is asked for (a search parses its hits,
 not the 47,441 MedQuAD records), reading through a handle opened at load time, so a save that swaps the directory
-meanwhile never mixes two versions. A directory saved before the offsets and ids were written is read whole; its
+meanwhile never mixes two versions. In a directory saved before the offsets and ids were written, they are found
+by scanning the lines (the id leads each line as it was written; a line where it does not is parsed whole); its
 next save writes them.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import threading
 import weakref
 from collections.abc import Iterable, Iterator
@@ -31,6 +33,8 @@ RECORDS = "records.jsonl"
 KEYS = "keys.npy"
 OFFSETS = "records.offsets.npy"
 IDS = "records.ids"
+LEADING_ID = re.compile(rb'\{"id": ("(?:[^"\\]|\\.)*"), ')
+"""The id of a line as :func:`index.collections.write_records` writes it: the first key, a JSON string."""
 
 
 class RecordFile:
@@ -71,17 +75,13 @@ class RecordTable:
 
     @classmethod
     def open(cls, directory: Path) -> RecordTable:
-        """The table saved in `directory`: ids now, records on demand (all now for a directory without offsets)."""
-        from index.collections import read_records
-
+        """The table saved in `directory`: ids now, records on demand."""
         keys = np.load(directory / KEYS, allow_pickle=False)
-        if not (directory / OFFSETS).is_file():
-            records = read_records(directory / RECORDS)
-            if len(records) != len(keys):
-                raise corrupt(directory, f"{len(records)} records but {len(keys)} keys")
-            return cls(keys.tolist(), records)
-        offsets = np.load(directory / OFFSETS, allow_pickle=False)
-        ids = json.loads((directory / IDS).read_bytes())
+        if (directory / OFFSETS).is_file():
+            offsets = np.load(directory / OFFSETS, allow_pickle=False)
+            ids = json.loads((directory / IDS).read_bytes())
+        else:
+            offsets, ids = scan_lines(directory / RECORDS)
         if not len(keys) == len(ids) == len(offsets) - 1:
             raise corrupt(directory, f"{len(keys)} keys, {len(ids)} ids, {len(offsets) - 1} offsets")
         table = cls()
@@ -151,6 +151,7 @@ class RecordTable:
                 if record is None:
                     assert self._file is not None, key
                     line = self._file.line(self._row_of[key])
+                    line += b"" if line.endswith(b"\n") else b"\n"  # the last line of a file without a final one
                 else:
                     line = (json.dumps(record.to_dict(), ensure_ascii=False) + "\n").encode("utf-8")
                 handle.write(line)
@@ -158,6 +159,20 @@ class RecordTable:
         np.save(directory / KEYS, self.keys(), allow_pickle=False)
         np.save(directory / OFFSETS, offsets, allow_pickle=False)
         (directory / IDS).write_text(json.dumps(self.ids(), ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def scan_lines(path: Path) -> tuple[np.ndarray, list[str]]:
+    """Where each record of a records.jsonl saved without offsets starts (then the file's size), and its id; a
+    record's bytes run to the next one's start, blank lines included."""
+    data = path.read_bytes()
+    starts, ids, position = [], [], 0
+    for line in data.split(b"\n"):
+        if line.strip():
+            leading = LEADING_ID.match(line)
+            ids.append(json.loads(leading.group(1)) if leading else str(json.loads(line)["id"]))
+            starts.append(position)
+        position += len(line) + 1
+    return np.array([*starts, len(data)], dtype=np.int64), ids
 
 
 def corrupt(directory: Path, why: str) -> MedfaqError:

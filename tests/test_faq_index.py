@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 
@@ -156,6 +157,12 @@ def test_an_index_saved_without_offsets_loads_and_its_next_save_adds_them(saved_
     for name in ("records.offsets.npy", "records.ids"):  # the layout before record offsets were written
         (saved_index / name).unlink()
         del manifest["checksums"][name]
+    records = saved_index / "records.jsonl"
+    lines = records.read_text().splitlines()
+    last = json.loads(lines[-1])  # a line whose id does not lead, at the end of a file without a final newline
+    lines[-1] = json.dumps({"question": last.pop("question"), **last})
+    records.write_text("\n".join(lines[:2] + [""] + lines[2:]))  # and a blank line
+    manifest["checksums"]["records.jsonl"] = hashlib.sha256(records.read_bytes()).hexdigest()
     (saved_index / "manifest.json").write_text(json.dumps(manifest))
     index = FaqIndex.load(saved_index, tiny_encoder)
     assert [r.to_dict() for r in index.records()] == [r.to_dict() for r in faq_records]
