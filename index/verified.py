@@ -3,19 +3,18 @@
 A load hashes a file again unless it is the very file that was verified (same device, inode, size, mtime and
 ctime: any write, replacement, ``touch`` or ``chmod`` changes one of them) and was already old when it was hashed
 (ctime at least :data:`SETTLED_S` before, so a change within the file system's timestamp granularity cannot hide
-behind equal times). Kept per index under ``$MEDFAQ_HOME/cache/verified``, written atomically; an unreadable or
-unwritable cache only means hashing again.
+behind equal times). Kept per index under ``$MEDFAQ_HOME/cache/verified``; an unreadable or unwritable cache
+only means hashing again.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
 from pathlib import Path
 
-from index.runtime import medfaq_home
+from index.runtime import cache_dir, write_cache
 
 SETTLED_S = 2.0
 
@@ -34,7 +33,7 @@ def settled(stat: os.stat_result, hashed_at_ns: int) -> bool:
 
 def cache_file(directory: Path) -> Path:
     key = hashlib.sha256(str(directory.resolve()).encode("utf-8", "surrogatepass")).hexdigest()[:24]
-    return medfaq_home() / "cache" / "verified" / f"{key}.json"
+    return cache_dir() / "verified" / f"{key}.json"
 
 
 def recall(directory: Path) -> dict[str, Signature]:
@@ -48,13 +47,5 @@ def recall(directory: Path) -> dict[str, Signature]:
 
 
 def remember(directory: Path, files: dict[str, Signature]) -> None:
-    """Record the verified files of `directory`; a cache that cannot be written is left alone."""
-    path = cache_file(directory)
-    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial.write_text(json.dumps({"directory": str(directory.resolve()), "files": files}), encoding="utf-8")
-        os.replace(partial, path)
-    except OSError:
-        with contextlib.suppress(OSError):
-            partial.unlink(missing_ok=True)
+    """Record the verified files of `directory`."""
+    write_cache(cache_file(directory), json.dumps({"directory": str(directory.resolve()), "files": files}))
