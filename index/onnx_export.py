@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -61,24 +62,40 @@ def export_encoder(location: str, out: Path) -> None:
         source=source_signature(location),
     )
     expected = model.encode(PROBES, convert_to_numpy=True, normalize_embeddings=True)
+    failure = f"the ONNX export of {location} differs from sentence-transformers by {{drift:.2g}}"
+    drift = finish_export(
+        raw, info, transformer.auto_model.config, lambda: _drift(out, info, expected), failure, TOLERANCE
+    )
+    logger.info("exported %s to ONNX in %s (fp32 within %.1g of torch)", location, out, drift)
+
+
+def finish_export(
+    raw: Path, info: ExportInfo, config: Any, drift: Callable[[], float], failure: str, tolerance: float
+) -> float:
+    """Make the graphs of the export beside `raw` (the traced graph) and save `info` there; returns the fp32 drift.
+
+    The fp32 graph is `raw` fused by ONNX Runtime's optimizer, or `raw` itself where the fused graph's `drift()`
+    (its largest difference from PyTorch, measured on probes) exceeds `tolerance`; a drift above it then is the
+    one-line error `failure` (``{drift}`` in it is filled in). Then the int8 graph, and every graph's weights in a
+    ``.data`` file beside it.
+    """
+    out = raw.parent
     fp32 = out / GRAPHS["fp32"]
-    info.optimized = optimize(raw, fp32, transformer.auto_model.config)
-    if info.optimized and _drift(out, info, expected) > TOLERANCE:
-        logger.info("the fused ONNX graph of %s drifts from sentence-transformers; keeping the plain graph", location)
+    info.optimized = optimize(raw, fp32, config)
+    if info.optimized and drift() > tolerance:
+        logger.info("the fused ONNX graph in %s drifts from PyTorch; keeping the plain graph", out)
         info.optimized = False
     if not info.optimized:
         raw.replace(fp32)
-    drift = _drift(out, info, expected)
-    if drift > TOLERANCE:
-        raise MedfaqError(
-            f"the ONNX export of {location} differs from sentence-transformers by {drift:.2g} (more than "
-            f"{TOLERANCE}); use --encoder-backend torch"
-        )
+    error = drift()
+    if error > tolerance:
+        reason = failure.format(drift=error)
+        raise MedfaqError(f"{reason} (more than {tolerance}); use --encoder-backend torch")
     quantize(fp32, out / GRAPHS["int8"])
     raw.unlink(missing_ok=True)
     store_weights_apart(out)
     info.save(out)
-    logger.info("exported %s to ONNX in %s (fp32 within %.1g of torch)", location, out, drift)
+    return error
 
 
 def _load(location: str) -> Any:

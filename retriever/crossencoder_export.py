@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from index.onnx_encoder import GRAPHS, TOKENIZER_FILE, ExportInfo, source_signature
-from index.onnx_export import export_graph, optimize, quantize, store_weights_apart
+from index.onnx_encoder import TOKENIZER_FILE, ExportInfo, source_signature
+from index.onnx_export import export_graph, finish_export
 from index.runtime import MedfaqError
 
 logger = logging.getLogger("medfaq.crossencoder")
@@ -70,23 +70,8 @@ def export_crossencoder(location: str, out: Path) -> None:
         activation=activation,
     )
     expected = model.predict(pairs, activation_fn=torch.nn.Identity(), convert_to_numpy=True).reshape(-1)
-    fp32 = out / GRAPHS["fp32"]
-    info.optimized = optimize(raw, fp32, model[0].model.config)
-    if info.optimized and _drift(out, info, expected) > TOLERANCE:
-        logger.info("the fused ONNX graph of %s drifts from PyTorch; keeping the plain graph", location)
-        info.optimized = False
-    if not info.optimized:
-        raw.replace(fp32)
-    drift = _drift(out, info, expected)
-    if drift > TOLERANCE:
-        raise MedfaqError(
-            f"the ONNX export of reranker {location} differs from PyTorch by {drift:.2g} (more than {TOLERANCE}); "
-            "rerank with --encoder-backend torch"
-        )
-    quantize(fp32, out / GRAPHS["int8"])
-    raw.unlink(missing_ok=True)
-    store_weights_apart(out)
-    info.save(out)
+    failure = f"the ONNX export of reranker {location} differs from PyTorch by {{drift:.2g}}"
+    drift = finish_export(raw, info, model[0].model.config, lambda: _drift(out, info, expected), failure, TOLERANCE)
     logger.info("exported reranker %s to ONNX in %s (fp32 logits within %.1g of PyTorch)", location, out, drift)
 
 
