@@ -222,20 +222,22 @@ class FaqIndex:
 
     @property
     def bm25(self) -> Bm25Index:
-        """The BM25 index, loaded on first use."""
-        if isinstance(self._bm25, dict):
+        """The BM25 index, loaded on first use (two threads that race here both load it; either result serves)."""
+        bm25 = self._bm25
+        if isinstance(bm25, dict):
             from index.bm25_store import Bm25Index
 
-            self._bm25 = Bm25Index.from_files(self._bm25)
-        return self._bm25
+            bm25 = self._bm25 = Bm25Index.from_files(bm25)
+        return bm25
 
     def _bm25_rows(self) -> int:
         """How many rows BM25 indexes, without loading it."""
-        if isinstance(self._bm25, dict):
+        bm25 = self._bm25
+        if isinstance(bm25, dict):
             from index.bm25_store import KEYS_FILE
 
-            return int((np.load(io.BytesIO(self._bm25[KEYS_FILE]), allow_pickle=False) >= 0).sum())
-        return len(self._bm25)
+            return int((np.load(io.BytesIO(bm25[KEYS_FILE]), allow_pickle=False) >= 0).sum())
+        return len(bm25)
 
     @property
     def encoder(self) -> SentenceEncoder:

@@ -42,25 +42,7 @@ def export_encoder(location: str, out: Path) -> None:
     if getattr(tokenizer, "backend_tokenizer", None) is None:
         raise MedfaqError(f"encoder {location} has no fast (Rust) tokenizer; use --encoder-backend torch")
     features = model.preprocess(PROBES[:2])
-    inputs = [name for name in ("input_ids", "attention_mask", "token_type_ids") if name in features]
-    out.mkdir(parents=True)
-    raw = out / "raw.onnx"
-    export_graph(model, inputs, features, raw)
-    backend_tokenizer = tokenizer.backend_tokenizer
-    backend_tokenizer.no_truncation()
-    backend_tokenizer.no_padding()
-    backend_tokenizer.save(str(out / TOKENIZER_FILE))
-    from index.encoder import model_fingerprint
-
-    info = ExportInfo(
-        fingerprint=model_fingerprint(model),
-        dim=int(model.get_embedding_dimension()),
-        max_seq_length=int(model.max_seq_length),
-        inputs=inputs,
-        pad_id=int(tokenizer.pad_token_id or 0),
-        pad_token=str(tokenizer.pad_token or "[PAD]"),
-        source=source_signature(location),
-    )
+    raw, info = trace_export(model, tokenizer, features, location, out, int(model.get_embedding_dimension()))
     expected = model.encode(PROBES, convert_to_numpy=True, normalize_embeddings=True)
     failure = f"the ONNX export of {location} differs from sentence-transformers by {{drift:.2g}}"
     drift = finish_export(
@@ -106,6 +88,41 @@ def _load(location: str) -> Any:
     except (OSError, ValueError, KeyError, TypeError, RuntimeError) as error:
         reason = " ".join(str(error).split())[:200]
         raise MedfaqError(f"cannot load encoder {location!r} to export it ({type(error).__name__}: {reason})") from None
+
+
+def trace_export(
+    model: Any,
+    tokenizer: Any,
+    features: dict[str, Any],
+    location: str,
+    out: Path,
+    dim: int,
+    output: str = "sentence_embedding",
+    activation: str = "",
+) -> tuple[Path, ExportInfo]:
+    """Trace `model` (from the model directory `location`) into ``raw.onnx`` in the new directory `out`, save its
+    fast tokenizer there (neither cutting nor padding), and return that graph and the export's :class:`ExportInfo`."""
+    from index.encoder import model_fingerprint
+
+    inputs = [name for name in ("input_ids", "attention_mask", "token_type_ids") if name in features]
+    out.mkdir(parents=True)
+    raw = out / "raw.onnx"
+    export_graph(model, inputs, features, raw, output)
+    backend_tokenizer = tokenizer.backend_tokenizer
+    backend_tokenizer.no_truncation()
+    backend_tokenizer.no_padding()
+    backend_tokenizer.save(str(out / TOKENIZER_FILE))
+    info = ExportInfo(
+        fingerprint=model_fingerprint(model),
+        dim=dim,
+        max_seq_length=int(model.max_seq_length),
+        inputs=inputs,
+        pad_id=int(tokenizer.pad_token_id or 0),
+        pad_token=str(tokenizer.pad_token or "[PAD]"),
+        source=source_signature(location),
+        activation=activation,
+    )
+    return raw, info
 
 
 def export_graph(

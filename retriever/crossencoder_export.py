@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from index.onnx_encoder import TOKENIZER_FILE, ExportInfo, source_signature
-from index.onnx_export import export_graph, finish_export
+from index.onnx_encoder import ExportInfo
+from index.onnx_export import finish_export, trace_export
 from index.runtime import MedfaqError
 
 logger = logging.getLogger("medfaq.crossencoder")
@@ -48,27 +48,7 @@ def export_crossencoder(location: str, out: Path) -> None:
         )
     pairs = _fitted_probes(model)
     features = model.preprocess(pairs[:2])
-    inputs = [name for name in ("input_ids", "attention_mask", "token_type_ids") if name in features]
-    out.mkdir(parents=True)
-    raw = out / "raw.onnx"
-    with torch.no_grad():
-        export_graph(model.eval(), inputs, features, raw, output="scores")
-    backend_tokenizer = tokenizer.backend_tokenizer
-    backend_tokenizer.no_truncation()
-    backend_tokenizer.no_padding()
-    backend_tokenizer.save(str(out / TOKENIZER_FILE))
-    from index.encoder import model_fingerprint
-
-    info = ExportInfo(
-        fingerprint=model_fingerprint(model),
-        dim=1,
-        max_seq_length=int(model.max_seq_length),
-        inputs=inputs,
-        pad_id=int(tokenizer.pad_token_id or 0),
-        pad_token=str(tokenizer.pad_token or "[PAD]"),
-        source=source_signature(location),
-        activation=activation,
-    )
+    raw, info = trace_export(model, tokenizer, features, location, out, 1, output="scores", activation=activation)
     expected = model.predict(pairs, activation_fn=torch.nn.Identity(), convert_to_numpy=True).reshape(-1)
     failure = f"the ONNX export of reranker {location} differs from PyTorch by {{drift:.2g}}"
     drift = finish_export(raw, info, model[0].model.config, lambda: _drift(out, info, expected), failure, TOLERANCE)
