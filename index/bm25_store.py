@@ -7,6 +7,7 @@ need no re-indexing (term statistics are refreshed at the next rebuild, which `F
 from __future__ import annotations
 
 import logging
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -80,3 +81,11 @@ class Bm25Index:
         keys = np.load(directory / KEYS_FILE, allow_pickle=False)
         model = bm25s.BM25.load(str(directory), show_progress=False) if len(keys) else None
         return cls(model, keys)
+
+    @classmethod
+    def from_files(cls, files: dict[str, bytes]) -> Bm25Index:
+        """The index whose saved files (name -> content, as :meth:`save` wrote them) are `files`."""
+        with tempfile.TemporaryDirectory(prefix="medfaq-bm25-") as directory:
+            for name, content in files.items():
+                (Path(directory) / name).write_bytes(content)
+            return cls.load(Path(directory))

@@ -5,6 +5,7 @@ Directory layout::
     manifest.json    IndexManifest: encoder, dimension, fields, kind, counts, sha256 of every file, backend section
     records.jsonl    one FaqRecord per line
     keys.npy         int64 row key of each record line (the key the vector store and BM25 use)
+    records.offsets.npy, records.ids   where each line starts, and its FAQ id (index/record_table.py)
     vectors/         the vector backend's files
     bm25/            bm25s files + keys.npy
     concepts.jsonl   the concept lexicon FAQs are encoded with, when the index has one (index/concepts.py)
@@ -20,6 +21,10 @@ by other packages through :func:`write_lock`) holds an exclusive file lock, ``.N
 index loaded before another write changed it is refused. :attr:`FaqIndex.version` and :func:`disk_version` tell a
 long-running reader that a newer index is on disk.
 
+A load reads what every search needs (manifest, ids, vectors) and leaves the rest for first use: a record is
+parsed when a hit returns it, and BM25 (bm25s, scipy) is imported when a search or a change needs it, from the
+bytes of its files read at load time.
+
 The manifest records the encoder's dimension and fingerprint; every load with an encoder compares them with the
 encoder actually loaded.
 
@@ -32,12 +37,14 @@ collection) is named in the manifest's backend section.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import logging
 import os
 import shutil
 import tempfile
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -48,8 +55,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from index.collections import check_records, read_records, write_records
+from index import verified
+from index.collections import check_records, read_records
 from index.concepts import CONCEPTS_FILE, ConceptLexicon, combined_vectors, read_with_concepts
+from index.record_table import KEYS as KEYS  # the index's layout, named here too
+from index.record_table import RECORDS, RecordTable
 from index.records import FIELDS, FaqRecord, record_text
 from index.runtime import MedfaqError, resolve_model
 from index.vector_store import VECTOR_BACKENDS, VectorStore, backend_class
@@ -62,8 +72,6 @@ logger = logging.getLogger("medfaq.index")
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
-RECORDS = "records.jsonl"
-KEYS = "keys.npy"
 VECTORS_DIR = "vectors"
 BM25_DIR = "bm25"
 ENCODE_CHUNK = 512  # texts per encode call (progress and resume granularity)
@@ -119,20 +127,19 @@ class FaqIndex:
     def __init__(
         self,
         manifest: IndexManifest,
-        records: list[FaqRecord],
-        keys: np.ndarray,
+        records: RecordTable,
         store: VectorStore,
-        bm25: Bm25Index,
+        bm25: Bm25Index | dict[str, bytes],
         encoder: SentenceEncoder | None = None,
         concepts: ConceptLexicon | None = None,
     ) -> None:
+        """`bm25`: the index, or its saved files (name -> bytes), loaded on first use."""
         self.manifest = manifest
         self.store = store
-        self.bm25 = bm25
         self.concepts = concepts
+        self._bm25 = bm25
         self._encoder = encoder
-        self._records: dict[int, FaqRecord] = dict(zip((int(k) for k in keys), records, strict=True))
-        self._key_of: dict[str, int] = {record.id: key for key, record in self._records.items()}
+        self._records = records
         self._origin: Path | None = None  # the directory this index was loaded from or last saved to
         self._version = ""  # that directory's version then
 
@@ -182,7 +189,7 @@ class FaqIndex:
             encoder_backend=getattr(encoder, "backend", ""),
             concepts=concepts.describe() if concepts else {},
         )
-        index = cls(manifest, [], np.zeros(0, dtype=np.int64), store, Bm25Index.build([], []), encoder, concepts)
+        index = cls(manifest, RecordTable(), store, Bm25Index.build([], []), encoder, concepts)
         index.add(records, progress=progress, staging=staging, workers=workers)
         return index
 
@@ -209,10 +216,28 @@ class FaqIndex:
         manifest = IndexManifest.from_dict(
             {**self.manifest.to_dict(), "kind": kind, "backend": backend_section, "updated": _now()}
         )
-        keys = np.fromiter(self._records, dtype=np.int64, count=len(self._records))
-        moved = FaqIndex(manifest, list(self._records.values()), keys, store, self.bm25, self._encoder, self.concepts)
+        moved = FaqIndex(manifest, self._records.copy(), store, self._bm25, self._encoder, self.concepts)
         moved._origin, moved._version = self._origin, self._version  # saving it in place checks for other writes
         return moved
+
+    @property
+    def bm25(self) -> Bm25Index:
+        """The BM25 index, loaded on first use (two threads that race here both load it; either result serves)."""
+        bm25 = self._bm25
+        if isinstance(bm25, dict):
+            from index.bm25_store import Bm25Index
+
+            bm25 = self._bm25 = Bm25Index.from_files(bm25)
+        return bm25
+
+    def _bm25_rows(self) -> int:
+        """How many rows BM25 indexes, without loading it."""
+        bm25 = self._bm25
+        if isinstance(bm25, dict):
+            from index.bm25_store import KEYS_FILE
+
+            return int((np.load(io.BytesIO(bm25[KEYS_FILE]), allow_pickle=False) >= 0).sum())
+        return len(bm25)
 
     @property
     def encoder(self) -> SentenceEncoder:
@@ -270,12 +295,13 @@ class FaqIndex:
         return len(self._records)
 
     def __contains__(self, faq_id: str) -> bool:
-        return faq_id in self._key_of
+        return self._records.key_of(faq_id) is not None
 
     def get(self, faq_id: str) -> FaqRecord:
-        if faq_id not in self._key_of:
+        key = self._records.key_of(faq_id)
+        if key is None:
             raise MedfaqError(f"no FAQ with id {faq_id!r} in the index")
-        return self._records[self._key_of[faq_id]]
+        return self._records.get(key)
 
     def records(self) -> list[FaqRecord]:
         return list(self._records.values())
@@ -315,15 +341,12 @@ class FaqIndex:
         if expanded:
             rows = [row for row, _ in expanded]
             vectors[rows] = combined_vectors(vectors[rows], encoded[len(texts) :])
-        all_records = {**self._records, **dict(zip(keys.tolist(), records, strict=True))}
-        bm25 = Bm25Index.build(
-            [record_text(r, self.manifest.fields) for r in all_records.values()],
-            np.fromiter(all_records, dtype=np.int64, count=len(all_records)),
-        )
+        all_records = self._records.copy()
+        all_records.add(keys.tolist(), records)
+        bm25 = Bm25Index.build([record_text(r, self.manifest.fields) for r in all_records.values()], all_records.keys())
         self.store.add(keys, vectors)
-        self.bm25 = bm25
+        self._bm25 = bm25
         self._records = all_records
-        self._key_of.update({record.id: int(key) for key, record in zip(keys, records, strict=True)})
         self.manifest.next_key = int(keys[-1]) + 1
         self.manifest.updated = _now()
         return len(records)
@@ -332,7 +355,7 @@ class FaqIndex:
         """A one-line error when `records` cannot be added: a record that cannot be indexed, or an id already in the
         index (delete it first)."""
         check_records(records, "the new records")
-        clashes = [record.id for record in records if record.id in self._key_of]
+        clashes = [record.id for record in records if record.id in self]
         if clashes:
             shown = ", ".join(repr(c) for c in clashes[:5])
             more = f" and {len(clashes) - 5} more" if len(clashes) > 5 else ""
@@ -388,14 +411,13 @@ class FaqIndex:
 
     def delete(self, faq_ids: list[str]) -> int:
         """Remove FAQs by id without re-encoding or rebuilding anything; unknown ids are an error naming them."""
-        unknown = [faq_id for faq_id in faq_ids if faq_id not in self._key_of]
+        unknown = [faq_id for faq_id in faq_ids if faq_id not in self]
         if unknown:
             raise MedfaqError(f"unknown FAQ id(s): {', '.join(repr(u) for u in unknown[:5])}")
-        keys = np.array(sorted({self._key_of[faq_id] for faq_id in faq_ids}), dtype=np.int64)
+        keys = np.array(sorted({self._records.key_of(faq_id) for faq_id in faq_ids}), dtype=np.int64)
         self.store.delete(keys)
         self.bm25.delete(keys)
-        for key in keys.tolist():
-            del self._key_of[self._records.pop(key).id]
+        self._records.delete(keys.tolist())
         self.manifest.updated = _now()
         return len(keys)
 
@@ -404,15 +426,13 @@ class FaqIndex:
     def _allowed_keys(self, allowed_ids: list[str] | None) -> np.ndarray | None:
         if allowed_ids is None:
             return None
-        return np.array([self._key_of[i] for i in allowed_ids if i in self._key_of], dtype=np.int64)
+        keys = (self._records.key_of(faq_id) for faq_id in allowed_ids)
+        return np.array([key for key in keys if key is not None], dtype=np.int64)
 
     def _to_ids(self, scores: np.ndarray, keys: np.ndarray) -> ScoredIds:
+        id_of = self._records.id_of
         return [
-            [
-                (self._records[int(key)].id, float(score))
-                for score, key in zip(row_s, row_k)
-                if int(key) in self._records
-            ]
+            [(id_of(key), float(score)) for score, key in zip(row_s.tolist(), row_k.tolist()) if key in self._records]
             for row_s, row_k in zip(scores, keys)
         ]
 
@@ -456,11 +476,12 @@ class FaqIndex:
         staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.saving-"))
         staging.chmod(0o777 & ~_umask())  # mkdtemp makes it private; the index gets normal permissions
         try:
-            keys = np.fromiter(self._records, dtype=np.int64, count=len(self._records))
-            write_records(list(self._records.values()), staging / RECORDS)
-            np.save(staging / KEYS, keys, allow_pickle=False)
+            self._records.save(staging)
             self.store.save(staging / VECTORS_DIR)
-            self.bm25.save(staging / BM25_DIR)
+            if isinstance(self._bm25, dict):
+                _write_files(self._bm25, staging / BM25_DIR)
+            else:
+                self._bm25.save(staging / BM25_DIR)
             if self.concepts is not None:
                 self.concepts.save(staging / CONCEPTS_FILE)
             if target.is_dir():
@@ -468,7 +489,8 @@ class FaqIndex:
                     if sidecar.name != MANIFEST:
                         shutil.copy2(sidecar, staging / sidecar.name)
             self.manifest.backend = {**self.manifest.backend, **self.store.backend_config()}
-            self.manifest.counts = {"records": len(self._records), "vectors": len(self.store), "bm25": len(self.bm25)}
+            counts = {"records": len(self._records), "vectors": len(self.store), "bm25": self._bm25_rows()}
+            self.manifest.counts = counts
             self.manifest.sources = _source_counts(self._records.values())
             self.manifest.checksums = _checksums(staging)
             self.manifest.generation = max(self.manifest.generation, _manifest_generation(target)) + 1
@@ -551,8 +573,6 @@ class FaqIndex:
 
     @classmethod
     def _load_once(cls, path: Path, encoder: SentenceEncoder | str | None, verify: bool) -> FaqIndex:
-        from index.bm25_store import Bm25Index
-
         manifest, version = _read_manifest_versioned(path)
         if isinstance(encoder, str) and not _same_encoder(encoder, manifest.encoder):
             raise MedfaqError(
@@ -562,23 +582,20 @@ class FaqIndex:
         if verify:
             verify_checksums(path, manifest)
         try:
-            records = read_records(path / RECORDS)
-            keys = np.load(path / KEYS, allow_pickle=False)
+            records = RecordTable.open(path)
             store = backend_class(manifest.backend.get("name", "faiss")).load(path / VECTORS_DIR, manifest.backend)
-            bm25 = Bm25Index.load(path / BM25_DIR)
+            bm25 = _read_files(path / BM25_DIR)
             concepts = ConceptLexicon.load(path / CONCEPTS_FILE, manifest.concepts) if manifest.concepts else None
         except MedfaqError:
             raise
         except Exception as error:  # any unreadable part means the directory is damaged
             raise MedfaqError(f"index {path} is corrupt ({type(error).__name__}: {error}); rebuild it") from None
-        if len(records) != len(keys):
-            raise MedfaqError(f"index {path} is corrupt ({len(records)} records but {len(keys)} keys); rebuild it")
         if store.dim != manifest.dimension:
             raise MedfaqError(
                 f"index {path} is inconsistent: its manifest names {manifest.dimension}-d encoder "
                 f"{manifest.encoder!r} but its vectors are {store.dim}-d; rebuild it"
             )
-        index = cls(manifest, records, keys, store, bm25, concepts=concepts)
+        index = cls(manifest, records, store, bm25, concepts=concepts)
         index._origin, index._version = path.resolve(), version
         if encoder is not None and not isinstance(encoder, str):
             index.check_encoder(encoder)
@@ -806,15 +823,26 @@ def _read_manifest_versioned(path: Path) -> tuple[IndexManifest, str]:
 
 
 def verify_checksums(path: Path, manifest: IndexManifest) -> None:
+    """Check every file against its checksum in the manifest; a file verified before and unchanged since (see
+    index/verified.py) is not hashed again."""
+    known, checked = verified.recall(path), {}
     for name, expected in manifest.checksums.items():
         try:
-            actual = _sha256(path / name)
+            stat = (path / name).stat()
+            hashed_at = time.time_ns()
+            if known.get(name) != verified.signature(stat, expected):
+                actual = _sha256(path / name)
+                if actual != expected:
+                    raise MedfaqError(f"index {path} is corrupt: checksum mismatch for {name}; rebuild it")
+                if not verified.settled(stat, hashed_at):
+                    continue
         except FileNotFoundError:  # missing, or swapped away by a save while it was read (the load then retries)
             raise MedfaqError(f"index {path} is corrupt: {name} is missing; rebuild it") from None
         except OSError as error:
             raise MedfaqError(f"cannot read {path / name}: {error.strerror or error}") from None
-        if actual != expected:
-            raise MedfaqError(f"index {path} is corrupt: checksum mismatch for {name}; rebuild it")
+        checked[name] = verified.signature(stat, expected)
+    if checked != known:
+        verified.remember(path, checked)
 
 
 def open_encoder(manifest: IndexManifest, backend: str = "auto", where: str | None = None) -> SentenceEncoder:
@@ -846,6 +874,17 @@ def _checksums(directory: Path) -> dict[str, str]:
         for file in sorted(directory.rglob("*"))
         if file.is_file() and not (file.parent == directory and file.suffix == ".json")
     }
+
+
+def _read_files(directory: Path) -> dict[str, bytes]:
+    """The content of every file directly in `directory`, by name."""
+    return {file.name: file.read_bytes() for file in sorted(directory.iterdir()) if file.is_file()}
+
+
+def _write_files(files: dict[str, bytes], directory: Path) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    for name, content in files.items():
+        (directory / name).write_bytes(content)
 
 
 def _sha256(file: Path) -> str:

@@ -16,6 +16,7 @@ import hashlib
 import json
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,7 @@ logger = logging.getLogger("medfaq.encoder")
 
 EXPORT_DIR = "medfaq-onnx"
 EXPORT_INFO = "export.json"
-EXPORT_VERSION = 1  # raised when the export's layout changes: older exports are made again
+EXPORT_VERSION = 2  # raised when the export's layout changes: older exports are made again
 TOKENIZER_FILE = "tokenizer.json"
 GRAPHS = {"fp32": "model.onnx", "int8": "model_int8.onnx"}
 INSTALLED = {"site-packages", "dist-packages"}  # a model inside an installed package is never written to
@@ -36,7 +37,8 @@ INSTALLED = {"site-packages", "dist-packages"}  # a model inside an installed pa
 
 @dataclass
 class ExportInfo:
-    """``export.json``: what the export was made from and what its graphs take and give."""
+    """``export.json``: what the export was made from and what its graphs take and give (`dim`: the width of the
+    output; `activation`: for a cross-encoder, what its scores apply to that logit, ``sigmoid`` or ``identity``)."""
 
     fingerprint: str
     dim: int
@@ -46,6 +48,7 @@ class ExportInfo:
     pad_token: str
     source: dict[str, list[int]] = field(default_factory=dict)
     optimized: bool = False
+    activation: str = ""
     version: int = EXPORT_VERSION
 
     def save(self, directory: Path) -> None:
@@ -70,23 +73,26 @@ def export_location(location: str) -> Path:
 
 
 def source_signature(location: str) -> dict[str, list[int]]:
-    """(size, mtime in ns) of every file of the model directory `location` but its export; empty for a hub id."""
+    """(size, mtime in ns) of every file of the model directory `location` but exports (its own, and those of
+    models inside it, such as a reranker's prior) and dotfiles; empty for a hub id."""
     root = Path(location)
     if not root.is_dir():
         return {}
     signature = {}
     for path in sorted(root.rglob("*")):
         relative = path.relative_to(root)
-        if relative.parts[0].startswith((EXPORT_DIR, ".")) or not path.is_file():  # the export, its lock, dotfiles
+        exported = any(part.startswith(EXPORT_DIR) for part in relative.parts)  # an export or its lock
+        if exported or relative.parts[0].startswith(".") or not path.is_file():
             continue
         stat = path.stat()
         signature[relative.as_posix()] = [stat.st_size, stat.st_mtime_ns]
     return signature
 
 
-def ensure_export(location: str) -> Path:
-    """The directory of an up-to-date export of the model at `location`, made (with torch, once) when missing or
-    older than the model's files."""
+def ensure_export(location: str, export: Callable[[str, Path], None] | None = None) -> Path:
+    """The directory of an up-to-date export of the model at `location`, made (with torch, once) by
+    ``export(location, directory)`` (default: :func:`index.onnx_export.export_encoder`) when missing or older than
+    the model's files."""
     directory = export_location(location)
     info = ExportInfo.read(directory)
     if info is not None and (info.version != EXPORT_VERSION or info.source != source_signature(location)):
@@ -94,9 +100,9 @@ def ensure_export(location: str) -> Path:
         (directory / EXPORT_INFO).unlink(missing_ok=True)
         info = None
     if info is None:
-        from index.onnx_export import export_encoder
-
-        make_once(directory, EXPORT_INFO, lambda out: export_encoder(location, out))
+        if export is None:
+            from index.onnx_export import export_encoder as export
+        make_once(directory, EXPORT_INFO, lambda out: export(location, out))
     return directory
 
 

@@ -2,15 +2,16 @@
 
 The whole module chain becomes one ONNX graph (TorchScript exporter, eager attention so ONNX Runtime's transformer
 optimizer can fuse it), written as ``model.onnx`` after fusion, and ``model_int8.onnx``, its dynamic int8
-quantisation with per-channel weight scales (per-tensor scales cost MiniLM up to 0.07 of cosine). The export is
-checked against sentence-transformers on probe texts before it is kept; a fused graph that drifts is replaced by
-the plain one.
+quantisation with per-channel weight scales (per-tensor scales cost MiniLM up to 0.07 of cosine), each with its
+weights in a ``.data`` file beside it. The export is checked against sentence-transformers on probe texts before
+it is kept; a fused graph that drifts is replaced by the plain one.
 """
 
 from __future__ import annotations
 
 import logging
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,43 +42,42 @@ def export_encoder(location: str, out: Path) -> None:
     if getattr(tokenizer, "backend_tokenizer", None) is None:
         raise MedfaqError(f"encoder {location} has no fast (Rust) tokenizer; use --encoder-backend torch")
     features = model.preprocess(PROBES[:2])
-    inputs = [name for name in ("input_ids", "attention_mask", "token_type_ids") if name in features]
-    out.mkdir(parents=True)
-    raw = out / "raw.onnx"
-    _export_graph(model, inputs, features, raw)
-    backend_tokenizer = tokenizer.backend_tokenizer
-    backend_tokenizer.no_truncation()
-    backend_tokenizer.no_padding()
-    backend_tokenizer.save(str(out / TOKENIZER_FILE))
-    from index.encoder import model_fingerprint
-
-    info = ExportInfo(
-        fingerprint=model_fingerprint(model),
-        dim=int(model.get_embedding_dimension()),
-        max_seq_length=int(model.max_seq_length),
-        inputs=inputs,
-        pad_id=int(tokenizer.pad_token_id or 0),
-        pad_token=str(tokenizer.pad_token or "[PAD]"),
-        source=source_signature(location),
-    )
+    raw, info = trace_export(model, tokenizer, features, location, out, int(model.get_embedding_dimension()))
     expected = model.encode(PROBES, convert_to_numpy=True, normalize_embeddings=True)
+    failure = f"the ONNX export of {location} differs from sentence-transformers by {{drift:.2g}}"
+    drift = finish_export(
+        raw, info, transformer.auto_model.config, lambda: _drift(out, info, expected), failure, TOLERANCE
+    )
+    logger.info("exported %s to ONNX in %s (fp32 within %.1g of torch)", location, out, drift)
+
+
+def finish_export(
+    raw: Path, info: ExportInfo, config: Any, drift: Callable[[], float], failure: str, tolerance: float
+) -> float:
+    """Make the graphs of the export beside `raw` (the traced graph) and save `info` there; returns the fp32 drift.
+
+    The fp32 graph is `raw` fused by ONNX Runtime's optimizer, or `raw` itself where the fused graph's `drift()`
+    (its largest difference from PyTorch, measured on probes) exceeds `tolerance`; a drift above it then is the
+    one-line error `failure` (``{drift}`` in it is filled in). Then the int8 graph, and every graph's weights in a
+    ``.data`` file beside it.
+    """
+    out = raw.parent
     fp32 = out / GRAPHS["fp32"]
-    info.optimized = _optimize(raw, fp32, transformer.auto_model.config)
-    if info.optimized and _drift(out, info, expected) > TOLERANCE:
-        logger.info("the fused ONNX graph of %s drifts from sentence-transformers; keeping the plain graph", location)
+    info.optimized = optimize(raw, fp32, config)
+    if info.optimized and drift() > tolerance:
+        logger.info("the fused ONNX graph in %s drifts from PyTorch; keeping the plain graph", out)
         info.optimized = False
     if not info.optimized:
         raw.replace(fp32)
-    drift = _drift(out, info, expected)
-    if drift > TOLERANCE:
-        raise MedfaqError(
-            f"the ONNX export of {location} differs from sentence-transformers by {drift:.2g} (more than "
-            f"{TOLERANCE}); use --encoder-backend torch"
-        )
-    _quantize(fp32, out / GRAPHS["int8"])
+    error = drift()
+    if error > tolerance:
+        reason = failure.format(drift=error)
+        raise MedfaqError(f"{reason} (more than {tolerance}); use --encoder-backend torch")
+    quantize(fp32, out / GRAPHS["int8"])
     raw.unlink(missing_ok=True)
+    store_weights_apart(out)
     info.save(out)
-    logger.info("exported %s to ONNX in %s (fp32 within %.1g of torch)", location, out, drift)
+    return error
 
 
 def _load(location: str) -> Any:
@@ -90,8 +90,46 @@ def _load(location: str) -> Any:
         raise MedfaqError(f"cannot load encoder {location!r} to export it ({type(error).__name__}: {reason})") from None
 
 
-def _export_graph(model: Any, inputs: list[str], features: dict[str, Any], path: Path) -> None:
-    """The module chain, (inputs) -> sentence_embedding, with batch and sequence axes left free."""
+def trace_export(
+    model: Any,
+    tokenizer: Any,
+    features: dict[str, Any],
+    location: str,
+    out: Path,
+    dim: int,
+    output: str = "sentence_embedding",
+    activation: str = "",
+) -> tuple[Path, ExportInfo]:
+    """Trace `model` (from the model directory `location`) into ``raw.onnx`` in the new directory `out`, save its
+    fast tokenizer there (neither cutting nor padding), and return that graph and the export's :class:`ExportInfo`."""
+    from index.encoder import model_fingerprint
+
+    inputs = [name for name in ("input_ids", "attention_mask", "token_type_ids") if name in features]
+    out.mkdir(parents=True)
+    raw = out / "raw.onnx"
+    export_graph(model, inputs, features, raw, output)
+    backend_tokenizer = tokenizer.backend_tokenizer
+    backend_tokenizer.no_truncation()
+    backend_tokenizer.no_padding()
+    backend_tokenizer.save(str(out / TOKENIZER_FILE))
+    info = ExportInfo(
+        fingerprint=model_fingerprint(model),
+        dim=dim,
+        max_seq_length=int(model.max_seq_length),
+        inputs=inputs,
+        pad_id=int(tokenizer.pad_token_id or 0),
+        pad_token=str(tokenizer.pad_token or "[PAD]"),
+        source=source_signature(location),
+        activation=activation,
+    )
+    return raw, info
+
+
+def export_graph(
+    model: Any, inputs: list[str], features: dict[str, Any], path: Path, output: str = "sentence_embedding"
+) -> None:
+    """The sentence-transformers module chain, (inputs) -> its `output` feature, with batch and sequence axes
+    left free."""
     import torch
 
     class Chain(torch.nn.Module):
@@ -100,7 +138,7 @@ def _export_graph(model: Any, inputs: list[str], features: dict[str, Any], path:
             self.model = model
 
         def forward(self, *tensors: torch.Tensor) -> torch.Tensor:
-            return self.model(dict(zip(inputs, tensors, strict=True)))["sentence_embedding"]
+            return self.model(dict(zip(inputs, tensors, strict=True)))[output]
 
     axes = {name: {0: "batch", 1: "sequence"} for name in inputs}
     with warnings.catch_warnings(), torch.no_grad():
@@ -110,14 +148,14 @@ def _export_graph(model: Any, inputs: list[str], features: dict[str, Any], path:
             tuple(features[name] for name in inputs),
             str(path),
             input_names=inputs,
-            output_names=["sentence_embedding"],
-            dynamic_axes={**axes, "sentence_embedding": {0: "batch"}},
+            output_names=[output],
+            dynamic_axes={**axes, output: {0: "batch"}},
             opset_version=OPSET,
             dynamo=False,
         )
 
 
-def _optimize(raw: Path, out: Path, config: Any) -> bool:
+def optimize(raw: Path, out: Path, config: Any) -> bool:
     """ONNX Runtime's transformer fusions (attention, layer norm, GELU) of `raw` into `out`; False when the
     optimizer cannot read this architecture."""
     from onnxruntime.transformers.optimizer import optimize_model
@@ -142,7 +180,20 @@ def _drift(directory: Path, info: ExportInfo, expected: np.ndarray) -> float:
     return float(np.abs(vectors - expected).max())
 
 
-def _quantize(fp32: Path, int8: Path) -> None:
+def store_weights_apart(directory: Path) -> None:
+    """Rewrite each graph in `directory` with its weights in a ``.data`` file beside it, which ONNX Runtime maps
+    instead of parsing: a MiniLM session starts in 0.07 s of CPU instead of 0.19 s, and computes the same."""
+    import onnx
+
+    for name in GRAPHS.values():
+        graph = directory / name
+        data = graph.with_name(graph.name + ".data")
+        model = onnx.load(str(graph))
+        onnx.save_model(model, str(graph), save_as_external_data=True, all_tensors_to_one_file=True, location=data.name)
+        data.chmod(graph.stat().st_mode & 0o777)  # onnx writes it private; the graph's own permissions
+
+
+def quantize(fp32: Path, int8: Path) -> None:
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 

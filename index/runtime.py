@@ -7,6 +7,7 @@ This module sits at the bottom of the dependency graph (it imports no other medf
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -51,6 +52,24 @@ def medfaq_home() -> Path:
 def data_dir() -> Path:
     """Where `medfaq data fetch` puts datasets."""
     return medfaq_home() / "data"
+
+
+def cache_dir() -> Path:
+    """Where medfaq keeps what it can always compute again (checksums verified, the medical term dictionary)."""
+    return medfaq_home() / "cache"
+
+
+def write_cache(path: Path, text: str) -> None:
+    """Write the cache file `path` atomically (a temporary file, then a rename); a cache that cannot be written is
+    left alone, as it only saves time."""
+    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial.write_text(text, encoding="utf-8")
+        os.replace(partial, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            partial.unlink(missing_ok=True)
 
 
 def models_dir() -> Path:

@@ -44,7 +44,11 @@ class BiEncoderScorer:
         return cls(encoder)
 
     def encode(self, texts: Sequence[str], progress: bool = False) -> np.ndarray:
-        """Unit-norm float32 embeddings."""
+        """Unit-norm float32 embeddings (`model`: a SentenceTransformer, or an ONNX Runtime encoder)."""
+        from index.onnx_encoder import OnnxEncoder
+
+        if isinstance(self.model, OnnxEncoder):
+            return self.model.encode([str(text) for text in texts], progress)
         vectors = self.model.encode(
             list(texts), batch_size=self.batch_size, show_progress_bar=progress, normalize_embeddings=True
         )

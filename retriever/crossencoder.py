@@ -12,7 +12,6 @@ of its first text (the query); the second text (the FAQ) is kept whole while it 
 from __future__ import annotations
 
 import functools
-import json
 import logging
 from collections.abc import Sequence
 from dataclasses import replace
@@ -34,25 +33,11 @@ from index.runtime import (
 from retriever.biencoder import BiEncoderScorer, load_biencoder
 from retriever.encoder_training import CONFIG_FILE, HEADS, EncoderTrainConfig, split_dev, train_loop
 from retriever.pair_data import Pair, ranking_groups
+from retriever.reranker import PRIOR_DIR, PairReranker, cut_first, decision_boundary, has_classifier_head
 
 logger = logging.getLogger("medfaq.crossencoder")
 
 LENGTH_PERCENTILE = 99  # the automatic max length covers this percentile of the training pairs' token counts
-PRIOR_DIR = "prior"  # a reranker trained as a correction of a bi-encoder keeps that bi-encoder here
-
-
-def has_classifier_head(path: str) -> bool:
-    """True for a saved cross-encoder (a sequence-classification model, or a sentence-transformers CrossEncoder
-    directory), False for a plain encoder."""
-    directory = Path(path)
-    config = directory / "config.json"
-    st_config = directory / "config_sentence_transformers.json"
-    if st_config.is_file() and json.loads(st_config.read_text(encoding="utf-8")).get("model_type") == "CrossEncoder":
-        return True
-    if not config.is_file():
-        return False
-    architectures = json.loads(config.read_text(encoding="utf-8")).get("architectures") or []
-    return any(name.endswith("ForSequenceClassification") for name in architectures)
 
 
 class SegmentCosine(Module):
@@ -141,15 +126,8 @@ def truncate_first(tokenizer, pairs: Sequence[tuple[str, str]], max_length: int)
     tokens with its second text whole; a second text too long to fit alone is left to the tokenizer's truncation."""
     quiet = {"add_special_tokens": False, "verbose": False}  # lengths over the model's maximum are the point here
     firsts = tokenizer([a for a, _ in pairs], return_offsets_mapping=True, **quiet)["offset_mapping"]
-    seconds = tokenizer([b for _, b in pairs], **quiet)["input_ids"]
-    special = tokenizer.num_special_tokens_to_add(pair=True)
-    fitted = []
-    for (a, b), offsets, second in zip(pairs, firsts, seconds, strict=True):
-        keep = max_length - special - len(second)
-        if len(offsets) > keep > 0:
-            a = a[: offsets[keep - 1][1]]
-        fitted.append((a, b))
-    return fitted
+    seconds = [len(ids) for ids in tokenizer([b for _, b in pairs], **quiet)["input_ids"]]
+    return cut_first(pairs, firsts, seconds, max_length - tokenizer.num_special_tokens_to_add(pair=True))
 
 
 def measure_max_length(tokenizer, pairs: Sequence[Pair], percentile: float = LENGTH_PERCENTILE) -> int:
@@ -160,13 +138,9 @@ def measure_max_length(tokenizer, pairs: Sequence[Pair], percentile: float = LEN
     return int(min(512, max(16, 8 * np.ceil(length / 8))))
 
 
-class CrossEncoderReranker:
-    """Scores text pairs with a cross-encoder: probabilities in [0, 1], higher = the same question / a match.
-
-    `symmetric` (a task where the pair order carries no meaning, e.g. MQP) scores both orders and averages them.
-    With a `prior` bi-encoder (a reranker trained as a correction of it, ``--prior-scale``), a score is the prior's
-    cosine plus the cross-encoder's logit divided by `prior_scale`: the first stage's score, corrected.
-    `decision_boundary`: the score at which the trained logit is 0 (:func:`decision_boundary`)."""
+class CrossEncoderReranker(PairReranker):
+    """A sentence-transformers cross-encoder on PyTorch as a :class:`~retriever.reranker.PairReranker`; `precision`
+    of its matrix products (fp32, bf16 or auto, see `index.runtime.resolve_precision`)."""
 
     def __init__(
         self,
@@ -179,14 +153,10 @@ class CrossEncoderReranker:
         precision: str = "fp32",
         decision_boundary: float = 0.5,
     ) -> None:
+        super().__init__(name, symmetric, prior, prior_scale, decision_boundary)
         self.model = model
         self.precision = resolve_precision(precision, str(model.device))
         self.batch_size = batch_size
-        self.name = name
-        self.symmetric = symmetric
-        self.prior = prior
-        self.prior_scale = prior_scale
-        self.decision_boundary = decision_boundary
 
     @classmethod
     def load(
@@ -210,32 +180,12 @@ class CrossEncoderReranker:
         boundary = decision_boundary(config)
         return cls(encoder, batch_size, str(model), config.symmetric, prior, config.prior_scale, precision, boundary)
 
-    @property
-    def corrects_first_stage(self) -> bool:
-        """True for a reranker trained as a correction of a bi-encoder: its scores are that cosine, corrected."""
-        return self.prior is not None
-
-    def score(self, query: str, candidates: list[str]) -> list[float]:
-        """How well each candidate matches `query`, higher = better (pipeline `Reranker` protocol)."""
-        return self.score_pairs([(query, candidate) for candidate in candidates]).tolist()
-
     def _predict(self, pairs: Sequence[tuple[str, str]], progress: bool) -> np.ndarray:
         fitted = truncate_first(self.model.tokenizer, pairs, self.model.max_seq_length)
         logits_only = {"activation_fn": torch.nn.Identity()} if self.prior is not None else {}
         with autocast(self.precision, str(self.model.device)):
             scores = self.model.predict(fitted, batch_size=self.batch_size, show_progress_bar=progress, **logits_only)
         return np.asarray(scores, dtype=np.float32).reshape(-1)
-
-    def score_pairs(self, pairs: Sequence[tuple[str, str]], progress: bool = False) -> np.ndarray:
-        """Scores of many (text_a, text_b) pairs: probabilities, or with a prior its corrected cosines."""
-        if not pairs:
-            return np.zeros(0, dtype=np.float32)
-        scores = self._predict(pairs, progress)
-        if self.symmetric:
-            scores = (scores + self._predict([(b, a) for a, b in pairs], progress)) / 2
-        if self.prior is not None:
-            scores = self.prior.score_pairs(pairs) + scores / self.prior_scale
-        return scores
 
 
 def calibrate_shift(model, pairs: Sequence[Pair], sample: int = 256) -> float:
@@ -401,12 +351,6 @@ def training_prior(
     config.extra["prior_median"] = float(np.median(cosines))
     offsets = config.prior_scale * (cosines - config.extra["prior_median"])
     return prior, dict(zip(texts, offsets.tolist(), strict=True))
-
-
-def decision_boundary(config: EncoderTrainConfig) -> float:
-    """The score at which a cross-encoder's trained logit is 0, where it tells a match from a non-match on its own:
-    0.5 for a probability; for a correction of a prior, the prior's median training cosine (:func:`training_prior`)."""
-    return float(config.extra.get("prior_median", 0.5)) if config.prior_scale else 0.5
 
 
 @functools.lru_cache(maxsize=2)

@@ -97,7 +97,9 @@ class PipelineConfig:
     `quantize`: int8 dynamic quantisation of the summarizer and reranker. `rerank_precision`: the cross-encoder's
     matrix products, ``fp32``, ``bf16`` or ``auto`` (bf16 where this machine measures it faster, e.g. AMX CPUs).
     `encoder_backend`: the runtime of the query encoder (:data:`index.encoder.ENCODER_BACKENDS`; ``auto``: PyTorch on
-    a GPU, ONNX Runtime on the CPU, where searching imports no torch).
+    a GPU, ONNX Runtime on the CPU, where searching imports no torch), and of the reranker, which runs on ONNX
+    Runtime wherever the encoder does, unless `rerank_precision` asks for bf16 (``onnx-int8`` names the encoder's
+    graph; the reranker's int8 graph is `quantize`'s).
     `key_terms`: drop hits sharing no key term (entities, else content words) with the query (precision bias).
     `dense_weight`: weight of the dense list against BM25's 1 in hybrid RRF.
     `abstain`: abstain when the confidence (:func:`confidence`) is below the threshold of the configuration that

@@ -2,14 +2,16 @@
 
 * ``rewrite``: :class:`summarizer.generation.Summarizer` (default: the best summarizer `medfaq setup` trained
   under ``$MEDFAQ_HOME/models``, see :mod:`retriever.setup_plan`), generating with the config's beams and length;
-* ``rerank``: :class:`retriever.crossencoder.CrossEncoderReranker` (default: the one `medfaq setup` trains);
+* ``rerank``: the cross-encoder (default: the one `medfaq setup` trains) on the runtime :func:`rerank_backend`
+  picks: :class:`retriever.onnx_reranker.OnnxReranker` (ONNX Runtime, no torch) or
+  :class:`retriever.crossencoder.CrossEncoderReranker` (PyTorch);
 * ``entities``: :func:`summarizer.entities.load_recognizer` (stanza when its models are on disk, else the
   offline dictionaries).
 
 A set-up model that is not trained yet is a one-line error naming `medfaq setup` and the exact train command.
 
 With ``quantize`` in the config, the summarizer's and the reranker's linear layers are converted to int8 with
-PyTorch dynamic quantisation (CPU only, `index.runtime.quantize_linear`).
+PyTorch dynamic quantisation (CPU only, `index.runtime.quantize_linear`); an ONNX reranker runs its int8 graph.
 Import this module (the CLI does) before :meth:`Pipeline.from_config`.
 """
 
@@ -64,16 +66,32 @@ def load_reranker(name: str | None, config: PipelineConfig) -> Any:
     path = Path(resolve_model(name))  # a wrong name or path fails before the model libraries load
     if path.is_dir() and not (path / "config.json").is_file():
         raise MedfaqError(f"reranker {path} is not a model directory (no config.json)")
-    from retriever.crossencoder import CrossEncoderReranker, has_classifier_head
+    from retriever.reranker import has_classifier_head
 
     if path.is_dir() and not has_classifier_head(str(path)):
         raise MedfaqError(
             f"reranker {path} has no classification head (a bi-encoder or plain encoder?); "
             "pass a cross-encoder, e.g. one trained with `medfaq train crossencoder --task faq`"
         )
+    if rerank_backend(config) == "onnx":
+        from retriever.onnx_reranker import OnnxReranker
+
+        return OnnxReranker.load(name, quantize=config.quantize, max_length=config.rerank_max_length)
+    from retriever.crossencoder import CrossEncoderReranker
+
     return CrossEncoderReranker.load(
         name, quantize=config.quantize, max_length=config.rerank_max_length, precision=config.rerank_precision
     )
+
+
+def rerank_backend(config: PipelineConfig) -> str:
+    """``onnx`` or ``torch``: the reranker runs where the query encoder does (`config.encoder_backend`, ``auto``:
+    ONNX Runtime on the CPU), on PyTorch when its products are asked in bf16 (`config.rerank_precision`)."""
+    from index.encoder import resolve_backend
+
+    if config.rerank_precision != "fp32":
+        return "torch"
+    return "torch" if resolve_backend(config.encoder_backend) == "torch" else "onnx"
 
 
 def load_entities(name: str | None) -> Any:

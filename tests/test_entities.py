@@ -87,3 +87,17 @@ def test_stanza_entities_are_mapped_and_overlaps_removed():
     found = recognizer.find(text)
     # CHEMICAL -> drug, PROBLEM -> disease, the shorter overlapping "chest" dropped, TEST ignored
     assert [(e.text, e.label) for e in found] == [("aspirin", "drug"), ("chest pain", "disease")]
+
+
+def test_the_dictionary_is_built_once_and_read_from_the_cache_after(monkeypatch):
+    built = []
+    build = entities._build_medical_dictionary
+    monkeypatch.setattr(entities, "_build_medical_dictionary", lambda: built.append(1) or build())
+    entities.medical_dictionary.cache_clear()
+    first = entities.medical_dictionary()
+    entities.medical_dictionary.cache_clear()
+    assert entities.medical_dictionary() == first and len(built) == 1 and first["ibuprofen"] == "drug"
+    monkeypatch.setattr(entities, "DICTIONARY_BUILD", entities.DICTIONARY_BUILD + 1)  # new rules: built again
+    entities.medical_dictionary.cache_clear()
+    assert entities.medical_dictionary() == first and len(built) == 2
+    entities.medical_dictionary.cache_clear()

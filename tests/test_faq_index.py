@@ -1,6 +1,8 @@
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 
 import numpy as np
 import pytest
@@ -136,3 +138,69 @@ def test_question_plus_answer_fields(faq_records, tiny_encoder):
     assert index.search_bm25(["antiviral"], 1)[0][0][0] == "f3"  # the word is only in f3's answer
     with pytest.raises(MedfaqError, match="unknown --fields"):
         FaqIndex.build(faq_records, tiny_encoder, fields="answer", progress=False)
+
+
+def test_a_loaded_index_parses_only_the_records_it_returns(monkeypatch, saved_index, tiny_encoder):
+    from index.record_table import RecordFile
+
+    parsed = []
+    record = RecordFile.record
+    monkeypatch.setattr(RecordFile, "record", lambda self, row: parsed.append(row) or record(self, row))
+    index = FaqIndex.load(saved_index, tiny_encoder)
+    assert len(index) == 6 and "f3" in index and not parsed
+    assert index.search_dense(["Is shingles treated?"], 2)[0][0][0] == "f3" and not parsed  # ids need no parsing
+    assert index.get("f3").question == "How is shingles treated?" and len(parsed) == 1
+
+
+def test_an_index_saved_without_offsets_loads_and_its_next_save_adds_them(saved_index, faq_records, tiny_encoder):
+    manifest = json.loads((saved_index / "manifest.json").read_text())
+    for name in ("records.offsets.npy", "records.ids"):  # the layout before record offsets were written
+        (saved_index / name).unlink()
+        del manifest["checksums"][name]
+    records = saved_index / "records.jsonl"
+    lines = records.read_text().splitlines()
+    last = json.loads(lines[-1])  # a line whose id does not lead, at the end of a file without a final newline
+    lines[-1] = json.dumps({"question": last.pop("question"), **last})
+    records.write_text("\n".join(lines[:2] + [""] + lines[2:]))  # and a blank line
+    manifest["checksums"]["records.jsonl"] = hashlib.sha256(records.read_bytes()).hexdigest()
+    (saved_index / "manifest.json").write_text(json.dumps(manifest))
+    index = FaqIndex.load(saved_index, tiny_encoder)
+    assert [r.to_dict() for r in index.records()] == [r.to_dict() for r in faq_records]
+    FaqIndex.delete_from(saved_index, ["f2"])
+    FaqIndex.add_to(saved_index, NEW, tiny_encoder, progress=False)
+    assert (saved_index / "records.offsets.npy").is_file()
+    reloaded = FaqIndex.load(saved_index, tiny_encoder)
+    expected = [r for r in faq_records if r.id != "f2"] + NEW
+    assert [r.to_dict() for r in reloaded.records()] == [r.to_dict() for r in expected]
+    assert reloaded.search_bm25(["ibuprofen"], 1)[0][0][0] == "n1"
+
+
+def test_records_cut_short_after_loading_are_a_one_line_error(saved_index, tiny_encoder):
+    index = FaqIndex.load(saved_index, tiny_encoder)
+    records = saved_index / "records.jsonl"
+    records.write_bytes(records.read_bytes()[:100])  # damaged in place, behind the loaded index
+    with pytest.raises(MedfaqError, match=r"is corrupt \(records.jsonl line 6 is cut short\); rebuild it"):
+        index.get("f6")
+
+
+def test_unchanged_files_are_verified_once_and_changed_ones_always(monkeypatch, saved_index):
+    import index.faq_index as faq_index
+    import index.verified as verified
+
+    hashed = []
+    checksum = faq_index._sha256
+    monkeypatch.setattr(faq_index, "_sha256", lambda file: hashed.append(file.name) or checksum(file))
+    FaqIndex.load(saved_index)  # saved just now: every file is hashed, and none trusted yet
+    FaqIndex.load(saved_index)
+    files = len(json.loads((saved_index / "manifest.json").read_text())["checksums"])
+    assert len(hashed) == 2 * files
+    monkeypatch.setattr(verified, "SETTLED_S", 0.0)  # as if the files were older
+    FaqIndex.load(saved_index)
+    FaqIndex.load(saved_index)
+    assert len(hashed) == 3 * files
+    records = saved_index / "records.jsonl"
+    stat, data = records.stat(), records.read_bytes()
+    records.write_bytes(data.replace(b"shingles", b"shingleZ", 1))  # same size, same mtime: the ctime changes
+    os.utime(records, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    with pytest.raises(MedfaqError, match="checksum mismatch for records.jsonl; rebuild it"):
+        FaqIndex.load(saved_index)

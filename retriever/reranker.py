@@ -1,0 +1,108 @@
+"""What every cross-encoder reranker shares, whatever runs it (PyTorch: retriever/crossencoder.py; ONNX Runtime:
+retriever/onnx_reranker.py): the saved model's layout, its decision boundary, the query-side cut of a long pair, and
+the scoring of pairs (both orders for a symmetric task, a prior bi-encoder's cosine added for a correction).
+
+Imports neither torch nor transformers.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from retriever.biencoder import BiEncoderScorer
+    from retriever.encoder_training import EncoderTrainConfig
+
+PRIOR_DIR = "prior"  # a reranker trained as a correction of a bi-encoder keeps that bi-encoder here
+
+
+def has_classifier_head(path: str) -> bool:
+    """True for a saved cross-encoder (a sequence-classification model, or a sentence-transformers CrossEncoder
+    directory), False for a plain encoder."""
+    directory = Path(path)
+    config = directory / "config.json"
+    st_config = directory / "config_sentence_transformers.json"
+    if st_config.is_file() and json.loads(st_config.read_text(encoding="utf-8")).get("model_type") == "CrossEncoder":
+        return True
+    if not config.is_file():
+        return False
+    architectures = json.loads(config.read_text(encoding="utf-8")).get("architectures") or []
+    return any(name.endswith("ForSequenceClassification") for name in architectures)
+
+
+def decision_boundary(config: EncoderTrainConfig) -> float:
+    """The score at which a cross-encoder's trained logit is 0, where it tells a match from a non-match on its own:
+    0.5 for a probability; for a correction of a prior, the prior's median training cosine
+    (:func:`retriever.crossencoder.training_prior`)."""
+    return float(config.extra.get("prior_median", 0.5)) if config.prior_scale else 0.5
+
+
+def cut_first(
+    pairs: Sequence[tuple[str, str]],
+    first_offsets: Sequence[Sequence[tuple[int, int]]],
+    second_lengths: Sequence[int],
+    room: int,
+) -> list[tuple[str, str]]:
+    """Each pair with its first text cut (at the end of a token, by the character offsets of its tokens) so that
+    both texts' tokens fit `room` (the max length less the special tokens); a second text too long to fit alone is
+    left to the tokenizer's truncation."""
+    fitted = []
+    for (a, b), offsets, second in zip(pairs, first_offsets, second_lengths, strict=True):
+        keep = room - second
+        if len(offsets) > keep > 0:
+            a = a[: offsets[keep - 1][1]]
+        fitted.append((a, b))
+    return fitted
+
+
+class PairReranker:
+    """Scores text pairs: probabilities in [0, 1], higher = the same question / a match; subclasses give
+    :meth:`_predict`, the model's score of each pair (its logit when a `prior` corrects it).
+
+    `symmetric` (a task where the pair order carries no meaning, e.g. MQP) scores both orders and averages them.
+    With a `prior` bi-encoder (a reranker trained as a correction of it, ``--prior-scale``), a score is the prior's
+    cosine plus the cross-encoder's logit divided by `prior_scale`: the first stage's score, corrected.
+    `decision_boundary`: the score at which the trained logit is 0 (:func:`decision_boundary`)."""
+
+    def __init__(
+        self,
+        name: str = "",
+        symmetric: bool = False,
+        prior: BiEncoderScorer | None = None,
+        prior_scale: float = 0.0,
+        decision_boundary: float = 0.5,
+    ) -> None:
+        self.name = name
+        self.symmetric = symmetric
+        self.prior = prior
+        self.prior_scale = prior_scale
+        self.decision_boundary = decision_boundary
+
+    @property
+    def corrects_first_stage(self) -> bool:
+        """True for a reranker trained as a correction of a bi-encoder: its scores are that cosine, corrected."""
+        return self.prior is not None
+
+    def score(self, query: str, candidates: list[str]) -> list[float]:
+        """How well each candidate matches `query`, higher = better (pipeline `Reranker` protocol)."""
+        return self.score_pairs([(query, candidate) for candidate in candidates]).tolist()
+
+    def score_pairs(self, pairs: Sequence[tuple[str, str]], progress: bool = False) -> np.ndarray:
+        """Scores of many (text_a, text_b) pairs: probabilities, or with a prior its corrected cosines."""
+        if not pairs:
+            return np.zeros(0, dtype=np.float32)
+        scores = self._predict(pairs, progress)
+        if self.symmetric:
+            scores = (scores + self._predict([(b, a) for a, b in pairs], progress)) / 2
+        if self.prior is not None:
+            scores = self.prior.score_pairs(pairs) + scores / self.prior_scale
+        return scores
+
+    def _predict(self, pairs: Sequence[tuple[str, str]], progress: bool) -> np.ndarray:
+        """float32 score of each pair: the probability, or with a prior the logit."""
+        raise NotImplementedError
