@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from index.runtime import MedfaqError, resolve_model
+from index.runtime import MedfaqError, minilm_path, resolve_model
 
 logger = logging.getLogger("medfaq.abstention")
 
@@ -186,6 +186,8 @@ def calibrate_model(model_dir: str | Path, data_root: Path | None = None, seed: 
     from retriever.pipeline import Pipeline
 
     model_dir = Path(resolve_model(str(model_dir)))
+    if model_dir == Path(minilm_path()).resolve():
+        raise MedfaqError("stock MiniLM lives in its pip package: copy its directory and calibrate the copy")
     first_stage, config = _calibration_config(model_dir)
     concepts = concept_lexicon(SYNONYMS)
     encoder = Encoder(first_stage)

@@ -145,3 +145,21 @@ def test_calibrate_without_development_data_is_one_line(tiny_encoder_dir):
     result = CliRunner().invoke(app, ["train", "calibrate", str(tiny_encoder_dir)])
     assert result.exit_code == 2 and result.stderr.startswith("error: calibrating a threshold needs")
     assert "medfaq data fetch meqsum healthcaremagic chq_summ" in result.stderr
+
+
+def test_benchmark_index_inherits_and_is_measured_at_that_threshold(tmp_path, tiny_encoder_dir, shared_data):
+    from eval.inherited_threshold import measure
+
+    calibrated = tmp_path / "calibrated"
+    shutil.copytree(tiny_encoder_dir, calibrated)
+    ModelThreshold(0.5, "dense@raw", "cosine", str(calibrated), "none", {}, {}).save(calibrated)
+    out = tmp_path / "bench"
+    args = ["data", "make-benchmark", "mediqa2021", "--out", str(out), "--from", str(shared_data)]
+    result = CliRunner().invoke(app, [*args, "--encoder", str(calibrated), "--synonyms", "none"])
+    assert result.exit_code == 0, result.output
+    assert "abstains below 0.5000 (dense@raw), the threshold inherited from the encoder" in result.stderr
+
+    report = measure(out)
+    assert report["threshold"] == 0.5 and report["inherited_from"] == str(calibrated / THRESHOLD_FILE)
+    assert report["in_scope"] == 100 and report["removed_faqs"] >= 100 and "real_ood" not in report
+    assert set(report["answers_removed"]) == {"auroc", "threshold", "accuracy", "answered", "ood_abstained"}
