@@ -163,3 +163,11 @@ def test_benchmark_index_inherits_and_is_measured_at_that_threshold(tmp_path, ti
     assert report["threshold"] == 0.5 and report["inherited_from"] == str(calibrated / THRESHOLD_FILE)
     assert report["in_scope"] == 100 and report["removed_faqs"] >= 100 and "real_ood" not in report
     assert set(report["answers_removed"]) == {"auroc", "threshold", "accuracy", "answered", "ood_abstained"}
+
+
+def test_training_without_development_data_warns_and_keeps_the_model(tiny_encoder_dir, capsys):
+    from app.cmd_duplicates import _calibrate_after_training
+
+    _calibrate_after_training(tiny_encoder_dir)
+    assert "warning: no abstention threshold stored" in capsys.readouterr().err
+    assert not (tiny_encoder_dir / THRESHOLD_FILE).exists()
