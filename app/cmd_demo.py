@@ -66,7 +66,7 @@ def answer_examples(top_k: int, mode: str | None) -> None:
     from app.render import hits_table
     from index.collections import load_collection
     from index.datasets import fetch_dataset
-    from index.encoder import Encoder
+    from index.encoder import load_encoder
     from index.faq_index import FaqIndex
     from retriever.pipeline import Pipeline, PipelineConfig
 
@@ -76,7 +76,7 @@ def answer_examples(top_k: int, mode: str | None) -> None:
         typer.echo(f"building the MedQuAD index in {directory} (once; several minutes on a CPU)", err=True)
         records, report = load_collection("medquad")
         typer.echo(report.summary(), err=True)
-        FaqIndex.build(records, Encoder(DEFAULT_ENCODER)).save(directory)
+        FaqIndex.build(records, load_encoder(DEFAULT_ENCODER)).save(directory)
     config = PipelineConfig.load(directory).updated(mode=mode, top_k=top_k, summarize=False, rerank=False)
     pipeline = Pipeline(FaqIndex.load(directory), config)
     for question in EXAMPLE_QUESTIONS:

@@ -16,7 +16,7 @@ import typer
 
 from index.collections import FORMATS
 from index.records import FIELDS
-from index.runtime import DEFAULT_ENCODER, MedfaqError
+from index.runtime import BACKEND_HELP, DEFAULT_ENCODER, MedfaqError
 from index.vector_store import INDEX_KINDS as KINDS
 from index.vector_store import VECTOR_BACKENDS
 from retriever.setup_plan import AUTO_ENCODER, choose_encoder, set_up_reranker
@@ -40,13 +40,13 @@ SYNONYMS_OPTION = typer.Option(
 )
 
 
-def load_encoder(name: str, **options: Any) -> Any:
-    """The `index.encoder.Encoder` `--encoder NAME` chooses (`choose_encoder`; `options` go to it), named on stderr
-    once it has loaded."""
-    from index.encoder import Encoder
+def open_encoder(name: str, backend: str = "auto", **options: Any) -> Any:
+    """The encoder `--encoder NAME` chooses (`choose_encoder`), loaded on `backend` (`options` go to
+    `index.encoder.load_encoder`) and named on stderr once it has loaded."""
+    from index.encoder import load_encoder
 
     chosen = choose_encoder(name)
-    encoder = Encoder(chosen, **options)
+    encoder = load_encoder(chosen, backend, **options)
     note = ""
     if name == AUTO_ENCODER:
         tuned = chosen != DEFAULT_ENCODER
@@ -75,6 +75,7 @@ COLLECTION_OPTION = typer.Option(None, "--collection", help="Milvus collection n
 SHARDS_OPTION = typer.Option(1, "--shards", min=1, help="FAISS: split the vectors over N shards searched in parallel.")
 GPU_OPTION = typer.Option(False, "--gpu", help="Require FAISS GPU search (default: used when a GPU is present).")
 CPU_OPTION = typer.Option(False, "--cpu", help="Force the CPU for encoding and FAISS even when a GPU is present.")
+ENCODER_BACKEND_OPTION = typer.Option("auto", "--encoder-backend", help=BACKEND_HELP)
 LOCK_OPTION = typer.Option(
     None,
     "--lock-timeout",
@@ -100,6 +101,7 @@ def build(
     gpu: bool = GPU_OPTION,
     cpu: bool = CPU_OPTION,
     batch_size: int = typer.Option(64, "--batch-size", min=1, help="Encoding batch size."),
+    encoder_backend: str = ENCODER_BACKEND_OPTION,
     backend: str = BACKEND_OPTION,
     uri: str = URI_OPTION,
     collection_name: str | None = COLLECTION_OPTION,
@@ -124,7 +126,7 @@ def build(
     if not records:
         raise MedfaqError(f"{report.path} holds no FAQs to index ({_skipped(report)}); {target} was not written")
     concepts = concept_lexicon(synonyms)
-    sentence_encoder = load_encoder(encoder, device="cpu" if cpu else device, batch_size=batch_size)
+    sentence_encoder = open_encoder(encoder, encoder_backend, device="cpu" if cpu else device, batch_size=batch_size)
     typer.echo(report.summary(), err=True)
     if concepts is not None:
         known = f"{len(concepts.concepts):,} {concepts.source} concepts"
@@ -152,8 +154,8 @@ def build(
 
 def _skipped(report: Any) -> str:
     """What a load that found no FAQ skipped, for the refusal line."""
-    skipped = report.skipped_empty + report.skipped_bad + report.skipped_other
-    return f"{skipped} skipped, none left" if skipped else "the file is empty"
+    skipped = report.skips()
+    return f"{'; '.join(skipped)}, none left" if skipped else "the file is empty"
 
 
 def backend_options(
@@ -225,6 +227,7 @@ def add(
     format: str = typer.Option("auto", "--format", help=FORMAT_HELP),
     field: list[str] = typer.Option([], "--field", help=FIELD_HELP),
     skip_bad: bool = typer.Option(False, "--skip-bad", help="Skip malformed lines (counted) instead of failing."),
+    encoder_backend: str = ENCODER_BACKEND_OPTION,
     lock_timeout: float | None = LOCK_OPTION,
 ) -> None:
     """Add FAQs to an index (only the new ones are encoded); ids already in the index are an error.
@@ -236,7 +239,9 @@ def add(
     check_lock_timeout(lock_timeout)
     read_manifest(directory.expanduser())  # a wrong directory fails before the collection is read
     records, report = load_collection(collection, format, parse_field_map(field), skip_bad)
-    index, added = FaqIndex.add_to(directory, records, timeout=lock_timeout)
+    if not records:
+        raise MedfaqError(f"{report.path} holds no FAQs to add ({_skipped(report)}); {directory} was not changed")
+    index, added = FaqIndex.add_to(directory, records, timeout=lock_timeout, backend=encoder_backend)
     typer.echo(report.summary(), err=True)
     typer.echo(f"added {added} FAQs; the index now holds {len(index)}")
 

@@ -8,10 +8,11 @@ from typing import Any
 
 import typer
 
-from app.cmd_index import ENCODER_OPTION, SYNONYMS_OPTION, inherit_threshold, load_encoder
+from app.cmd_index import ENCODER_OPTION, SYNONYMS_OPTION, inherit_threshold, open_encoder
 from app.cmd_search import (
     ABSTAIN,
     BEAMS,
+    ENCODER_BACKEND,
     QUANTIZE,
     QUERY,
     RERANK,
@@ -28,7 +29,7 @@ from app.cmd_search import (
 )
 from index.runtime import MedfaqError, indexes_dir
 from retriever.pipeline import Pipeline, PipelineConfig, load_stage, store_threshold
-from retriever.runs import check_output, write_run
+from retriever.runs import check_not_an_input, check_output, write_run
 from retriever.search import MODES
 
 
@@ -67,7 +68,7 @@ def make_benchmark(
         typer.echo(f"copied the index {bank} and added {encoded} FAQs into {out / 'index'}")
     elif build_index:
         records, _ = load_collection(out / "corpus.jsonl", "jsonl", CORPUS_FIELDS)
-        sentence_encoder = load_encoder(encoder)
+        sentence_encoder = open_encoder(encoder)
         FaqIndex.build(records, sentence_encoder, concepts=concepts).save(out / "index")
         inherit_threshold(out / "index", sentence_encoder.name)
         typer.echo(f"indexed {len(records)} FAQs into {out / 'index'}")
@@ -103,6 +104,7 @@ def eval_retrieval(
     rerank_margin: float | None = RERANK_MARGIN,
     rerank_max_length: int | None = RERANK_MAX_LENGTH,
     rerank_precision: str | None = RERANK_PRECISION,
+    encoder_backend: str | None = ENCODER_BACKEND,
     min_words: int = typer.Option(0, "--min-words", min=0, help="Evaluate only the questions of at least N words."),
     summaries: Path | None = typer.Option(
         None, "--summaries", help="With --compare: JSONL of questions and their 'summary' (`medfaq summarize --input`)."
@@ -122,6 +124,7 @@ def eval_retrieval(
     known = read_summaries(summaries) if summaries is not None else None
     if run_out is not None:
         check_output(run_out)
+        check_not_an_input(run_out, queries, qrels, summaries, option="--run-out")
     rows = read_beir_queries(queries)
     judgements = read_qrels(qrels)
     texts = {row["_id"]: row["text"] for row in rows}

@@ -11,9 +11,17 @@ import typer
 
 from app.options import INDEX, finite
 from app.render import hits_table
-from index.runtime import PRECISION_HELP, MedfaqError
+from index.runtime import BACKEND_HELP, PRECISION_HELP, MedfaqError
 from retriever.pipeline import QUERY_SOURCES, PipelineConfig
-from retriever.runs import RUN_FORMATS, check_output, is_stdio, read_queries, write_run, write_text_atomic
+from retriever.runs import (
+    RUN_FORMATS,
+    check_not_an_input,
+    check_output,
+    is_stdio,
+    read_queries,
+    write_run,
+    write_text_atomic,
+)
 from retriever.search import MODES, check_query
 from retriever.setup_plan import set_up_index
 
@@ -39,6 +47,7 @@ class StageFlags:
     rerank_margin: float | None = None
     rerank_max_length: int | None = None
     rerank_precision: str | None = None
+    encoder_backend: str | None = None
 
     @classmethod
     def from_options(cls, options: dict[str, Any], **fixed: Any) -> StageFlags:
@@ -63,6 +72,7 @@ class StageFlags:
             rerank_margin=self.rerank_margin,
             rerank_max_length=self.rerank_max_length,
             rerank_precision=self.rerank_precision,
+            encoder_backend=self.encoder_backend,
             **changes,
         )
 
@@ -100,6 +110,7 @@ RERANK_MAX_LENGTH = typer.Option(
     None, "--rerank-max-length", min=8, help="Tokens per (question, FAQ) pair the cross-encoder reads."
 )
 RERANK_PRECISION = typer.Option(None, "--rerank-precision", help=f"The cross-encoder's arithmetic: {PRECISION_HELP}")
+ENCODER_BACKEND = typer.Option(None, "--encoder-backend", help=f"Query encoder. {BACKEND_HELP}")
 
 
 SEARCH_BATCH = 64  # questions per pipeline call in batch runs (the progress bar moves per batch)
@@ -171,6 +182,7 @@ def search(
     rerank_margin: float | None = RERANK_MARGIN,
     rerank_max_length: int | None = RERANK_MAX_LENGTH,
     rerank_precision: str | None = RERANK_PRECISION,
+    encoder_backend: str | None = ENCODER_BACKEND,
 ) -> None:
     """Search an index with one question (table or --json), or a query file (--queries Q.jsonl --output RUN).
 
@@ -184,6 +196,7 @@ def search(
         raise MedfaqError(f"unknown run format {format!r}; choose one of {', '.join(RUN_FORMATS)}")
     if output is not None:
         check_output(output)
+        check_not_an_input(output, queries)
     flags = StageFlags.from_options(locals())
     index = index or set_up_index()
     if question is not None:
@@ -200,6 +213,8 @@ def search(
             typer.echo(f"wrote the {'JSON response' if as_json else 'results table'} to {output}", err=True)
         return
     query_file = read_queries(queries, skip_bad)
+    if format == "trec":
+        query_file.check_trec_ids()  # before any model loads
     report = query_file.report
     if report.skipped_bad:
         typer.echo(
@@ -239,6 +254,7 @@ def bench(
     rerank_margin: float | None = RERANK_MARGIN,
     rerank_max_length: int | None = RERANK_MAX_LENGTH,
     rerank_precision: str | None = RERANK_PRECISION,
+    encoder_backend: str | None = ENCODER_BACKEND,
 ) -> None:
     """p50/p95 latency of the pipeline end to end and per stage, of each search mode, and batch throughput on the
     given index (seconds); --peers and --ann-vectors N add the peer comparisons. Ctrl-C prints what was measured."""

@@ -2,12 +2,33 @@
 
 from __future__ import annotations
 
+import errno
+import socket
 from pathlib import Path
 
 import typer
 
 from app.options import INDEX
+from index.runtime import MedfaqError
 from retriever.setup_plan import set_up_index
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """The server's socket, bound before any model loads: a port in use is one line at once, not after loading."""
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+    except socket.gaierror as error:
+        raise MedfaqError(f"cannot listen on {host}: {error.strerror}") from None
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: a restart may reuse the port
+    try:
+        sock.bind((host, port))
+    except OSError as error:
+        sock.close()
+        if error.errno == errno.EADDRINUSE:
+            raise MedfaqError(f"port {port} on {host} is in use") from None
+        raise MedfaqError(f"cannot listen on {host}:{port}: {error.strerror}") from None
+    return sock
 
 
 def serve(
@@ -16,6 +37,11 @@ def serve(
     port: int = typer.Option(8000, "--port", min=1, max=65535, help="Port to listen on."),
     workers: int = typer.Option(4, "--workers", min=1, help="Threads running searches at once."),
     allow_writes: bool = typer.Option(False, "--allow-writes", help="Enable POST /index/add and /index/delete."),
+    allow_public_queue: bool = typer.Option(
+        False,
+        "--allow-public-queue",
+        help="Without MEDFAQ_API_KEY, serve GET /unanswered (consumers' questions) to any client, not loopback only.",
+    ),
 ) -> None:
     """Serve search, feedback and the experts' queue over HTTP (OpenAPI page at /docs). Loads the pipeline once."""
     import uvicorn
@@ -24,7 +50,10 @@ def serve(
     from app.service import SearchService
 
     index = index or set_up_index()
+    sock = listening_socket(host, port)
     service = SearchService(index)
-    app = create_app(service, allow_writes=allow_writes, limits=ServerLimits(workers=workers))
+    app = create_app(
+        service, allow_writes=allow_writes, limits=ServerLimits(workers=workers), allow_public_queue=allow_public_queue
+    )
     typer.echo(f"serving {index} ({len(service.index)} FAQs) on http://{host}:{port} (OpenAPI: /docs)", err=True)
-    uvicorn.run(app, host=host, port=port, log_level="warning")
+    uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])

@@ -180,6 +180,7 @@ def summarize(
     device: str | None = typer.Option(None, "--device", help="cpu or cuda."),
 ) -> None:
     """Summarize consumer health questions into short FAQ-style questions."""
+    from retriever.runs import check_not_an_input
     from retriever.search import check_query
     from retriever.setup_plan import best_summarizer
     from retriever.stages import set_up_model
@@ -190,6 +191,8 @@ def summarize(
         raise MedfaqError("give either a question or --input FILE.jsonl (with --output OUT.jsonl)")
     if input is not None and output is None:
         raise MedfaqError("--input needs --output OUT.jsonl")
+    if output is not None:
+        check_not_an_input(output, input)
     rows, texts = read_texts(input) if input is not None else ([], [check_query(text, "the question")])
     chosen = set_up_model(model, "summarizer", best_summarizer())
     decoding = Decoding(num_beams, max_length, length_penalty, guidance, mbr)

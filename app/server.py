@@ -1,27 +1,31 @@
 """The HTTP API (FastAPI): ``POST /search``, ``POST /feedback``, ``GET /unanswered``, ``GET /health`` and, with
 ``allow_writes``, ``POST /index/add`` and ``POST /index/delete``; the OpenAPI page is at ``/docs``.
 
-Bad input is a 4xx with a one-line ``detail``, never a 500: request bodies are validated by pydantic, bodies over
-`max_body_bytes` get 413, and a :class:`~index.runtime.MedfaqError` raised by the pipeline becomes 400. When the
-environment variable ``MEDFAQ_API_KEY`` is set, the write endpoints need it in the ``X-API-Key`` header.
+Bad input is a 4xx with a one-line ``detail``, never a 500: request bodies are validated by pydantic (unknown fields
+included), bodies over `max_body_bytes` get 413 however they are framed, and a
+:class:`~index.runtime.MedfaqError` raised by the pipeline becomes 400. A fault of the server's own (a stage model
+that cannot load) is a 503, never a 4xx. When the environment variable ``MEDFAQ_API_KEY`` is set, the write
+endpoints and the experts' queue need it in the ``X-API-Key`` header; without it the queue, which holds consumers'
+health questions, is served to loopback clients only unless `allow_public_queue`.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from functools import partial
-from typing import Literal
+from typing import Any, Literal
 
 import anyio
 from fastapi import Depends, FastAPI, Header, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, Field, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from app.service import SearchService
-from index.records import FaqRecord
+from app.service import SearchService, ServiceStatus, ServiceUnavailable
+from index.records import FaqRecord, record_problem
 from index.runtime import MedfaqError
 from retriever.search import check_query, invalid_text_position
 
@@ -36,11 +40,24 @@ class ServerLimits:
     workers: int = 4  # threads running pipeline calls at once
 
 
-class SearchRequest(BaseModel):
+class StrictModel(BaseModel):
+    """A request body: a field it does not know is a 422 naming it, so a typo never silently changes behaviour."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+def _utf8(value: str | None) -> str | None:
+    invalid = None if value is None else invalid_text_position(value)
+    if invalid:
+        raise ValueError(f"not valid UTF-8 ({invalid})")
+    return value
+
+
+class SearchRequest(StrictModel):
     """One `question` or a batch of `questions`, with optional stage settings named as PipelineConfig fields."""
 
     question: str | None = None
-    questions: list[str] | None = None
+    questions: list[str] | None = Field(None, min_length=1)
     top_k: int | None = Field(None, ge=1)
     mode: Literal["dense", "bm25", "hybrid"] | None = None
     rerank: bool | None = None
@@ -80,55 +97,192 @@ def _one_line(error: RequestValidationError) -> str:
     for item in error.errors():
         where = ".".join(str(part) for part in item.get("loc", ()) if part != "body")
         message = str(item.get("msg", "invalid")).removeprefix("Value error, ")  # our validators' own words
+        if item.get("type") == "extra_forbidden":
+            message = "unknown field"
         parts.append(f"{where}: {message}" if where else message)
     return "; ".join(parts) or "invalid request"
 
 
-class FeedbackRequest(BaseModel):
+class FeedbackRequest(StrictModel):
     question: str = Field(min_length=1)
     faq_id: str = Field(min_length=1)
     helpful: bool
     comment: str | None = None
 
-    @field_validator("question", "faq_id", "comment")
-    @classmethod
-    def _utf8(cls, value: str | None) -> str | None:
-        invalid = None if value is None else invalid_text_position(value)
-        if invalid:
-            raise ValueError(f"not valid UTF-8 ({invalid})")
-        return value
+    _valid_text = field_validator("question", "faq_id", "comment")(_utf8)
 
 
-class FaqIn(BaseModel):
-    id: str = Field(min_length=1)
-    question: str = Field(min_length=1)
+class FaqIn(StrictModel):
+    """An FAQ to add: the rules of a collection file's lines (:func:`~index.records.record_problem`), checked before
+    anything is written."""
+
+    id: str
+    question: str
     answer: str = ""
     source: str = ""
     url: str = ""
 
+    _valid_text = field_validator("id", "question", "answer", "source", "url")(_utf8)
 
-class AddRequest(BaseModel):
+    @model_validator(mode="after")
+    def _indexable(self) -> FaqIn:
+        problem = record_problem(self.record())
+        if problem:
+            raise ValueError(problem)
+        return self
+
+    def record(self) -> FaqRecord:
+        return FaqRecord(**{**self.model_dump(), "id": self.id.strip(), "question": self.question.strip()})
+
+
+class AddRequest(StrictModel):
     faqs: list[FaqIn] = Field(min_length=1)
 
 
-class DeleteRequest(BaseModel):
+class DeleteRequest(StrictModel):
     ids: list[str] = Field(min_length=1)
 
 
-def create_app(service: SearchService, allow_writes: bool = False, limits: ServerLimits | None = None) -> FastAPI:
+class Detail(BaseModel):
+    """Every 4xx and 5xx body: one line saying what is wrong."""
+
+    detail: str
+
+
+class HitOut(BaseModel):
+    id: str
+    score: float
+    rank: int
+    question: str
+    answer: str
+    source: str
+    url: str
+    stage_scores: dict[str, float]
+    metadata: dict[str, Any]
+
+
+class SearchOut(BaseModel):
+    """What one question produced (``medfaq search --json``)."""
+
+    query: str
+    summary: str | None
+    entities: list[dict[str, Any]]
+    hits: list[HitOut]
+    abstained: bool
+    timings_ms: dict[str, float]
+    confidence: float | None
+    truncated: bool
+
+
+class BatchOut(BaseModel):
+    results: list[SearchOut]
+
+
+class FeedbackOut(BaseModel):
+    id: int
+
+
+class QueueOut(BaseModel):
+    questions: list[dict[str, Any]]
+
+
+class AddOut(BaseModel):
+    added: int
+
+
+class DeleteOut(BaseModel):
+    removed: int
+
+
+def errors(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """The OpenAPI description of an endpoint's error answers."""
+    meaning = {
+        400: "refused by the pipeline",
+        401: "missing or wrong API key",
+        403: "not allowed on this server",
+        413: "request body or batch too large",
+        422: "invalid request",
+        503: "a stage of the server is not available",
+    }
+    return {code: {"model": Detail, "description": meaning[code]} for code in codes}
+
+
+class BodyLimit:
+    """ASGI middleware: a request body over `max_bytes` is a 413 however it is framed (Content-Length or chunked).
+
+    The body is counted while it streams and never kept past the limit. The rest of a refused body is read and
+    dropped, up to `drain_factor` x `max_bytes` and `drain_seconds`, so that a client still sending reads the 413
+    instead of a reset connection; then the connection closes. A declared length over that bound is refused at once.
+    """
+
+    def __init__(self, app: Any, max_bytes: int, drain_factor: int = 8, drain_seconds: float = 2.0) -> None:
+        self.app, self.max_bytes = app, max_bytes
+        self.drain_bytes, self.drain_seconds = drain_factor * max_bytes, drain_seconds
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        length = dict(scope["headers"]).get(b"content-length", b"")
+        if length.isdigit() and int(length) > self.max_bytes:
+            if int(length) <= self.drain_bytes:
+                await self._drop_rest(receive)
+            return await self._refuse(scope, receive, send)
+        body, more = bytearray(), True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":  # the client went away: let the app see it
+                return await self.app(scope, _replay([message], receive), send)
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+            if len(body) > self.max_bytes:
+                if more:
+                    await self._drop_rest(receive)
+                return await self._refuse(scope, receive, send)
+        await self.app(scope, _replay([{"type": "http.request", "body": bytes(body)}], receive), send)
+
+    async def _drop_rest(self, receive: Any) -> None:
+        budget = self.drain_bytes
+        with anyio.move_on_after(self.drain_seconds):
+            while budget > 0:
+                message = await receive()
+                budget -= len(message.get("body", b""))
+                if message["type"] != "http.request" or not message.get("more_body"):
+                    return
+
+    async def _refuse(self, scope: dict, receive: Any, send: Any) -> None:
+        detail = {"detail": f"request body over {self.max_bytes} bytes"}
+        await JSONResponse(detail, status_code=413, headers={"connection": "close"})(scope, receive, send)
+
+
+def _replay(messages: list[dict], receive: Any) -> Any:
+    """A `receive` that hands out `messages` first, then the connection's own."""
+
+    async def replayed() -> dict:
+        return messages.pop(0) if messages else await receive()
+
+    return replayed
+
+
+def is_loopback(host: str | None) -> bool:
+    try:
+        return host is not None and ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def create_app(
+    service: SearchService,
+    allow_writes: bool = False,
+    limits: ServerLimits | None = None,
+    allow_public_queue: bool = False,
+) -> FastAPI:
     limits = limits or ServerLimits()
     app = FastAPI(title="medfaq", description="Medical FAQ retrieval for consumer health questions.")
+    app.add_middleware(BodyLimit, max_bytes=limits.max_body_bytes)
     threads = anyio.CapacityLimiter(limits.workers)
 
     async def run_in_threadpool(function, *args):
         return await anyio.to_thread.run_sync(partial(function, *args), limiter=threads)
-
-    @app.middleware("http")
-    async def limit_body(request: Request, call_next):
-        length = request.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > limits.max_body_bytes:
-            return JSONResponse({"detail": f"request body over {limits.max_body_bytes} bytes"}, status_code=413)
-        return await call_next(request)
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(_request: Request, error: RequestValidationError) -> JSONResponse:
@@ -138,16 +292,32 @@ def create_app(service: SearchService, allow_writes: bool = False, limits: Serve
     async def user_error(_request: Request, error: MedfaqError) -> JSONResponse:
         return JSONResponse({"detail": str(error)}, status_code=400)
 
+    @app.exception_handler(ServiceUnavailable)
+    async def server_fault(_request: Request, error: ServiceUnavailable) -> JSONResponse:
+        return JSONResponse({"detail": str(error)}, status_code=503)
+
     def require_key(x_api_key: str | None = Header(None)) -> None:
         expected = os.environ.get(API_KEY_ENV)
         if expected and x_api_key != expected:
             raise HTTPException(401, f"this endpoint needs the API key ({API_KEY_ENV}) in the X-API-Key header")
 
+    def may_read_queue(request: Request, x_api_key: str | None = Header(None)) -> None:
+        if os.environ.get(API_KEY_ENV):
+            require_key(x_api_key)
+        elif not allow_public_queue and not is_loopback(request.client.host if request.client else None):
+            raise HTTPException(
+                403,
+                "the experts' queue holds consumers' questions: it is served to loopback clients only "
+                f"(set {API_KEY_ENV}, or start the server with --allow-public-queue)",
+            )
+
     def require_writes() -> None:
         if not allow_writes:
             raise HTTPException(403, "the index is read-only: start the server with --allow-writes")
 
-    @app.post("/search")
+    WRITE = [Depends(require_writes), Depends(require_key)]
+
+    @app.post("/search", response_model=SearchOut | BatchOut, responses=errors(400, 413, 422, 503))
     async def search(body: SearchRequest):
         questions = [body.question] if body.question is not None else body.questions
         if len(questions) > limits.max_batch:
@@ -157,25 +327,31 @@ def create_app(service: SearchService, allow_writes: bool = False, limits: Serve
         results = await run_in_threadpool(service.search, questions, body.overrides())
         return results[0] if body.question is not None else {"results": results}
 
-    @app.post("/feedback", status_code=201, dependencies=[Depends(require_key)])
+    @app.post(
+        "/feedback",
+        status_code=201,
+        dependencies=[Depends(require_key)],
+        response_model=FeedbackOut,
+        responses=errors(400, 401, 413, 422),
+    )
     async def feedback(body: FeedbackRequest):
         row = await run_in_threadpool(service.add_feedback, body.question, body.faq_id, body.helpful, body.comment)
         return {"id": row}
 
-    @app.get("/unanswered")
+    @app.get("/unanswered", dependencies=[Depends(may_read_queue)], response_model=QueueOut, responses=errors(401, 403))
     async def unanswered():
         return {"questions": await run_in_threadpool(service.unanswered)}
 
-    @app.get("/health")
+    @app.get("/health", response_model=ServiceStatus)
     async def health():
-        return {"status": "ok", **asdict(await run_in_threadpool(service.status))}
+        return await run_in_threadpool(service.status)
 
-    @app.post("/index/add", dependencies=[Depends(require_writes), Depends(require_key)])
+    @app.post("/index/add", dependencies=WRITE, response_model=AddOut, responses=errors(400, 401, 403, 413, 422))
     async def add(body: AddRequest):
-        records = [FaqRecord(**faq.model_dump()) for faq in body.faqs]
+        records = [faq.record() for faq in body.faqs]
         return {"added": await run_in_threadpool(service.add_faqs, records)}
 
-    @app.post("/index/delete", dependencies=[Depends(require_writes), Depends(require_key)])
+    @app.post("/index/delete", dependencies=WRITE, response_model=DeleteOut, responses=errors(400, 401, 403, 413, 422))
     async def delete(body: DeleteRequest):
         return {"removed": await run_in_threadpool(service.delete_faqs, body.ids)}
 

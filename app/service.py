@@ -1,18 +1,23 @@
 """A long-running search service over one index: the pipeline's stage models loaded once and shared, a Pipeline
 built per request from the index's ``pipeline.json`` and the request's overrides, the index reloaded when a newer
-version appears on disk, the feedback store and the experts' queue. `medfaq serve` puts it behind HTTP."""
+version appears on disk, the feedback store and the experts' queue. `medfaq serve` puts it behind HTTP.
+
+A newer index on disk that cannot be loaded (corrupted files, a half-copied directory) never takes the service down:
+the version already loaded goes on serving and the fault is reported in :meth:`SearchService.status` and the log."""
 
 from __future__ import annotations
 
+import logging
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import retriever.stages  # noqa: F401  (registers the summarizer, reranker and NER stage loaders)
 from app.feedback import Feedback, FeedbackStore
 from index.faq_index import FaqIndex, disk_version
 from index.records import FaqRecord
+from index.runtime import MedfaqError
 from retriever.pipeline import Pipeline, PipelineConfig, load_stage
 from retriever.unanswered import UnansweredLog
 
@@ -29,15 +34,26 @@ OVERRIDABLE = (
 )
 """PipelineConfig fields a request may set for itself."""
 
+logger = logging.getLogger("medfaq.service")
+
+
+class ServiceUnavailable(MedfaqError):
+    """A fault of the server's own, not of the request (a stage model that cannot be loaded): HTTP 503."""
+
 
 @dataclass
 class ServiceStatus:
+    """What ``GET /health`` answers: `status` is ``ok``, or ``degraded`` with the `fault` while a newer index on disk
+    cannot be loaded."""
+
+    status: Literal["ok", "degraded"]
     index: str
     faqs: int
     version: str
     encoder: str
     config: dict[str, Any]
     models: dict[str, str]
+    fault: str | None = None
 
 
 class SearchService:
@@ -48,22 +64,42 @@ class SearchService:
         self.feedback = FeedbackStore(feedback_path)
         self._guard = threading.Lock()
         self._stages: dict[tuple, Any] = {}
+        self._failed_version: str | None = None
+        self.fault: str | None = None
         self._load_index()
 
     def _load_index(self) -> None:
         index = FaqIndex.load(self.index_dir)
         config = PipelineConfig.load(self.index_dir)
         if config.mode != "bm25":
-            _ = index.encoder  # loaded now, never inside a request's timings
+            index.open_encoder(config.encoder_backend)  # loaded now, never inside a request's timings
         self.index, self.config = index, config
 
     def refresh(self) -> bool:
-        """Reload the index and its pipeline.json when a newer version is on disk; True when it reloaded."""
+        """Reload the index and its pipeline.json when a newer version is on disk; True when it reloaded. A version
+        that cannot be loaded is tried once: the loaded one goes on serving, with the fault in `fault`."""
         with self._guard:
-            if disk_version(self.index_dir) in (None, self.index.version):
+            version = disk_version(self.index_dir)
+            if version is None:
+                self._report(f"no index at {self.index_dir} any more; serving version {self.index.version}")
                 return False
-            self._load_index()
+            if version in (self.index.version, self._failed_version):
+                if version == self.index.version:
+                    self.fault = None
+                return False
+            try:
+                self._load_index()
+            except MedfaqError as error:
+                self._failed_version = version
+                self._report(f"the index on disk cannot be loaded ({error}); serving version {self.index.version}")
+                return False
+            self._failed_version, self.fault = None, None
             return True
+
+    def _report(self, fault: str) -> None:
+        if fault != self.fault:
+            logger.error(fault)
+        self.fault = fault
 
     def pipeline(self, overrides: dict[str, Any] | None = None) -> Pipeline:
         """A Pipeline for one request: the index's config with `overrides` applied as the command line's flags are
@@ -71,20 +107,36 @@ class SearchService:
         self.refresh()
         changes = dict(overrides or {})
         config = self.config.with_flags(changes.pop("summarize", None), changes.pop("query_source", None), **changes)
+        served = {"rewrite": self.config.summarize, "rerank": self.config.rerank, "entities": self.config.entities}
+        stages = {
+            kind: self._stage(kind, name, config, served[kind])
+            for kind, name, wanted in [
+                ("rewrite", config.summarizer, config.summarize),
+                ("rerank", config.reranker, config.rerank),
+                ("entities", None, config.entities),
+            ]
+            if wanted
+        }
         return Pipeline(
             self.index,
             config,
-            rewriter=self._stage("rewrite", config.summarizer, config) if config.summarize else None,
-            reranker=self._stage("rerank", config.reranker, config) if config.rerank else None,
-            entity_finder=self._stage("entities", None, config) if config.entities else None,
+            rewriter=stages.get("rewrite"),
+            reranker=stages.get("rerank"),
+            entity_finder=stages.get("entities"),
             unanswered=UnansweredLog(config.unanswered_log),
         )
 
-    def _stage(self, kind: str, name: str | None, config: PipelineConfig) -> Any:
+    def _stage(self, kind: str, name: str | None, config: PipelineConfig, served: bool) -> Any:
+        """The cached stage object; one that cannot load is the server's fault (:class:`ServiceUnavailable`) when its
+        index's pipeline.json runs it (`served`), else a refusal of the request that asked for it."""
         key = (kind, name, config.quantize, config.summary_beams, config.summary_max_length)
         with self._guard:
             if key not in self._stages:
-                self._stages[key] = load_stage(kind, name, config)
+                try:
+                    self._stages[key] = load_stage(kind, name, config)
+                except MedfaqError as error:
+                    fault = ServiceUnavailable if served else MedfaqError
+                    raise fault(f"the {kind} stage is not available on this server: {error}") from None
             return self._stages[key]
 
     def search(self, questions: list[str], overrides: dict[str, Any] | None = None) -> list[dict[str, Any]]:
@@ -116,10 +168,12 @@ class SearchService:
             f"{kind}:{name or 'default'}": type(stage).__name__ for (kind, name, *_), stage in self._stages.items()
         }
         return ServiceStatus(
+            status="degraded" if self.fault else "ok",
             index=str(self.index_dir),
             faqs=len(self.index),
             version=self.index.version,
             encoder=self.index.manifest.encoder,
             config=self.config.to_dict(),
             models=loaded,
+            fault=self.fault,
         )

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from index.records import FaqRecord
+from index.records import FaqRecord, id_problem, record_problem, safe_id
 from index.runtime import MedfaqError
 
 logger = logging.getLogger("medfaq.collections")
@@ -54,14 +54,18 @@ class LoadReport:
     bad_lines: list[int] = field(default_factory=list)
 
     def summary(self) -> str:
-        parts = [f"{self.loaded} FAQs from {self.path} ({self.format})"]
+        return "; ".join([f"{self.loaded} FAQs from {self.path} ({self.format})", *self.skips()])
+
+    def skips(self) -> list[str]:
+        """What was skipped, one phrase per kind (empty when nothing was)."""
+        parts = []
         if self.skipped_empty:
             parts.append(f"{self.skipped_empty} with an empty question skipped")
         if self.skipped_bad:
             parts.append(f"{self.skipped_bad} malformed lines skipped (first: {self.bad_lines[:5]})")
         if self.skipped_other:
             parts.append(f"{self.skipped_other} non-FAQ rows skipped")
-        return "; ".join(parts)
+        return parts
 
 
 def parse_field_map(items: list[str] | None) -> dict[str, str]:
@@ -153,12 +157,24 @@ def load_collection(
             report.skipped_other += 1
         elif not record.question.strip():
             report.skipped_empty += 1
+        elif id_problem(record.id):
+            _bad_line(report, path, line_no, f"FAQ id {record.id!r} {id_problem(record.id)}", skip_bad)
         else:
             records.append(record)
     check_unique_ids(records, path)
     report.loaded = len(records)
     logger.info(report.summary())
     return records, report
+
+
+def check_records(records: list[FaqRecord], where: str | Path) -> None:
+    """Raise a one-line error naming the first record that cannot be indexed (:func:`record_problem`) or the
+    duplicate ids (the first few)."""
+    problems = [problem for problem in map(record_problem, records) if problem]
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise MedfaqError(f"{where}: {problems[0]}{more}")
+    check_unique_ids(records, where)
 
 
 def check_unique_ids(records: list[FaqRecord], where: str | Path) -> None:
@@ -312,10 +328,11 @@ def _quebec(row: dict[str, Any]) -> FaqRecord | None:
 
 
 def _jhu(row: dict[str, Any]) -> FaqRecord:
+    """A JHU FAQ bank row; its ids ("Public Health Agency of Canada|||-34...") hold spaces, which become ``_``."""
     if "id" not in row or "question" not in row:
         raise _BadRow("missing 'id' or 'question' (not a JHU FAQ bank line)")
     return FaqRecord(
-        id=_text(row["id"]),
+        id=safe_id(_text(row["id"])),
         question=_text(row["question"]),
         answer=_text(row.get("answer")),
         source=_text(row.get("source_name")),

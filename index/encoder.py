@@ -1,4 +1,5 @@
-"""A thin sentence encoder over SentenceTransformer: offline model names, device choice, normalised float32 batches."""
+"""Sentence encoders: offline model names, device and backend choice (PyTorch or ONNX Runtime), normalised float32
+batches."""
 
 from __future__ import annotations
 
@@ -7,10 +8,14 @@ import json
 import logging
 from functools import cached_property
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from index.runtime import DEFAULT_ENCODER, MedfaqError, choose_device, resolve_model
+from index.runtime import CPU_BACKEND, DEFAULT_ENCODER, ENCODER_BACKENDS, MedfaqError, choose_device, resolve_model
+
+if TYPE_CHECKING:
+    from index.onnx_encoder import OnnxEncoder
 
 logger = logging.getLogger("medfaq.encoder")
 
@@ -18,24 +23,42 @@ FULL_HASH_PARAMETERS = 500_000_000  # above this many parameters the fingerprint
 MODEL_MARKERS = ("modules.json", "config.json")  # a sentence-transformers or Hugging Face model directory has one
 
 
+class SentenceEncoder(Protocol):
+    """What an index needs of an encoder, whatever runs it: :class:`Encoder` (PyTorch) or
+    :class:`~index.onnx_encoder.OnnxEncoder` (ONNX Runtime)."""
+
+    name: str
+    dim: int
+    device: str
+    batch_size: int
+    backend: str
+
+    @property
+    def fingerprint(self) -> str: ...
+
+    def encode(self, texts: list[str], progress: bool = False) -> np.ndarray: ...
+
+
 class Encoder:
-    """Encodes texts into L2-normalised float32 vectors.
+    """Encodes texts into L2-normalised float32 vectors with sentence-transformers (PyTorch).
 
     `name` is what the user passed (``"minilm"``, a directory, a hub id); it is recorded in the index manifest,
     so an index is only searched with the encoder that built it.
     """
 
+    backend = "torch"
+
     def __init__(self, name: str | None = None, device: str | None = None, batch_size: int = 64) -> None:
+        self.name = str(name or DEFAULT_ENCODER)
+        location = resolve_model(self.name)  # a wrong name or path fails before the libraries load
+        check_model_directory(location, self.name)
         from sentence_transformers import SentenceTransformer
         from transformers.utils import logging as hf_logging
 
         if not logger.isEnabledFor(logging.INFO):
             hf_logging.disable_progress_bar()  # the per-load "Loading weights" bar
-        self.name = str(name or DEFAULT_ENCODER)
         self.device = choose_device(device)
         self.batch_size = batch_size
-        location = resolve_model(self.name)
-        check_model_directory(location, self.name)
         try:
             self.model = SentenceTransformer(location, device=self.device)
         except (OSError, ValueError, KeyError, TypeError, RuntimeError) as error:
@@ -49,22 +72,8 @@ class Encoder:
 
     @cached_property
     def fingerprint(self) -> str:
-        """sha256 of the model's weights (every tensor, in order), or of its configuration when the model is huge:
-        two encoders with the same fingerprint give the same vectors."""
-        import torch
-
-        digest = hashlib.sha256()
-        state = self.model.state_dict()
-        full = sum(tensor.numel() for tensor in state.values()) <= FULL_HASH_PARAMETERS
-        for name, tensor in state.items():
-            digest.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype}".encode())
-            if full:
-                digest.update(tensor.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-        if not full:
-            for module in self.model:
-                config = getattr(getattr(module, "auto_model", None), "config", None)
-                digest.update(json.dumps(config.to_dict() if config else {}, sort_keys=True, default=str).encode())
-        return digest.hexdigest()
+        """See :func:`model_fingerprint`."""
+        return model_fingerprint(self.model)
 
     @property
     def max_seq_length(self) -> int:
@@ -84,6 +93,60 @@ class Encoder:
         return np.ascontiguousarray(vectors, dtype=np.float32)
 
 
+def model_fingerprint(model: Any) -> str:
+    """sha256 of a SentenceTransformer's weights (every tensor, in order), or of its configuration when the model is
+    huge: two encoders with the same fingerprint give the same vectors."""
+    import torch
+
+    digest = hashlib.sha256()
+    state = model.state_dict()
+    full = sum(tensor.numel() for tensor in state.values()) <= FULL_HASH_PARAMETERS
+    for name, tensor in state.items():
+        digest.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype}".encode())
+        if full:
+            digest.update(tensor.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    if not full:
+        for module in model:
+            config = getattr(getattr(module, "auto_model", None), "config", None)
+            digest.update(json.dumps(config.to_dict() if config else {}, sort_keys=True, default=str).encode())
+    return digest.hexdigest()
+
+
+def resolve_backend(backend: str = "auto", device: str | None = None) -> str:
+    """The encoder backend `backend` (one of `ENCODER_BACKENDS`) means here: ``auto`` is PyTorch on a GPU (a
+    `device` other than ``cpu``, or a visible CUDA GPU when no device is given) and `CPU_BACKEND` on the CPU."""
+    if backend not in ENCODER_BACKENDS:
+        raise MedfaqError(f"unknown encoder backend {backend!r}; choose one of {', '.join(ENCODER_BACKENDS)}")
+    on_gpu = device != "cpu" if device else gpu_visible()
+    if backend == "auto":
+        return "torch" if on_gpu else CPU_BACKEND
+    if backend != "torch" and device not in (None, "cpu"):
+        raise MedfaqError(f"the ONNX encoder backends run on the CPU, not {device}; use --encoder-backend torch")
+    return backend
+
+
+def gpu_visible() -> bool:
+    """Whether torch sees a CUDA GPU; torch is imported only where an NVIDIA device node exists."""
+    if not any(Path("/dev").glob("nvidia[0-9]*")):
+        return False
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def load_encoder(
+    name: str | None = None, backend: str = "auto", device: str | None = None, batch_size: int = 64
+) -> Encoder | OnnxEncoder:
+    """The encoder `name` on the backend :func:`resolve_backend` picks: :class:`Encoder` (PyTorch) or
+    :class:`~index.onnx_encoder.OnnxEncoder` (exported on first use). Both give the same fingerprint."""
+    chosen = resolve_backend(backend, device)
+    if chosen == "torch":
+        return Encoder(name, device=device, batch_size=batch_size)
+    from index.onnx_encoder import OnnxEncoder
+
+    return OnnxEncoder(name, precision="int8" if chosen == "onnx-int8" else "fp32", batch_size=batch_size)
+
+
 def check_model_directory(location: str, name: str) -> None:
     """A one-line error when `location` is a local directory that holds no sentence-transformers or HF model."""
     path = Path(location)
@@ -92,3 +155,29 @@ def check_model_directory(location: str, name: str) -> None:
             f"{name!r} is not a sentence-transformers or Hugging Face model directory (it has no "
             f"{' or '.join(MODEL_MARKERS)}); pass 'minilm', a trained model directory, or a hub id"
         )
+
+
+def declared_dimension(location: str) -> int | None:
+    """The embedding dimension a local model directory declares in its files (the last Dense layer's output, else
+    the pooling's single mode, else a plain Hugging Face model's hidden size), read without loading the model;
+    None when it cannot be told that way (a hub id, an unusual module chain)."""
+    path = Path(location)
+    try:
+        if (path / "modules.json").is_file():
+            dimension = None
+            for module in json.loads((path / "modules.json").read_text(encoding="utf-8")):
+                config_file = path / module.get("path", "") / "config.json"
+                kind = str(module.get("type", ""))
+                if kind.endswith(("Dense", "Pooling")) and config_file.is_file():
+                    config = json.loads(config_file.read_text(encoding="utf-8"))
+                    if kind.endswith("Dense"):
+                        dimension = config.get("out_features")
+                    elif sum(bool(value) for key, value in config.items() if key.startswith("pooling_mode_")) == 1:
+                        dimension = config.get("word_embedding_dimension")
+            return dimension if isinstance(dimension, int) else None
+        if (path / "config.json").is_file():
+            hidden = json.loads((path / "config.json").read_text(encoding="utf-8")).get("hidden_size")
+            return hidden if isinstance(hidden, int) else None
+    except (OSError, ValueError, AttributeError, TypeError):
+        return None
+    return None

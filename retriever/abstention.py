@@ -180,7 +180,7 @@ def calibrate_model(model_dir: str | Path, data_root: Path | None = None, seed: 
     (the module docstring's rule) and save it there as ``threshold.json``."""
     import retriever.stages  # noqa: F401  (registers the reranker loader)
     from index.concepts import concept_lexicon
-    from index.encoder import Encoder
+    from index.encoder import load_encoder
     from index.faq_index import FaqIndex
     from index.records import FaqRecord
     from retriever.pipeline import Pipeline
@@ -190,7 +190,7 @@ def calibrate_model(model_dir: str | Path, data_root: Path | None = None, seed: 
         raise MedfaqError("stock MiniLM lives in its pip package: copy its directory and calibrate the copy")
     first_stage, config = _calibration_config(model_dir)
     concepts = concept_lexicon(SYNONYMS)
-    encoder = Encoder(first_stage)
+    encoder = load_encoder(first_stage)  # the backend `index build` uses by default
     labels: list[bool] = []
     confidences: list[float | None] = []
     described: dict[str, dict[str, int]] = {}

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from index.runtime import PRECISIONS, MedfaqError
+from index.runtime import ENCODER_BACKENDS, PRECISIONS, MedfaqError
 from retriever.search import MAX_QUERY_CHARS, MODES, RRF_K, Hit, Retriever, clean_queries, reciprocal_rank_fusion
 from retriever.unanswered import UnansweredLog
 
@@ -96,6 +96,8 @@ class PipelineConfig:
     `RERANK_MARGIN` (0.05) kept development queries' Recall@1 while reranking a fifth of them (docs/results.md).
     `quantize`: int8 dynamic quantisation of the summarizer and reranker. `rerank_precision`: the cross-encoder's
     matrix products, ``fp32``, ``bf16`` or ``auto`` (bf16 where this machine measures it faster, e.g. AMX CPUs).
+    `encoder_backend`: the runtime of the query encoder (:data:`index.encoder.ENCODER_BACKENDS`; ``auto``: PyTorch on
+    a GPU, ONNX Runtime on the CPU, where searching imports no torch).
     `key_terms`: drop hits sharing no key term (entities, else content words) with the query (precision bias).
     `dense_weight`: weight of the dense list against BM25's 1 in hybrid RRF.
     `abstain`: abstain when the confidence (:func:`confidence`) is below the threshold of the configuration that
@@ -126,6 +128,7 @@ class PipelineConfig:
     rerank_margin: float | None = None
     rerank_precision: str = "fp32"
     quantize: bool = False
+    encoder_backend: str = "auto"
     entities: bool = True
     key_terms: bool = False
     dense_weight: float = 1.0
@@ -145,6 +148,7 @@ class PipelineConfig:
             "rerank_query": RERANK_QUERIES,
             "rerank_fusion": RERANK_FUSIONS,
             "rerank_precision": PRECISIONS,
+            "encoder_backend": ENCODER_BACKENDS,
         }
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
@@ -259,7 +263,8 @@ def store_threshold(directory: str | Path, config: PipelineConfig, value: float)
 @dataclass
 class SearchResponse:
     """Everything one question produced: the summary used, entities, ranked hits, the abstain decision and the
-    confidence it was based on, and per-stage timings in milliseconds."""
+    confidence it was based on, per-stage timings in milliseconds, and whether the question was cut to the
+    configured `max_query_chars` before it was searched."""
 
     query: str
     summary: str | None
@@ -268,6 +273,7 @@ class SearchResponse:
     abstained: bool
     timings_ms: dict[str, float] = field(default_factory=dict)
     confidence: float | None = None
+    truncated: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -372,20 +378,17 @@ class Pipeline:
 
     @classmethod
     def from_config(cls, index: FaqIndex, config: PipelineConfig | None = None) -> Pipeline:
-        """Build the stages the config names through the registered stage loaders; the index's encoder is loaded
-        now when the mode searches vectors, so no search's `timings_ms` counts loading a model."""
+        """Build the stages the config names through the registered stage loaders, then load the index's encoder
+        when the mode searches vectors, so no search's `timings_ms` counts loading a model (the stages first: a
+        wrong model path fails before the encoder loads)."""
         config = config or PipelineConfig()
+        rewriter = load_stage("rewrite", config.summarizer, config) if config.summarize else None
+        reranker = load_stage("rerank", config.reranker, config) if config.rerank else None
+        entities = "entities" in _STAGE_LOADERS and config.entities
+        entity_finder = load_stage("entities", None, config) if entities else None
         if config.mode != "bm25":
-            _ = index.encoder
-        return cls(
-            index,
-            config,
-            rewriter=load_stage("rewrite", config.summarizer, config) if config.summarize else None,
-            reranker=load_stage("rerank", config.reranker, config) if config.rerank else None,
-            entity_finder=load_stage("entities", None, config)
-            if config.entities and "entities" in _STAGE_LOADERS
-            else None,
-        )
+            index.open_encoder(config.encoder_backend)
+        return cls(index, config, rewriter=rewriter, reranker=reranker, entity_finder=entity_finder)
 
     @classmethod
     def from_index_dir(cls, directory: str | Path, config: PipelineConfig | None = None) -> Pipeline:
@@ -399,10 +402,15 @@ class Pipeline:
         return self.run_batch([query])[0]
 
     def run_batch(self, queries: list[str]) -> list[SearchResponse]:
-        """One :class:`SearchResponse` per question, in order; timings are the batch's per-question average."""
+        """One :class:`SearchResponse` per question, in order; timings are the batch's per-question average. A
+        question without a single hit is abstained on (and logged) whatever the threshold."""
+        if not queries:
+            return []
         config = self.config
         start = time.perf_counter()
-        queries = clean_queries(queries, config.max_query_chars)
+        cleaned = clean_queries(queries, config.max_query_chars)
+        truncated = [len(clean) < len(query.strip()) for clean, query in zip(cleaned, queries, strict=True)]
+        queries = cleaned
         timings: dict[str, float] = {}
         summaries: list[str | None] = [None] * len(queries)
         if self.rewriter is not None:
@@ -426,10 +434,12 @@ class Pipeline:
         per_query = {name: value / len(queries) for name, value in timings.items()}
         threshold = config.active_threshold() if config.abstain else None
         responses = []
-        for query, summary, found, ranked in zip(queries, summaries, entities, hits, strict=True):
+        for query, summary, found, ranked, cut in zip(queries, summaries, entities, hits, truncated, strict=True):
             sure = confidence(ranked)
-            abstained = threshold is not None and (sure is None or sure < threshold)
-            response = SearchResponse(query, summary, found, ranked[: config.top_k], abstained, dict(per_query), sure)
+            abstained = not ranked or (threshold is not None and (sure is None or sure < threshold))
+            response = SearchResponse(
+                query, summary, found, ranked[: config.top_k], abstained, dict(per_query), sure, cut
+            )
             if abstained and config.log_unanswered:
                 best = ranked[0] if ranked else None
                 self.unanswered.append(

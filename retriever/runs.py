@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from index.collections import LoadReport
+from index.records import id_problem
 from index.runtime import MedfaqError
 from retriever.search import invalid_text_position
 
@@ -30,6 +31,17 @@ class QueryFile:
     ids: list[str]
     questions: list[str]
     report: LoadReport
+    lines: list[int]
+
+    def check_trec_ids(self) -> None:
+        """A one-line error naming the first id (and its line) that a TREC run cannot carry."""
+        for query_id, line_no in zip(self.ids, self.lines, strict=True):
+            problem = id_problem(query_id)
+            if problem:
+                raise MedfaqError(
+                    f"{self.report.path}:{line_no}: query id {query_id!r} {problem}; "
+                    "use ids without whitespace or --format jsonl"
+                )
 
 
 def is_stdio(path: str | Path) -> bool:
@@ -88,6 +100,7 @@ def read_queries(path: str | Path, skip_bad: bool = False) -> QueryFile:
     ids: list[str] = []
     questions: list[str] = []
     seen: dict[str, int] = {}
+    lines: list[int] = []
     for line_no, raw in enumerate(_raw_lines(path), start=1):
         row, problem = _parse_query(raw, line_no)
         if row is not None and str(row["id"]) in seen:
@@ -98,6 +111,7 @@ def read_queries(path: str | Path, skip_bad: bool = False) -> QueryFile:
             seen[str(row["id"])] = line_no
             ids.append(str(row["id"]))
             questions.append(row["question"])
+            lines.append(line_no)
         elif problem is not None:
             if not skip_bad:
                 raise MedfaqError(f"{name}:{line_no}: {problem} (use --skip-bad to skip such lines)")
@@ -106,7 +120,7 @@ def read_queries(path: str | Path, skip_bad: bool = False) -> QueryFile:
     if not ids:
         raise MedfaqError(f"{name}: no queries")
     report.loaded = len(ids)
-    return QueryFile(ids, questions, report)
+    return QueryFile(ids, questions, report, lines)
 
 
 def _run_lines(query_ids: list[str], responses: list[SearchResponse], fmt: str, name: str) -> Iterator[str]:
@@ -127,12 +141,24 @@ def write_run(path: str | Path, query_ids: list[str], responses: list[SearchResp
     abstained questions), to `path` (atomically) or to stdout when `path` is ``-``."""
     if fmt not in RUN_FORMATS:
         raise MedfaqError(f"unknown run format {fmt!r}; choose one of {', '.join(RUN_FORMATS)}")
+    if fmt == "trec":
+        _check_trec_ids(query_ids, responses)
     lines = _run_lines(query_ids, responses, fmt, name)
     if is_stdio(path):
         sys.stdout.writelines(lines)
         sys.stdout.flush()
         return
     write_text_atomic(path, lines)
+
+
+def _check_trec_ids(query_ids: list[str], responses: list[SearchResponse]) -> None:
+    """Refuse, before a line is written, query or FAQ ids a TREC run cannot carry (FAQ ids of an index built before
+    ids were checked)."""
+    for query_id, response in zip(query_ids, responses, strict=True):
+        for kind, value in [("query", query_id), *(("FAQ", hit.id) for hit in response.hits)]:
+            problem = id_problem(value)
+            if problem:
+                raise MedfaqError(f"{kind} id {value!r} {problem}; write the run with --format jsonl")
 
 
 def check_output(path: str | Path) -> None:
@@ -149,6 +175,21 @@ def check_output(path: str | Path) -> None:
         raise MedfaqError(f"cannot write {path}: {error.strerror}") from None
     if not os.access(path.parent, os.W_OK):
         raise MedfaqError(f"cannot write {path}: permission denied")
+
+
+def check_not_an_input(output: str | Path, *inputs: str | Path | None, option: str = "--output") -> None:
+    """Refuse, in one line, an output file that is one of the command's input files (writing it would destroy
+    the input); ``-`` is never such a file."""
+    if is_stdio(output):
+        return
+    target = Path(output).expanduser().resolve()
+    for given in inputs:
+        if given is None or is_stdio(given):
+            continue
+        source = Path(given).expanduser()
+        same = source.resolve() == target or (source.exists() and target.exists() and os.path.samefile(source, target))
+        if same:
+            raise MedfaqError(f"{option} {output} is the input file {given}; write the results to another file")
 
 
 def write_text_atomic(path: str | Path, lines: Iterator[str] | list[str]) -> None:

@@ -59,12 +59,13 @@ def load_rewriter(name: str | None, config: PipelineConfig) -> SummarizerRewrite
 
 def load_reranker(name: str | None, config: PipelineConfig) -> Any:
     from index.runtime import resolve_model
-    from retriever.crossencoder import CrossEncoderReranker, has_classifier_head
 
     name = set_up_model(name, "reranker", DEFAULT_RERANKER)
-    path = Path(resolve_model(name))
+    path = Path(resolve_model(name))  # a wrong name or path fails before the model libraries load
     if path.is_dir() and not (path / "config.json").is_file():
         raise MedfaqError(f"reranker {path} is not a model directory (no config.json)")
+    from retriever.crossencoder import CrossEncoderReranker, has_classifier_head
+
     if path.is_dir() and not has_classifier_head(str(path)):
         raise MedfaqError(
             f"reranker {path} has no classification head (a bi-encoder or plain encoder?); "

@@ -137,3 +137,35 @@ def faq_records():
     from index.records import FaqRecord
 
     return [FaqRecord.from_dict(row) for row in FAQ_ROWS]
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    """`rows` as a JSONL file at `path`."""
+    import json
+
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="session")
+def built_index(tmp_path_factory, tiny_encoder_dir) -> Path:
+    """The six test FAQs (``faqs.jsonl`` beside it) indexed once by `medfaq index build` with the tiny encoder;
+    tests work on copies (`index_dir`)."""
+    from typer.testing import CliRunner
+
+    from app.cli import app
+
+    root = tmp_path_factory.mktemp("built")
+    faqs = write_jsonl(root / "faqs.jsonl", FAQ_ROWS)
+    command = ["index", "build", str(faqs), "--out", str(root / "idx"), "--encoder", str(tiny_encoder_dir)]
+    result = CliRunner().invoke(app, command)
+    assert result.exit_code == 0, result.output
+    return root / "idx"
+
+
+@pytest.fixture
+def index_dir(tmp_path, built_index) -> Path:
+    """A fresh copy of `built_index` for one test."""
+    import shutil
+
+    return Path(shutil.copytree(built_index, tmp_path / "idx"))

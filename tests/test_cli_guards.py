@@ -293,6 +293,8 @@ def test_timings_never_count_loading_the_encoder(index_dir, monkeypatch):
         real_init(self, *args, **kwargs)
 
     monkeypatch.setattr(Encoder, "__init__", slow_init)
-    pipeline = Pipeline.from_config(FaqIndex.load(index_dir), PipelineConfig(mode="dense", entities=False))
+    pipeline = Pipeline.from_config(
+        FaqIndex.load(index_dir), PipelineConfig(mode="dense", entities=False, encoder_backend="torch")
+    )
     timings = pipeline.run("how is shingles treated").timings_ms
     assert timings["retrieve"] < 1000.0 and timings["total"] < 1000.0, timings

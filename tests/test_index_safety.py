@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import subprocess
 import sys
 import threading
@@ -21,7 +20,7 @@ from app.cli import app
 from index.faq_index import FaqIndex, disk_version, write_lock
 from index.records import FaqRecord
 from index.runtime import MedfaqError
-from tests.conftest import FAQ_ROWS
+from tests.conftest import FAQ_ROWS, write_jsonl
 
 runner = CliRunner()
 REPO = Path(__file__).resolve().parents[1]
@@ -46,28 +45,6 @@ def assert_one_line_error(result, pattern: str) -> None:
     assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
     assert pattern in lines[0], lines[0]
     assert "Traceback" not in result.stderr
-
-
-def write_jsonl(path: Path, rows: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
-    return path
-
-
-@pytest.fixture(scope="module")
-def built_index(tmp_path_factory, tiny_encoder_dir) -> Path:
-    """A six-FAQ index built once by `medfaq index build`; tests work on copies (see `index_dir`)."""
-    root = tmp_path_factory.mktemp("safety")
-    faqs = write_jsonl(root / "faqs.jsonl", FAQ_ROWS)
-    result = medfaq("index", "build", faqs, "--out", root / "idx", "--encoder", tiny_encoder_dir)
-    assert result.exit_code == 0, result.output
-    return root / "idx"
-
-
-@pytest.fixture
-def index_dir(tmp_path, built_index) -> Path:
-    target = tmp_path / "idx"
-    shutil.copytree(built_index, target)
-    return target
 
 
 def tiny_encoder_variant(tmp_path: Path, tiny_bert_dir: Path, hidden: int, seed: int) -> Path:
@@ -332,10 +309,18 @@ def test_an_index_built_before_fingerprints_still_loads_and_grows(tmp_path, inde
 BAD_COLLECTIONS = {
     "empty.jsonl": (b"", False, "holds no FAQs to index (the file is empty)"),
     "header-only.csv": (b"id,question,answer\n", False, "holds no FAQs to index"),
-    "all-bad.jsonl": (b'{"id": "x"}\nnot json\n', True, "holds no FAQs to index (2 skipped, none left)"),
+    "all-bad.jsonl": (
+        b'{"id": "x"}\nnot json\n',
+        True,
+        "2 malformed lines skipped (first: [1, 2]), none left",
+    ),
     "latin1.jsonl": (b'{"id": "a", "question": "ok"}\n{"id": "b", "question": "caf\xe9?"}\n', False, ":2: not UTF-8"),
     "surrogate.jsonl": (b'{"id": "a", "question": "caf\\udce9?"}\n', False, ":1: invalid UTF-8 (a lone surrogate"),
-    "surrogate-skipped.jsonl": (b'{"id": "a", "question": "caf\\udce9?"}\n', True, "(1 skipped, none left)"),
+    "surrogate-skipped.jsonl": (
+        b'{"id": "a", "question": "caf\\udce9?"}\n',
+        True,
+        "(1 malformed lines skipped (first: [1]), none left)",
+    ),
 }
 
 

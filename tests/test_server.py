@@ -3,10 +3,6 @@ restarts, and a bounded concurrent load on a real uvicorn server (loopback) answ
 
 from __future__ import annotations
 
-import socket
-import threading
-import time
-
 import pytest
 from fastapi.testclient import TestClient
 
@@ -16,6 +12,7 @@ from eval.load_test import run_load, serial_answers
 from index.faq_index import FaqIndex
 from index.records import FaqRecord
 from tests.conftest import FAQ_ROWS
+from tests.servers import serving
 
 QUESTIONS = ["can i drink alcohol on amoxicillin", "what are diabetes symptoms", "is parkinson inherited"]
 
@@ -32,8 +29,9 @@ def service(index_dir, tmp_path):
     return SearchService(index_dir, feedback_path=tmp_path / "feedback.sqlite3")
 
 
-def client_for(service, **options) -> TestClient:
-    return TestClient(create_app(service, **options))
+def client_for(service, client: tuple[str, int] = ("127.0.0.1", 50000), **options) -> TestClient:
+    """A test client calling from `client` (loopback unless given)."""
+    return TestClient(create_app(service, **options), client=client)
 
 
 def test_search_contract_single_and_batch(service):
@@ -120,28 +118,8 @@ def test_health_and_reload_of_a_newer_index_on_disk(service, index_dir, tiny_enc
     assert "/search" in client.get("/openapi.json").json()["paths"]
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def test_concurrent_clients_on_a_real_server_get_the_serial_answers(service):
-    import uvicorn
-
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(service), host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        deadline = time.monotonic() + 30
-        while not server.started:
-            assert time.monotonic() < deadline, "server did not start"
-            time.sleep(0.05)
-        url = f"http://127.0.0.1:{port}"
+    with serving(create_app(service)) as url:
         expected = serial_answers(url, QUESTIONS)
         result = run_load(url, QUESTIONS * 2, clients=4, expected=expected)
         assert (result.requests, result.errors, result.mismatches) == (24, 0, 0)
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)

@@ -183,6 +183,7 @@ def test_cli_resume_and_milvus_search(tmp_path, monkeypatch, faq_jsonl, tiny_enc
 
     out, uri = tmp_path / "idx", tmp_path / "faqs.db"
     args = ["index", "build", faq_jsonl, "--out", out, "--encoder", tiny_encoder_dir, "--backend", "milvus"]
+    args += ["--encoder-backend", "torch"]
     runner = CliRunner()
     monkeypatch.setattr(Encoder, "encode", killed_after_two)
     assert isinstance(runner.invoke(app, [str(a) for a in [*args, "--uri", uri]]).exception, RuntimeError)

@@ -1,0 +1,159 @@
+"""Exports a sentence-transformers model for :mod:`index.onnx_encoder` (needs torch; runs once per model).
+
+The whole module chain becomes one ONNX graph (TorchScript exporter, eager attention so ONNX Runtime's transformer
+optimizer can fuse it), written as ``model.onnx`` after fusion, and ``model_int8.onnx``, its dynamic int8
+quantisation with per-channel weight scales (per-tensor scales cost MiniLM up to 0.07 of cosine). The export is
+checked against sentence-transformers on probe texts before it is kept; a fused graph that drifts is replaced by
+the plain one.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from index.onnx_encoder import GRAPHS, TOKENIZER_FILE, ExportInfo, OnnxGraph, source_signature
+from index.runtime import MedfaqError
+
+logger = logging.getLogger("medfaq.encoder")
+
+OPSET = 17
+TOLERANCE = 1e-4  # largest difference from sentence-transformers' vectors an fp32 export may show
+PROBES = [
+    "What are the symptoms of type 2 diabetes?",
+    "  CAN I take IBUPROFEN with   amoxicillin?? ",
+    "",
+    "什么是糖尿病 😀",
+    "shingles " * 400,  # longer than any max_seq_length: truncation
+]
+"""Texts the export is checked on: ordinary, odd spacing and case, empty, non-Latin, too long."""
+
+
+def export_encoder(location: str, out: Path) -> None:
+    """Export the sentence-transformers model at `location` into the new directory `out`."""
+    model = _load(location)
+    transformer = model[0]
+    tokenizer = getattr(transformer, "tokenizer", None)
+    if getattr(tokenizer, "backend_tokenizer", None) is None:
+        raise MedfaqError(f"encoder {location} has no fast (Rust) tokenizer; use --encoder-backend torch")
+    features = model.preprocess(PROBES[:2])
+    inputs = [name for name in ("input_ids", "attention_mask", "token_type_ids") if name in features]
+    out.mkdir(parents=True)
+    raw = out / "raw.onnx"
+    _export_graph(model, inputs, features, raw)
+    backend_tokenizer = tokenizer.backend_tokenizer
+    backend_tokenizer.no_truncation()
+    backend_tokenizer.no_padding()
+    backend_tokenizer.save(str(out / TOKENIZER_FILE))
+    from index.encoder import model_fingerprint
+
+    info = ExportInfo(
+        fingerprint=model_fingerprint(model),
+        dim=int(model.get_embedding_dimension()),
+        max_seq_length=int(model.max_seq_length),
+        inputs=inputs,
+        pad_id=int(tokenizer.pad_token_id or 0),
+        pad_token=str(tokenizer.pad_token or "[PAD]"),
+        source=source_signature(location),
+    )
+    expected = model.encode(PROBES, convert_to_numpy=True, normalize_embeddings=True)
+    fp32 = out / GRAPHS["fp32"]
+    info.optimized = _optimize(raw, fp32, transformer.auto_model.config)
+    if info.optimized and _drift(out, info, expected) > TOLERANCE:
+        logger.info("the fused ONNX graph of %s drifts from sentence-transformers; keeping the plain graph", location)
+        info.optimized = False
+    if not info.optimized:
+        raw.replace(fp32)
+    drift = _drift(out, info, expected)
+    if drift > TOLERANCE:
+        raise MedfaqError(
+            f"the ONNX export of {location} differs from sentence-transformers by {drift:.2g} (more than "
+            f"{TOLERANCE}); use --encoder-backend torch"
+        )
+    _quantize(fp32, out / GRAPHS["int8"])
+    raw.unlink(missing_ok=True)
+    info.save(out)
+    logger.info("exported %s to ONNX in %s (fp32 within %.1g of torch)", location, out, drift)
+
+
+def _load(location: str) -> Any:
+    from sentence_transformers import SentenceTransformer
+
+    try:
+        return SentenceTransformer(location, device="cpu", model_kwargs={"attn_implementation": "eager"})
+    except (OSError, ValueError, KeyError, TypeError, RuntimeError) as error:
+        reason = " ".join(str(error).split())[:200]
+        raise MedfaqError(f"cannot load encoder {location!r} to export it ({type(error).__name__}: {reason})") from None
+
+
+def _export_graph(model: Any, inputs: list[str], features: dict[str, Any], path: Path) -> None:
+    """The module chain, (inputs) -> sentence_embedding, with batch and sequence axes left free."""
+    import torch
+
+    class Chain(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, *tensors: torch.Tensor) -> torch.Tensor:
+            return self.model(dict(zip(inputs, tensors, strict=True)))["sentence_embedding"]
+
+    axes = {name: {0: "batch", 1: "sequence"} for name in inputs}
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")  # tracer notes on shape checks that hold for every input
+        torch.onnx.export(
+            Chain().eval(),
+            tuple(features[name] for name in inputs),
+            str(path),
+            input_names=inputs,
+            output_names=["sentence_embedding"],
+            dynamic_axes={**axes, "sentence_embedding": {0: "batch"}},
+            opset_version=OPSET,
+            dynamo=False,
+        )
+
+
+def _optimize(raw: Path, out: Path, config: Any) -> bool:
+    """ONNX Runtime's transformer fusions (attention, layer norm, GELU) of `raw` into `out`; False when the
+    optimizer cannot read this architecture."""
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    heads, hidden = getattr(config, "num_attention_heads", 0), getattr(config, "hidden_size", 0)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            optimized = optimize_model(str(raw), model_type="bert", num_heads=heads, hidden_size=hidden, opt_level=1)
+        optimized.save_model_to_file(str(out))
+    except Exception as error:  # noqa: BLE001 - any optimizer failure leaves the plain graph, which is checked
+        logger.info("ONNX Runtime's optimizer failed (%s); keeping the plain graph", error)
+        return False
+    return True
+
+
+def _drift(directory: Path, info: ExportInfo, expected: np.ndarray) -> float:
+    """Largest absolute difference between the fp32 graph's unit vectors and `expected`."""
+    info.save(directory)
+    vectors = OnnxGraph(directory, "fp32").embed(PROBES)
+    vectors /= np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
+    return float(np.abs(vectors - expected).max())
+
+
+def _quantize(fp32: Path, int8: Path) -> None:
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    logging.disable(logging.WARNING)  # the quantizer logs every tensor, and a pre-processing hint it does not need
+    try:
+        quantize_dynamic(
+            str(fp32),
+            str(int8),
+            weight_type=QuantType.QInt8,
+            per_channel=True,
+            extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},  # fused contrib ops carry no inferred types
+        )
+    finally:
+        logging.disable(logging.NOTSET)

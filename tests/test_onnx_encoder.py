@@ -1,0 +1,138 @@
+"""The ONNX Runtime encoder: the same vectors and fingerprint as PyTorch, a cached export redone when the model
+changes, backend choice, and a dense search that imports no torch."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from index.encoder import Encoder, load_encoder, resolve_backend
+from index.onnx_encoder import EXPORT_DIR, EXPORT_INFO, OnnxEncoder, export_location
+from index.runtime import MedfaqError
+
+REPO = Path(__file__).resolve().parents[1]
+TEXTS = [
+    "Can I drink alcohol while taking amoxicillin?",
+    "  WHAT causes   migraine?? ",
+    "",
+    "什么是糖尿病 😀",
+    "shingles " * 200,  # longer than the model's 64 tokens
+    "How is shingles treated?",
+]
+HEAVY = ("torch", "transformers", "sentence_transformers")
+
+
+@pytest.fixture(scope="module")
+def exported_dir(tmp_path_factory, tiny_encoder_dir) -> Path:
+    """A copy of the tiny sentence-transformers model with its ONNX export made inside it."""
+    model = tmp_path_factory.mktemp("onnx_model") / "tiny"
+    shutil.copytree(tiny_encoder_dir, model)
+    OnnxEncoder(str(model))
+    return model
+
+
+def test_onnx_vectors_and_fingerprint_equal_pytorch(exported_dir, tiny_encoder):
+    onnx = OnnxEncoder(str(exported_dir))
+    torch_vectors = tiny_encoder.encode(TEXTS)
+    vectors = onnx.encode(TEXTS)
+    assert vectors.dtype == np.float32 and vectors.shape == torch_vectors.shape
+    np.testing.assert_allclose(vectors, torch_vectors, atol=1e-5)
+    assert onnx.fingerprint == tiny_encoder.fingerprint and onnx.dim == tiny_encoder.dim
+    assert onnx.max_seq_length == tiny_encoder.max_seq_length == 64
+    assert export_location(str(exported_dir)) == exported_dir / EXPORT_DIR  # beside the model it was made from
+    int8 = OnnxEncoder(str(exported_dir), precision="int8")
+    assert int8.fingerprint == onnx.fingerprint and int8.backend == "onnx-int8"
+    cosines = np.einsum("ij,ij->i", int8.encode(TEXTS), torch_vectors)
+    assert cosines.min() > 0.9, cosines
+
+
+def test_export_is_reused_and_redone_when_the_model_changes(exported_dir):
+    info = exported_dir / EXPORT_DIR / EXPORT_INFO
+    made = info.stat().st_mtime_ns
+    OnnxEncoder(str(exported_dir))
+    assert info.stat().st_mtime_ns == made  # loaded, not exported again
+    weights = exported_dir / "model.safetensors"
+    os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 10**9))
+    OnnxEncoder(str(exported_dir))
+    assert info.stat().st_mtime_ns != made
+    assert json.loads(info.read_text())["source"]["model.safetensors"][1] == weights.stat().st_mtime_ns
+
+
+def test_a_model_in_an_installed_package_exports_into_the_cache(tmp_path):
+    installed = tmp_path / "site-packages" / "some_model"
+    installed.mkdir(parents=True)
+    assert Path(os.environ["MEDFAQ_HOME"]) / "models" / "onnx" in export_location(str(installed)).parents
+
+
+def test_backend_choice():
+    assert resolve_backend("auto", "cpu") == "onnx"
+    assert resolve_backend("auto", "cuda") == "torch"
+    assert resolve_backend("onnx-int8") == "onnx-int8"
+    with pytest.raises(MedfaqError, match="run on the CPU"):
+        resolve_backend("onnx", "cuda")
+    with pytest.raises(MedfaqError, match="unknown encoder backend"):
+        resolve_backend("tensorrt")
+
+
+def test_index_built_with_pytorch_is_searched_with_onnx(tmp_path, exported_dir, faq_records):
+    from index.faq_index import FaqIndex
+
+    built = FaqIndex.build(faq_records, load_encoder(str(exported_dir), "torch", device="cpu"), progress=False)
+    built.save(tmp_path / "idx")
+    assert built.manifest.encoder_backend == "torch"
+    index = FaqIndex.load(tmp_path / "idx")
+    assert index.open_encoder("onnx").backend == "onnx"  # the fingerprint check passed
+    queries = [record.question for record in faq_records]
+    assert [hits[0][0] for hits in index.search_dense(queries, 3)] == [r.id for r in faq_records]
+
+
+def test_dense_search_imports_no_torch(tmp_path, exported_dir, faq_jsonl):
+    """A real `medfaq search` in a fresh process over an index built with the ONNX backend."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
+    index = tmp_path / "idx"
+    build = [sys.executable, "-m", "app", "index", "build", str(faq_jsonl), "--out", str(index)]
+    build += ["--encoder", str(exported_dir), "--encoder-backend", "onnx", "--synonyms", "none"]
+    subprocess.run(build, check=True, env=env, capture_output=True, cwd=tmp_path)
+    probe = (
+        "import sys\nfrom app.cli import main\n"
+        f"sys.argv = ['medfaq', 'search', 'Is shingles treated?', '--index', {str(index)!r}, '--mode', 'dense']\n"
+        "try:\n    main()\nexcept SystemExit as exit:\n    assert not exit.code, exit.code\n"
+        f"print('heavy:', [name for name in {HEAVY!r} if name in sys.modules])\n"
+    )
+    result = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "f3" in result.stdout and "heavy: []" in result.stdout, result.stdout
+
+
+@pytest.mark.integration
+def test_minilm_on_onnx_equals_pytorch():
+    torch_encoder = Encoder("minilm", device="cpu")
+    expected = torch_encoder.encode(TEXTS)
+    onnx = load_encoder("minilm", "onnx")
+    np.testing.assert_allclose(onnx.encode(TEXTS), expected, atol=1e-5)
+    assert onnx.fingerprint == torch_encoder.fingerprint
+    cosines = np.einsum("ij,ij->i", load_encoder("minilm", "onnx-int8").encode(TEXTS), expected)
+    assert cosines.min() > 0.97, cosines
+
+
+def test_backend_comparison_reports_each_backend(tmp_path, exported_dir):
+    from eval.benchmarks import Benchmark
+    from eval.encoder_backends import compare_backends, format_table
+
+    corpus = [{"_id": f"d{i}", "title": "", "text": text} for i, text in enumerate(TEXTS[:2] + TEXTS[5:])]
+    queries = [{"_id": f"q{i}", "text": row["text"], "metadata": {}} for i, row in enumerate(corpus)]
+    qrels = {f"q{i}": {f"d{i}": 1} for i in range(len(corpus))}
+    Benchmark("tiny", corpus, queries, qrels).save(tmp_path / "bench")
+    report = compare_backends(str(exported_dir), tmp_path / "bench", ["onnx", "onnx-int8", "openvino"])
+    rows = report["backends"]
+    assert set(rows) == {"onnx", "onnx-int8", "openvino"}
+    assert rows["onnx"]["recall@1"] == 100.0 and rows["onnx"]["corpus_texts_per_s"] > 0
+    assert rows["openvino"]["recall@1"] == 100.0 and rows["openvino"]["min_cosine_to_first"] > 0.9999  # same graph
+    assert "| onnx-int8 |" in format_table(report)
