@@ -339,10 +339,24 @@ def calibrate(
         None, "--from", help="Read the datasets from DIR (the shared/data layout) instead of `medfaq data fetch`."
     ),
     seed: int = typer.Option(0, "--seed", help="Seed of the development questions' sample."),
+    index: list[Path] = typer.Option(
+        [],
+        "--index",
+        help="Also give this index, built with MODEL (or with the bi-encoder the reranker MODEL corrects) before it "
+        "was calibrated, the threshold it would have inherited (repeatable).",
+    ),
 ) -> None:
     """Calibrate a retrieval model's abstention threshold on its development split and store it with the model
     (threshold.json; training does this itself): indexes built with it then abstain out of the box."""
+    from app.cmd_index import inherit_threshold
+    from index.faq_index import read_manifest
+
+    manifests = {directory: read_manifest(directory) for directory in index}  # a wrong directory fails first
     _report_threshold(model, data_from, seed)
+    for directory, manifest in manifests.items():
+        if not inherit_threshold(directory, manifest.encoder, Path(resolve_model(model))):
+            why = f"encoded by {manifest.encoder}, or a threshold calibrated on it already"
+            typer.echo(f"warning: {directory} left as it was ({why})", err=True)
 
 
 def register(app: typer.Typer, *, data_app: typer.Typer, train_app: typer.Typer, eval_app: typer.Typer) -> None:

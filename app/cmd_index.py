@@ -55,13 +55,15 @@ def open_encoder(name: str, backend: str = "auto", **options: Any) -> Any:
     return encoder
 
 
-def inherit_threshold(directory: Path, encoder: str) -> None:
-    """Give a new index the abstention thresholds its encoder (and the set-up reranker over it) were calibrated
-    with, marked as inherited in its pipeline.json, and say so."""
+def inherit_threshold(directory: Path, encoder: str, reranker: Path | None = None) -> dict[str, float]:
+    """Give an index the abstention thresholds its encoder (and `reranker`, default the set-up one, when it corrects
+    that encoder) were calibrated with, marked as inherited in its pipeline.json, and say so."""
     from retriever.abstention import inherit_thresholds
 
-    for key, value in inherit_thresholds(directory, encoder, set_up_reranker()).items():
-        typer.echo(f"abstains below {value:.4f} ({key}), the threshold inherited from the encoder", err=True)
+    written = inherit_thresholds(directory, encoder, reranker or set_up_reranker())
+    for key, value in written.items():
+        typer.echo(f"{directory}: abstains below {value:.4f} ({key}), the threshold inherited from the model", err=True)
+    return written
 
 
 def check_choice(option: str, value: str, choices: tuple[str, ...]) -> None:

@@ -157,7 +157,7 @@ def test_benchmark_index_inherits_and_is_measured_at_that_threshold(tmp_path, ti
     args = ["data", "make-benchmark", "mediqa2021", "--out", str(out), "--from", str(shared_data)]
     result = CliRunner().invoke(app, [*args, "--encoder", str(calibrated), "--synonyms", "none"])
     assert result.exit_code == 0, result.output
-    assert "abstains below 0.5000 (dense@raw), the threshold inherited from the encoder" in result.stderr
+    assert "abstains below 0.5000 (dense@raw), the threshold inherited from the model" in result.stderr
 
     report = measure(out)
     assert report["threshold"] == 0.5 and report["inherited_from"] == str(calibrated / THRESHOLD_FILE)
@@ -171,3 +171,25 @@ def test_training_without_development_data_warns_and_keeps_the_model(tiny_encode
     _calibrate_after_training(tiny_encoder_dir)
     assert "warning: no abstention threshold stored" in capsys.readouterr().err
     assert not (tiny_encoder_dir / THRESHOLD_FILE).exists()
+
+
+def test_calibrate_gives_an_index_built_before_the_threshold_it_would_have_inherited(
+    tmp_path, tiny_encoder_dir, dev_data
+):
+    tuned = _set_up_biencoder(tiny_encoder_dir)
+    faqs = tmp_path / "faqs.jsonl"
+    faqs.write_text("\n".join(json.dumps({"id": str(i), "question": q}) for i, q in enumerate(BANK)) + "\n")
+    before, other = tmp_path / "before", tmp_path / "other"
+    runner = CliRunner()
+    assert runner.invoke(app, ["index", "build", str(faqs), "--out", str(before)]).exit_code == 0
+    assert runner.invoke(app, ["index", "build", str(faqs), "--out", str(other), "--encoder", str(tiny_encoder_dir)])
+    assert PipelineConfig.load(before).active_threshold() is None  # built before the model was calibrated
+
+    args = ["train", "calibrate", str(tuned), "--from", str(dev_data), "--index", str(before), "--index", str(other)]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    stored = ModelThreshold.load(tuned)
+    assert PipelineConfig.load(before).active_threshold() == stored.value
+    assert PipelineConfig.load(before).inherited_thresholds == {"dense@raw": str(tuned / THRESHOLD_FILE)}
+    assert f"warning: {other} left as it was" in result.stderr
+    assert PipelineConfig.load(other).active_threshold() is None
