@@ -170,6 +170,8 @@ def _train_command(model_type: str) -> Callable[..., None]:
             typer.echo(render_pair_counts(config.extra["pair_counts"]), err=True)
         save_trained(train_pair_model(pairs, config, device), config, out)
         typer.echo(f"saved {model_type} to {out}")
+        if task == "faq":
+            _calibrate_after_training(out)
 
     train.__doc__ = f"Train the {model_type} on all training data of a task (mqp, qa or faq)."
     return train
@@ -306,8 +308,60 @@ def eval_duplicates(
         typer.echo(json.dumps(result))
 
 
+def _calibrate_after_training(model: Path) -> None:
+    """Store a freshly trained retrieval model's abstention threshold; without the development data, say how to
+    store it later instead of failing the training."""
+    try:
+        _report_threshold(model)
+    except MedfaqError as error:
+        typer.echo(
+            f"warning: no abstention threshold stored ({error}); later: `medfaq train calibrate {model}`",
+            err=True,
+        )
+
+
+def _report_threshold(model: Path | str, data_from: Path | None = None, seed: int = 0) -> None:
+    from retriever.abstention import THRESHOLD_FILE, calibrate_model
+
+    stored = calibrate_model(model, data_from, seed)
+    development = stored.development
+    typer.echo(
+        f"abstention threshold {stored.value:.4f} ({stored.key}) saved to {Path(resolve_model(str(model)))}/"
+        f"{THRESHOLD_FILE}: on {stored.counts['in_scope']} development questions it answers "
+        f"{development['answered']:.1f} % of them and abstains on {development['ood_abstained']:.1f} % once their "
+        f"answers are removed (AUROC {development['auroc']:.1f})"
+    )
+
+
+def calibrate(
+    model: str = typer.Argument(..., help="A trained retrieval bi-encoder or reranker (directory or model name)."),
+    data_from: Path | None = typer.Option(
+        None, "--from", help="Read the datasets from DIR (the shared/data layout) instead of `medfaq data fetch`."
+    ),
+    seed: int = typer.Option(0, "--seed", help="Seed of the development questions' sample."),
+    index: list[Path] = typer.Option(
+        [],
+        "--index",
+        help="Also give this index, built with MODEL (or with the bi-encoder the reranker MODEL corrects) before it "
+        "was calibrated, the threshold it would have inherited (repeatable).",
+    ),
+) -> None:
+    """Calibrate a retrieval model's abstention threshold on its development split and store it with the model
+    (threshold.json; training does this itself): indexes built with it then abstain out of the box."""
+    from app.cmd_index import inherit_threshold
+    from index.faq_index import read_manifest
+
+    manifests = {directory: read_manifest(directory) for directory in index}  # a wrong directory fails first
+    _report_threshold(model, data_from, seed)
+    for directory, manifest in manifests.items():
+        if not inherit_threshold(directory, manifest.encoder, Path(resolve_model(model))):
+            why = f"encoded by {manifest.encoder}, or a threshold calibrated on it already"
+            typer.echo(f"warning: {directory} left as it was ({why})", err=True)
+
+
 def register(app: typer.Typer, *, data_app: typer.Typer, train_app: typer.Typer, eval_app: typer.Typer) -> None:
     """Add this module's commands to the `medfaq` command groups."""
     for model_type in ("biencoder", "crossencoder"):
         train_app.command(model_type)(_train_command(model_type))
+    train_app.command("calibrate")(calibrate)
     eval_app.command("duplicates")(eval_duplicates)

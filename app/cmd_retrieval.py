@@ -8,7 +8,7 @@ from typing import Any
 
 import typer
 
-from app.cmd_index import SYNONYMS_OPTION
+from app.cmd_index import ENCODER_OPTION, SYNONYMS_OPTION, inherit_threshold, open_encoder
 from app.cmd_search import (
     ABSTAIN,
     BEAMS,
@@ -27,7 +27,7 @@ from app.cmd_search import (
     THRESHOLD,
     StageFlags,
 )
-from index.runtime import DEFAULT_ENCODER, MedfaqError, indexes_dir
+from index.runtime import MedfaqError, indexes_dir
 from retriever.pipeline import Pipeline, PipelineConfig, load_stage, store_threshold
 from retriever.runs import check_not_an_input, check_output, write_run
 from retriever.search import MODES
@@ -40,7 +40,7 @@ def make_benchmark(
         None, "--from", help="Read the datasets from DIR (the shared/data layout) instead of `medfaq data fetch`."
     ),
     build_index: bool = typer.Option(True, "--index/--no-index", help="Also index the corpus into OUT/index."),
-    encoder: str = typer.Option(DEFAULT_ENCODER, "--encoder", help="Encoder of that index."),
+    encoder: str = ENCODER_OPTION,
     bank: Path | None = typer.Option(
         None, "--bank", help="medquad-chq: the MedQuAD index to add the gold FAQs to (default: indexes/medquad-minilm)."
     ),
@@ -51,7 +51,6 @@ def make_benchmark(
     from eval.benchmarks import make_benchmark as build
     from index.collections import load_collection, read_records
     from index.concepts import concept_lexicon
-    from index.encoder import load_encoder
     from index.faq_index import MANIFEST, RECORDS, FaqIndex, check_index_target
 
     if build_index:
@@ -69,7 +68,9 @@ def make_benchmark(
         typer.echo(f"copied the index {bank} and added {encoded} FAQs into {out / 'index'}")
     elif build_index:
         records, _ = load_collection(out / "corpus.jsonl", "jsonl", CORPUS_FIELDS)
-        FaqIndex.build(records, load_encoder(encoder), concepts=concepts).save(out / "index")
+        sentence_encoder = open_encoder(encoder)
+        FaqIndex.build(records, sentence_encoder, concepts=concepts).save(out / "index")
+        inherit_threshold(out / "index", sentence_encoder.name)
         typer.echo(f"indexed {len(records)} FAQs into {out / 'index'}")
 
 

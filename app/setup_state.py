@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TextIO
 
-from index.runtime import medfaq_home, models_dir
+from index.runtime import DEFAULT_ENCODER, medfaq_home, models_dir
 from retriever.setup_plan import (
     BIENCODER,
     RERANKER,
@@ -177,10 +177,13 @@ def default_steps(settings: DemoSettings) -> list[SetupStep]:
     def fetch(*names: str) -> tuple[tuple[str, ...], ...]:
         return tuple(("data", "fetch", name, *source) for name in names)
 
+    # stock MiniLM by name: `--encoder auto` would take the fine-tuned bi-encoder once one is saved
+    stock = ("index", "build", "medquad", "--synonyms", "none", "--out", str(settings.index_dirs[-1]))
+    stock += ("--encoder", DEFAULT_ENCODER)
     index = SetupStep(
         "index",
         "Fetch MedQuAD and build the FAQ index",
-        (*fetch("medquad"), ("index", "build", "medquad", "--synonyms", "none", "--out", str(settings.index_dirs[-1]))),
+        (*fetch("medquad"), stock),
         minutes=INDEX_MINUTES,
     )
     index.status, index.detail = ("done", "ready") if settings.index_ready() else ("pending", "")

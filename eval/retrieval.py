@@ -23,6 +23,7 @@ from tqdm.auto import tqdm
 from eval.benchmarks import Qrels, Run
 from index.faq_index import FaqIndex
 from index.runtime import MedfaqError
+from retriever.abstention import as_scores, at_threshold, calibrate_threshold
 from retriever.pipeline import (
     RERANK_MARGIN,
     Pipeline,
@@ -63,24 +64,6 @@ def ranking_metrics(run: Run, qrels: Qrels) -> tuple[dict[str, float], dict[str,
     return means, per_query
 
 
-def _as_scores(confidences: list[float | None]) -> np.ndarray:
-    """None (no hit at all) is the least confident value."""
-    return np.array([-np.inf if c is None else float(c) for c in confidences], dtype=np.float64)
-
-
-def calibrate_threshold(in_scope: list[bool], confidences: list[float | None]) -> float:
-    """The threshold (answer when confidence >= it) with the best accuracy on these labelled queries; ties go to
-    the lowest, and a threshold lies midway between two observed confidences."""
-    labels = np.array(in_scope, dtype=bool)
-    scores = _as_scores(confidences)
-    values = np.unique(scores[np.isfinite(scores)])
-    if len(values) == 0:
-        return 0.0
-    candidates = np.concatenate([[values[0] - 1e-6], (values[:-1] + values[1:]) / 2, [values[-1] + 1e-6]])
-    accuracy = [float(np.mean((scores >= t) == labels)) for t in candidates]
-    return float(candidates[int(np.argmax(accuracy))])
-
-
 def abstention_metrics(
     test_in_scope: list[bool],
     test_confidences: list[float | None],
@@ -92,20 +75,10 @@ def abstention_metrics(
     `answered` = in-scope test queries answered, `ood_abstained` = out-of-scope test queries abstained on. With
     `test_correct` (the top hit is a gold FAQ): `selective_acc` = test queries answered correctly or rightly
     abstained on, `precision` = answered test queries whose top hit is gold."""
-    from sklearn.metrics import roc_auc_score
-
     labels = np.array(test_in_scope, dtype=bool)
-    scores = _as_scores(test_confidences)
-    finite = np.where(np.isfinite(scores), scores, np.nanmin(scores[np.isfinite(scores)], initial=0.0) - 1.0)
     threshold = calibrate_threshold(dev_in_scope, dev_confidences) if dev_in_scope else 0.0
-    answered = scores >= threshold
-    metrics = {
-        "auroc": 100.0 * float(roc_auc_score(labels, finite)) if 0 < labels.sum() < len(labels) else math.nan,
-        "threshold": threshold,
-        "accuracy": 100.0 * float(np.mean(answered == labels)),
-        "answered": 100.0 * float(answered[labels].mean()) if labels.any() else math.nan,
-        "ood_abstained": 100.0 * float((~answered[~labels]).mean()) if (~labels).any() else math.nan,
-    }
+    answered = as_scores(test_confidences) >= threshold
+    metrics = at_threshold(test_in_scope, test_confidences, threshold)
     if test_correct is not None:
         correct = np.array(test_correct, dtype=bool) & labels
         metrics["selective_acc"] = 100.0 * float(np.mean(np.where(answered, correct, ~labels)))

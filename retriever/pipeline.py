@@ -104,8 +104,10 @@ class PipelineConfig:
     `dense_weight`: weight of the dense list against BM25's 1 in hybrid RRF.
     `abstain`: abstain when the confidence (:func:`confidence`) is below the threshold of the configuration that
     runs: `threshold` when given (a command-line override), else `thresholds[threshold_key]`, calibrated per
-    configuration (mode x rerank x query source) by ``medfaq eval retrieval --save-threshold``; a configuration
-    never calibrated answers every question. Abstained questions are appended to `unanswered_log` (default
+    configuration (mode x rerank x query source) by ``medfaq eval retrieval --save-threshold``, or inherited from
+    the model that encoded the index (its ``threshold.json``, :mod:`retriever.abstention`; `inherited_thresholds`
+    names the file each inherited one came from, and a threshold calibrated on the index replaces it); a
+    configuration never calibrated answers every question. Abstained questions are appended to `unanswered_log` (default
     ``$MEDFAQ_HOME/unanswered.jsonl``) when `log_unanswered`.
     """
 
@@ -135,6 +137,7 @@ class PipelineConfig:
     abstain: bool = True
     threshold: float | None = None
     thresholds: dict[str, float] = field(default_factory=dict)
+    inherited_thresholds: dict[str, str] = field(default_factory=dict)
     log_unanswered: bool = True
     unanswered_log: str | None = None
     max_query_chars: int = MAX_QUERY_CHARS
@@ -248,13 +251,15 @@ class PipelineConfig:
 
 def store_threshold(directory: str | Path, config: PipelineConfig, value: float) -> Path:
     """Save `value` as the calibrated threshold of `config`'s configuration in `directory`'s ``pipeline.json``
-    (abstention on); the file's other settings and other configurations' thresholds stay as they are."""
+    (abstention on; it replaces a threshold inherited from the encoder); the file's other settings and other
+    configurations' thresholds stay as they are."""
     from index.faq_index import write_lock
 
     with write_lock(directory):  # read, change and write under one lock: a concurrent save is never lost
         saved = PipelineConfig.load(directory)
         thresholds = {**saved.thresholds, config.threshold_key: float(value)}
-        return saved.replace(abstain=True, thresholds=thresholds).save(directory)
+        inherited = {k: v for k, v in saved.inherited_thresholds.items() if k != config.threshold_key}
+        return saved.replace(abstain=True, thresholds=thresholds, inherited_thresholds=inherited).save(directory)
 
 
 @dataclass

@@ -10,11 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from index.runtime import MedfaqError, indexes_dir, models_dir
+from index.runtime import DEFAULT_ENCODER, MedfaqError, indexes_dir, models_dir
 
 FAQ_INDEX = "medquad-faq"  # the MedQuAD index encoded by the fine-tuned retrieval bi-encoder (under indexes_dir())
 STOCK_INDEX = "medquad-minilm"  # the MedQuAD index encoded by stock MiniLM: search works before any training
 BIENCODER_MODEL = "biencoder-faq-quick"  # the fine-tuned retrieval bi-encoder: FAQ_INDEX's encoder, RERANKER's prior
+AUTO_ENCODER = "auto"  # `--encoder auto`: the best encoder this machine has (`choose_encoder`)
 
 
 @dataclass(frozen=True)
@@ -49,8 +50,9 @@ BIENCODER = ModelStep(
     stage="retrieve",
     data=("meqsum", "healthcaremagic", "chq_summ", "rqe", "mqp", "quebec", "mediqa2021"),  # mediqa2021: kept out
     commands=(("train", "biencoder", "--task", "faq", "--preset", "quick", "--out", "{out}"),),
-    minutes=45,
-    measured="43 min wall, 29 CPU-minutes, beside 2-3 other jobs (docs/results.md, retrieval bi-encoder)",
+    minutes=48,
+    measured="43 min wall, 29 CPU-minutes, beside 2-3 other jobs (docs/results.md, retrieval bi-encoder), then 3 min "
+    "calibrating its abstention threshold (docs/results.md, abstention out of the box)",
 )
 SUMMARIZER_ECL = ModelStep(
     key="summarizer-ecl",
@@ -114,6 +116,22 @@ SUMMARIZERS = (SUMMARIZER_GEMMA.model, SUMMARIZER_ECL.model)
 def model_ready(path: Path | None) -> bool:
     """A saved model directory is complete once its ``config.json`` is written."""
     return path is not None and (path / "config.json").is_file()
+
+
+def choose_encoder(name: str) -> str:
+    """The encoder `--encoder NAME` means: for ``auto``, the fine-tuned retrieval bi-encoder ``medfaq setup`` saved
+    (its directory; with the default ``--synonyms auto`` it is paired with MedQuAD's synonyms once MedQuAD is fetched,
+    which set-up does: its best measured setting, docs/results.md), else stock MiniLM; any other name as given."""
+    if name != AUTO_ENCODER:
+        return name
+    tuned = models_dir() / BIENCODER_MODEL
+    return str(tuned) if model_ready(tuned) else DEFAULT_ENCODER
+
+
+def set_up_reranker() -> Path | None:
+    """The reranker ``medfaq setup`` saved (the pipeline's default one), or None before it is trained."""
+    path = models_dir() / RERANKER.model
+    return path if model_ready(path) else None
 
 
 def index_built(path: Path) -> bool:

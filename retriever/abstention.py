@@ -1,0 +1,261 @@
+"""Abstention thresholds that travel with a model, so a new index abstains before anyone labels a query.
+
+The rule (written before any result was looked at):
+
+* Development split of the query -> FAQ task: the validation consumer questions of MeQSum, HealthCareMagic and
+  CHQ-Summ (`CALIBRATION_SOURCES`; training reads their ``train.jsonl`` only, and no benchmark tests on them), at most
+  `MAX_QUERIES` of each (a seeded sample).
+* Bank, per source: the distinct FAQ questions of its train and valid splits, indexed with the model as `medfaq index
+  build` indexes by default (``--synonyms auto``).
+* In scope: each question searched against the whole bank (it must be answered). Out of scope: the same question
+  searched against the bank without the gold FAQ of any development question, nor an FAQ with the same normalised
+  text as one or within cosine `NEAR_DUPLICATE` of one (the false-negative rule of hard-negative mining): its answer
+  is no longer there, so it must be abstained on.
+* Confidence: the default pipeline's (:func:`retriever.pipeline.confidence`): for a bi-encoder, dense search over the
+  raw question (key ``dense@raw``, the top cosine); for a reranker, dense search with the encoder it corrects (its
+  prior, else the encoder that mined its negatives) reranked by it (key ``dense+rerank@raw``).
+* Threshold: :func:`calibrate_threshold` over both sets, the rule ``medfaq eval retrieval --save-threshold`` applies
+  to a benchmark's development queries (the accuracy-maximising midpoint between two observed confidences).
+
+The result is ``threshold.json`` in the model directory (:class:`ModelThreshold`); an index built with the model
+starts with it in ``pipeline.json``, marked as inherited (:func:`inherit_thresholds`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from index.runtime import MedfaqError, minilm_path, resolve_model
+
+logger = logging.getLogger("medfaq.abstention")
+
+THRESHOLD_FILE = "threshold.json"
+CALIBRATION_SOURCES = ("meqsum", "healthcaremagic", "chq_summ")
+MAX_QUERIES = 200  # development questions per source (a seeded sample)
+NEAR_DUPLICATE = 0.9  # an FAQ this close to a removed gold FAQ is removed too (as in hard-negative mining)
+NEAR_DEPTH = 20  # bank FAQs examined per removed gold FAQ for near-duplicates
+SYNONYMS = "auto"  # the lexicon `medfaq index build` uses by default
+CONFIDENCES = {
+    "dense@raw": "cosine of the top hit of dense search over the raw question",
+    "dense+rerank@raw": "cross-encoder score of the top hit of dense search reranked",
+}
+
+
+def as_scores(confidences: list[float | None]) -> np.ndarray:
+    """None (no hit at all) is the least confident value."""
+    return np.array([-np.inf if c is None else float(c) for c in confidences], dtype=np.float64)
+
+
+def calibrate_threshold(in_scope: list[bool], confidences: list[float | None]) -> float:
+    """The threshold (answer when confidence >= it) with the best accuracy on these labelled queries; ties go to
+    the lowest, and a threshold lies midway between two observed confidences."""
+    labels = np.array(in_scope, dtype=bool)
+    scores = as_scores(confidences)
+    values = np.unique(scores[np.isfinite(scores)])
+    if len(values) == 0:
+        return 0.0
+    candidates = np.concatenate([[values[0] - 1e-6], (values[:-1] + values[1:]) / 2, [values[-1] + 1e-6]])
+    accuracy = [float(np.mean((scores >= t) == labels)) for t in candidates]
+    return float(candidates[int(np.argmax(accuracy))])
+
+
+def at_threshold(in_scope: list[bool], confidences: list[float | None], threshold: float) -> dict[str, float]:
+    """Answering when the confidence is at least `threshold`, in percent: accuracy, in-scope queries answered,
+    out-of-scope ones abstained on; and AUROC of the confidence as an in-scope score (NaN with one class only)."""
+    from sklearn.metrics import roc_auc_score
+
+    labels = np.array(in_scope, dtype=bool)
+    scores = as_scores(confidences)
+    floor = np.min(scores[np.isfinite(scores)], initial=0.0) - 1.0
+    answered = scores >= threshold
+    both = 0 < labels.sum() < len(labels)
+    return {
+        "auroc": 100.0 * float(roc_auc_score(labels, np.where(np.isfinite(scores), scores, floor)))
+        if both
+        else float("nan"),
+        "threshold": threshold,
+        "accuracy": 100.0 * float(np.mean(answered == labels)),
+        "answered": 100.0 * float(answered[labels].mean()) if labels.any() else float("nan"),
+        "ood_abstained": 100.0 * float((~answered[~labels]).mean()) if (~labels).any() else float("nan"),
+    }
+
+
+@dataclass
+class ModelThreshold:
+    """A model's abstention threshold: answer when the confidence `key` names is at least `value`."""
+
+    value: float
+    key: str
+    confidence: str
+    first_stage: str
+    synonyms: str
+    calibrated_on: dict[str, Any]
+    counts: dict[str, int]
+    development: dict[str, float] = field(default_factory=dict)
+
+    def save(self, model_dir: str | Path) -> Path:
+        path = Path(model_dir) / THRESHOLD_FILE
+        path.write_text(json.dumps(asdict(self), indent=2) + "\n", encoding="utf-8")
+        return path
+
+    @classmethod
+    def load(cls, model_dir: str | Path) -> ModelThreshold | None:
+        """The threshold stored in `model_dir`, or None when it has none."""
+        path = Path(model_dir) / THRESHOLD_FILE
+        if not path.is_file():
+            return None
+        try:
+            return cls(**json.loads(path.read_text(encoding="utf-8")))
+        except (json.JSONDecodeError, TypeError) as error:
+            raise MedfaqError(f"{path} is not a valid threshold file: {error}") from None
+
+
+@dataclass
+class CalibrationSource:
+    """One source's development questions, their gold FAQs and the bank (FAQ questions) they are searched in."""
+
+    name: str
+    queries: list[str]
+    golds: list[str]
+    bank: list[str]
+
+
+def calibration_sources(data_root: Path | None = None, seed: int = 0) -> list[CalibrationSource]:
+    """The development split of `CALIBRATION_SOURCES` (those fetched; at least one is needed)."""
+    from index.pair_sources import load_jsonl_rows
+    from retriever.encoder_training import subsample
+    from retriever.pair_data import normalise
+
+    sources = []
+    for name in CALIBRATION_SOURCES:
+        try:
+            train = load_jsonl_rows(name, "train.jsonl", data_root)
+            valid = load_jsonl_rows(name, "valid.jsonl", data_root)
+        except MedfaqError:
+            logger.info("%s not fetched: left out of the calibration", name)
+            continue
+        bank = list({normalise(row["faq"]): row["faq"] for row in [*train, *valid]}.values())
+        picked = subsample(valid, MAX_QUERIES, seed)
+        sources.append(CalibrationSource(name, [row["chq"] for row in picked], [row["faq"] for row in picked], bank))
+    if not sources:
+        wanted = " ".join(CALIBRATION_SOURCES)
+        raise MedfaqError(f"calibrating a threshold needs a development split: run `medfaq data fetch {wanted}`")
+    return sources
+
+
+def without_answers(index: Any, golds: list[str]) -> int:
+    """Delete from `index` every FAQ whose question is one of `golds` (normalised) or lies within cosine
+    `NEAR_DUPLICATE` of one; returns how many were deleted."""
+    from retriever.pair_data import normalise
+
+    wanted = {normalise(text) for text in golds}
+    doomed = {record.id for record in index.records() if normalise(record.question) in wanted}
+    for hits in index.search_dense(list(dict.fromkeys(golds)), min(NEAR_DEPTH, len(index))):
+        doomed.update(faq_id for faq_id, score in hits if score >= NEAR_DUPLICATE)
+    return index.delete(sorted(doomed)) if doomed else 0
+
+
+def _calibration_config(model_dir: Path) -> tuple[str, Any]:
+    """(the encoder the bank is indexed with, the pipeline config whose confidence is calibrated) for a model."""
+    from retriever.encoder_training import EncoderTrainConfig
+    from retriever.pair_models import model_type_of
+    from retriever.pipeline import PipelineConfig
+
+    quiet = {"entities": False, "abstain": False, "log_unanswered": False}
+    if model_type_of(model_dir) == "biencoder":
+        return str(model_dir), PipelineConfig(**quiet)
+    trained = EncoderTrainConfig.load(model_dir)
+    first_stage = trained.prior_model if trained.prior_scale else trained.negatives_encoder
+    return resolve_model(first_stage), PipelineConfig(rerank=True, reranker=str(model_dir), **quiet)
+
+
+def calibrate_model(model_dir: str | Path, data_root: Path | None = None, seed: int = 0) -> ModelThreshold:
+    """Calibrate the abstention threshold of the bi-encoder or reranker in `model_dir` on the development split
+    (the module docstring's rule) and save it there as ``threshold.json``."""
+    import retriever.stages  # noqa: F401  (registers the reranker loader)
+    from index.concepts import concept_lexicon
+    from index.encoder import load_encoder
+    from index.faq_index import FaqIndex
+    from index.records import FaqRecord
+    from retriever.pipeline import Pipeline
+
+    model_dir = Path(resolve_model(str(model_dir)))
+    if model_dir == Path(minilm_path()).resolve():
+        raise MedfaqError("stock MiniLM lives in its pip package: copy its directory and calibrate the copy")
+    first_stage, config = _calibration_config(model_dir)
+    concepts = concept_lexicon(SYNONYMS)
+    encoder = load_encoder(first_stage)  # the backend `index build` uses by default
+    labels: list[bool] = []
+    confidences: list[float | None] = []
+    described: dict[str, dict[str, int]] = {}
+    for source in calibration_sources(data_root, seed):
+        records = [FaqRecord(id=str(i), question=text) for i, text in enumerate(source.bank)]
+        index = FaqIndex.build(records, encoder, progress=False, concepts=concepts)
+        pipeline = Pipeline.from_config(index, config)
+        answerable = [response.confidence for response in pipeline.run_batch(source.queries)]
+        removed = without_answers(index, source.golds)
+        unanswerable = [response.confidence for response in pipeline.run_batch(source.queries)]
+        labels += [True] * len(answerable) + [False] * len(unanswerable)
+        confidences += answerable + unanswerable
+        described[source.name] = {"queries": len(source.queries), "bank": len(records), "removed": removed}
+        logger.info("%s: %d questions, bank of %d, %d removed", source.name, len(source.queries), len(records), removed)
+    development = at_threshold(labels, confidences, calibrate_threshold(labels, confidences))
+    threshold = ModelThreshold(
+        value=development.pop("threshold"),
+        key=config.threshold_key,
+        confidence=CONFIDENCES[config.threshold_key],
+        first_stage=first_stage,
+        synonyms=concepts.source if concepts else "none",
+        calibrated_on={
+            "split": "valid",
+            "sources": described,
+            "out_of_scope": f"the same questions with their gold FAQs (and FAQs within cosine {NEAR_DUPLICATE}) "
+            "removed from the bank",
+            "rule": "best accuracy on the development questions (eval.retrieval --save-threshold's rule)",
+            "seed": seed,
+        },
+        counts={"in_scope": labels.count(True), "out_of_scope": labels.count(False)},
+        development=development,
+    )
+    threshold.save(model_dir)
+    return threshold
+
+
+def model_thresholds(encoder: str, reranker: str | Path | None = None) -> dict[str, tuple[float, str]]:
+    """The thresholds an index encoded by `encoder` inherits, as ``{key: (value, where from)}``: the encoder's own,
+    and `reranker`'s when it was calibrated over that same encoder (its first stage)."""
+    encoder_dir = Path(resolve_model(encoder))
+    found: dict[str, tuple[float, str]] = {}
+    own = ModelThreshold.load(encoder_dir) if encoder_dir.is_dir() else None
+    if own is not None:
+        found[own.key] = (own.value, str(encoder_dir / THRESHOLD_FILE))
+    corrected = ModelThreshold.load(reranker) if reranker is not None and Path(reranker).is_dir() else None
+    if corrected is not None and Path(corrected.first_stage) == encoder_dir:
+        found[corrected.key] = (corrected.value, str(Path(reranker) / THRESHOLD_FILE))
+    return found
+
+
+def inherit_thresholds(index_dir: str | Path, encoder: str, reranker: str | Path | None = None) -> dict[str, float]:
+    """Write the thresholds an index encoded by `encoder` inherits (:func:`model_thresholds`) into its
+    ``pipeline.json``, each marked as inherited with where it came from; inherited ones of an earlier encoder are
+    dropped, thresholds calibrated on the index itself (``--save-threshold``) kept. Returns the thresholds written."""
+    from index.faq_index import write_lock
+    from retriever.pipeline import PIPELINE_FILE, PipelineConfig
+
+    found = model_thresholds(encoder, reranker)
+    with write_lock(index_dir):  # read, change and write under one lock, as `store_threshold` does
+        saved = PipelineConfig.load(index_dir)
+        if not found and not saved.inherited_thresholds:
+            return {}
+        thresholds = {k: v for k, v in saved.thresholds.items() if k not in saved.inherited_thresholds}
+        inherited = {key: origin for key, (_, origin) in found.items() if key not in thresholds}
+        thresholds |= {key: found[key][0] for key in inherited}
+        if inherited or (Path(index_dir) / PIPELINE_FILE).is_file():
+            saved.replace(thresholds=thresholds, inherited_thresholds=inherited).save(index_dir)
+    return {key: thresholds[key] for key in inherited}
