@@ -61,9 +61,9 @@ class SearchService:
     """Thread-safe: searches share the loaded index and stage objects (each stage runs under its own lock).
 
     Single questions asked at the same moment from several threads with the same settings are searched as one batch
-    (`batching`, :class:`~app.batching.MicroBatcher`): one encoder call and one vector search for all of them. Each
-    caller gets the answer its question gets alone, but for float rounding of a batched encoder run (see
-    docs/results.md, "HTTP API under load")."""
+    (`batching`, :class:`~app.batching.MicroBatcher`): one pipeline run, one vector search and one pass of each stage
+    for all of them, the models taking the questions one by one (``exact_batches``), so that each caller gets
+    exactly the answer its question gets alone."""
 
     def __init__(
         self, index_dir: str | Path, feedback_path: str | Path | None = None, batching: BatchSettings | None = None
@@ -113,9 +113,9 @@ class SearchService:
             logger.error(fault)
         self.fault = fault
 
-    def pipeline(self, overrides: dict[str, Any] | None = None) -> Pipeline:
+    def pipeline(self, overrides: dict[str, Any] | None = None, exact_batches: bool = False) -> Pipeline:
         """A Pipeline for one request: the index's config with `overrides` applied as the command line's flags are
-        (None values ignored; ``summarize`` alone searches with the summary)."""
+        (None values ignored; ``summarize`` alone searches with the summary); `exact_batches` as in Pipeline."""
         self.refresh()
         changes = dict(overrides or {})
         config = self.config.with_flags(changes.pop("summarize", None), changes.pop("query_source", None), **changes)
@@ -136,6 +136,7 @@ class SearchService:
             reranker=stages.get("rerank"),
             entity_finder=stages.get("entities"),
             unanswered=UnansweredLog(config.unanswered_log),
+            exact_batches=exact_batches,
         )
 
     def _stage(self, kind: str, name: str | None, config: PipelineConfig, served: bool) -> Any:
@@ -157,8 +158,10 @@ class SearchService:
             return [self._batcher.submit((questions[0], tuple(sorted((overrides or {}).items()))))]
         return self._search_now(questions, overrides)
 
-    def _search_now(self, questions: list[str], overrides: dict[str, Any] | None) -> list[dict[str, Any]]:
-        return [response.to_dict() for response in self.pipeline(overrides).run_batch(questions)]
+    def _search_now(
+        self, questions: list[str], overrides: dict[str, Any] | None, exact: bool = False
+    ) -> list[dict[str, Any]]:
+        return [response.to_dict() for response in self.pipeline(overrides, exact).run_batch(questions)]
 
     def _search_grouped(self, asked: list[tuple[str, Settings]]) -> list[dict[str, Any] | Exception]:
         """The batch function: one pipeline run per settings; a run that fails is repeated question by question,
@@ -170,7 +173,7 @@ class SearchService:
         for settings, positions in groups.items():
             questions = [asked[position][0] for position in positions]
             try:
-                answers: list[dict[str, Any] | Exception] = list(self._search_now(questions, dict(settings)))
+                answers: list[dict[str, Any] | Exception] = list(self._search_now(questions, dict(settings), True))
             except Exception as error:  # noqa: BLE001  (attributed below, question by question)
                 answers = [error] if len(questions) == 1 else [self._search_alone(q, dict(settings)) for q in questions]
             for position, answer in zip(positions, answers, strict=True):
