@@ -21,8 +21,9 @@ Result = TypeVar("Result")
 @dataclass(frozen=True)
 class BatchSettings:
     """`max_size`: most calls in one batch; `max_wait_ms`: how long the first waiting call waits for others to
-    join it (calls that arrived while the previous batch ran never wait longer). The defaults were measured on
-    `medfaq serve` (docs/results.md, "HTTP API under load")."""
+    join it, when the previous batch held more than one call (a lone caller never waits; calls that arrived while
+    the previous batch ran never wait longer). The defaults were measured on `medfaq serve` (docs/results.md,
+    "HTTP API under load")."""
 
     max_size: int = 16
     max_wait_ms: float = 2.0
@@ -45,9 +46,10 @@ class _Call(Generic[Item, Result]):
 
 class MicroBatcher(Generic[Item, Result]):
     """Thread-safe: :meth:`submit` from any number of threads. One batch runs at a time; the calls waiting meanwhile
-    form the next one, which its first call runs (after waiting up to `max_wait_ms` from its arrival for the batch
-    to fill). `run(items)` returns one outcome per item, in order: its result, or the exception to raise in the
-    thread that submitted it; an exception `run` itself raises is raised in every call of that batch."""
+    form the next one, which its first call runs, after waiting up to `max_wait_ms` from its arrival for the batch
+    to fill when calls came together before. `run(items)` returns one outcome per item, in order: its result, or
+    the exception to raise in the thread that submitted it; an exception `run` itself raises is raised in every
+    call of that batch."""
 
     def __init__(
         self, run: Callable[[list[Item]], list[Result | BaseException]], settings: BatchSettings | None = None
@@ -56,6 +58,7 @@ class MicroBatcher(Generic[Item, Result]):
         self._ready = threading.Condition()
         self._waiting: list[_Call[Item, Result]] = []
         self._busy = False
+        self._last_size = 0
 
     def submit(self, item: Item) -> Result:
         call: _Call[Item, Result] = _Call(item)
@@ -75,11 +78,13 @@ class MicroBatcher(Generic[Item, Result]):
         """Run the next batch in the calling thread; called, and returns, holding the condition's lock."""
         self._busy = True
         try:
-            deadline = self._waiting[0].arrived + self.settings.max_wait_ms / 1000
+            wait = self.settings.max_wait_ms / 1000 if self._last_size > 1 else 0.0
+            deadline = self._waiting[0].arrived + wait
             while len(self._waiting) < self.settings.max_size and (left := deadline - time.monotonic()) > 0:
                 self._ready.wait(left)
             batch = self._waiting[: self.settings.max_size]
             del self._waiting[: len(batch)]
+            self._last_size = len(batch)
             outcomes: list[Result | BaseException] = [RuntimeError("the batch was interrupted")] * len(batch)
             self._ready.release()
             try:
