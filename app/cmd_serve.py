@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import errno
+import os
 import socket
 from pathlib import Path
 
 import typer
 
+from app.batching import BatchSettings
 from app.options import INDEX
 from index.runtime import MedfaqError
 from retriever.setup_plan import set_up_index
+
+SERVE_THREADS = 1
+"""Threads per model run and vector search: one, so that concurrent requests share the cores without contention
+(measured on 2 cores, docs/results.md, "HTTP API under load")."""
 
 
 def listening_socket(host: str, port: int) -> socket.socket:
@@ -36,6 +42,19 @@ def serve(
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on."),
     port: int = typer.Option(8000, "--port", min=1, max=65535, help="Port to listen on."),
     workers: int = typer.Option(4, "--workers", min=1, help="Threads running searches at once."),
+    threads: int = typer.Option(
+        SERVE_THREADS, "--threads", min=1, help="Threads of each model run and vector search (OMP_NUM_THREADS)."
+    ),
+    batch_size: int = typer.Option(
+        BatchSettings.max_size, "--batch-size", min=1, help="Most single-question requests searched as one batch."
+    ),
+    batch_wait_ms: float = typer.Option(
+        BatchSettings.max_wait_ms,
+        "--batch-wait-ms",
+        min=0,
+        max=1000,
+        help="How long a request waits for others to join its batch (0: only those already waiting).",
+    ),
     allow_writes: bool = typer.Option(False, "--allow-writes", help="Enable POST /index/add and /index/delete."),
     allow_public_queue: bool = typer.Option(
         False,
@@ -50,8 +69,9 @@ def serve(
     from app.service import SearchService
 
     index = index or set_up_index()
+    os.environ["OMP_NUM_THREADS"] = str(threads)  # read by ONNX Runtime, faiss and torch when they load
     sock = listening_socket(host, port)
-    service = SearchService(index)
+    service = SearchService(index, batching=BatchSettings(batch_size, batch_wait_ms))
     app = create_app(
         service, allow_writes=allow_writes, limits=ServerLimits(workers=workers), allow_public_queue=allow_public_queue
     )

@@ -37,7 +37,7 @@ class ServerLimits:
     max_body_bytes: int = 1_000_000
     max_batch: int = 64
     max_top_k: int = 100
-    workers: int = 4  # threads running pipeline calls at once
+    workers: int = 4  # threads running pipeline calls at once (single questions: batched, see SearchService)
 
 
 class StrictModel(BaseModel):
@@ -280,9 +280,11 @@ def create_app(
     app = FastAPI(title="medfaq", description="Medical FAQ retrieval for consumer health questions.")
     app.add_middleware(BodyLimit, max_bytes=limits.max_body_bytes)
     threads = anyio.CapacityLimiter(limits.workers)
+    # single questions wait in the service's batcher: threads for one batch running and the next one filling
+    batched = anyio.CapacityLimiter(2 * service.batching.max_size)
 
-    async def run_in_threadpool(function, *args):
-        return await anyio.to_thread.run_sync(partial(function, *args), limiter=threads)
+    async def run_in_threadpool(function, *args, limiter: anyio.CapacityLimiter = threads):
+        return await anyio.to_thread.run_sync(partial(function, *args), limiter=limiter)
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(_request: Request, error: RequestValidationError) -> JSONResponse:
@@ -324,7 +326,8 @@ def create_app(
             raise HTTPException(413, f"at most {limits.max_batch} questions per request")
         if body.top_k is not None and body.top_k > limits.max_top_k:
             raise HTTPException(422, f"top_k must be at most {limits.max_top_k}")
-        results = await run_in_threadpool(service.search, questions, body.overrides())
+        limiter = batched if len(questions) == 1 else threads
+        results = await run_in_threadpool(service.search, questions, body.overrides(), limiter=limiter)
         return results[0] if body.question is not None else {"results": results}
 
     @app.post(

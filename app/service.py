@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import retriever.stages  # noqa: F401  (registers the summarizer, reranker and NER stage loaders)
+from app.batching import BatchSettings, MicroBatcher
 from app.feedback import Feedback, FeedbackStore
 from index.faq_index import FaqIndex, disk_version
 from index.records import FaqRecord
@@ -56,14 +57,29 @@ class ServiceStatus:
     fault: str | None = None
 
 
-class SearchService:
-    """Thread-safe: searches share the loaded index and stage objects (each stage runs under its own lock)."""
+Settings = tuple[tuple[str, Any], ...]
+"""A request's overrides, hashable: requests with equal settings are searched together."""
 
-    def __init__(self, index_dir: str | Path, feedback_path: str | Path | None = None) -> None:
+
+class SearchService:
+    """Thread-safe: searches share the loaded index and stage objects (each stage runs under its own lock).
+
+    Single questions asked at the same moment from several threads with the same settings are searched as one batch
+    (`batching`, :class:`~app.batching.MicroBatcher`): one pipeline run, one vector search and one pass of each stage
+    for all of them, the models taking the questions one by one (``exact_batches``), so that each caller gets
+    exactly the answer its question gets alone."""
+
+    def __init__(
+        self, index_dir: str | Path, feedback_path: str | Path | None = None, batching: BatchSettings | None = None
+    ) -> None:
         self.index_dir = Path(index_dir)
         self.feedback = FeedbackStore(feedback_path)
         self._guard = threading.Lock()
         self._stages: dict[tuple, Any] = {}
+        self.batching = batching or BatchSettings()
+        self._batcher: MicroBatcher[tuple[str, Settings], dict[str, Any]] = MicroBatcher(
+            self._search_grouped, self.batching
+        )
         self._failed_version: str | None = None
         self.fault: str | None = None
         self._load_index()
@@ -101,9 +117,9 @@ class SearchService:
             logger.error(fault)
         self.fault = fault
 
-    def pipeline(self, overrides: dict[str, Any] | None = None) -> Pipeline:
+    def pipeline(self, overrides: dict[str, Any] | None = None, exact_batches: bool = False) -> Pipeline:
         """A Pipeline for one request: the index's config with `overrides` applied as the command line's flags are
-        (None values ignored; ``summarize`` alone searches with the summary)."""
+        (None values ignored; ``summarize`` alone searches with the summary); `exact_batches` as in Pipeline."""
         self.refresh()
         changes = dict(overrides or {})
         config = self.config.with_flags(changes.pop("summarize", None), changes.pop("query_source", None), **changes)
@@ -124,6 +140,7 @@ class SearchService:
             reranker=stages.get("rerank"),
             entity_finder=stages.get("entities"),
             unanswered=UnansweredLog(config.unanswered_log),
+            exact_batches=exact_batches,
         )
 
     def _stage(self, kind: str, name: str | None, config: PipelineConfig, served: bool) -> Any:
@@ -140,7 +157,38 @@ class SearchService:
             return self._stages[key]
 
     def search(self, questions: list[str], overrides: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-        return [response.to_dict() for response in self.pipeline(overrides).run_batch(questions)]
+        """One answer per question; a single question joins the batch of those asked at the same moment."""
+        if len(questions) == 1:
+            return [self._batcher.submit((questions[0], tuple(sorted((overrides or {}).items()))))]
+        return self._search_now(questions, overrides)
+
+    def _search_now(
+        self, questions: list[str], overrides: dict[str, Any] | None, exact: bool = False
+    ) -> list[dict[str, Any]]:
+        return [response.to_dict() for response in self.pipeline(overrides, exact).run_batch(questions)]
+
+    def _search_grouped(self, asked: list[tuple[str, Settings]]) -> list[dict[str, Any] | Exception]:
+        """The batch function: one pipeline run per settings; a run that fails is repeated question by question,
+        so that an error reaches only the caller whose question caused it."""
+        groups: dict[Settings, list[int]] = {}
+        for position, (_, settings) in enumerate(asked):
+            groups.setdefault(settings, []).append(position)
+        outcomes: list[dict[str, Any] | Exception] = [RuntimeError("not searched")] * len(asked)
+        for settings, positions in groups.items():
+            questions = [asked[position][0] for position in positions]
+            try:
+                answers: list[dict[str, Any] | Exception] = list(self._search_now(questions, dict(settings), True))
+            except Exception as error:  # noqa: BLE001  (attributed below, question by question)
+                answers = [error] if len(questions) == 1 else [self._search_alone(q, dict(settings)) for q in questions]
+            for position, answer in zip(positions, answers, strict=True):
+                outcomes[position] = answer
+        return outcomes
+
+    def _search_alone(self, question: str, overrides: dict[str, Any]) -> dict[str, Any] | Exception:
+        try:
+            return self._search_now([question], overrides)[0]
+        except Exception as error:  # noqa: BLE001  (raised in the thread that asked)
+            return error
 
     def add_feedback(self, question: str, faq_id: str, helpful: bool, comment: str | None = None) -> int:
         settings = {"comment": comment} if comment else {}

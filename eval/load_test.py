@@ -1,7 +1,10 @@
 """A bounded load test of `medfaq serve`: C concurrent clients send a fixed question set to ``POST /search``; every
 answer is compared with the serial answer for the same question, and latency percentiles and requests/s printed.
 
-    python -m eval.load_test --url http://127.0.0.1:8000 --queries Q.jsonl --clients 1,4,16 --rounds 2
+    python -m eval.load_test --url http://127.0.0.1:8000 --queries Q.jsonl --clients 1,4,8,16 --rounds 2
+
+With ``--server-pid`` (Linux), the server process's CPU time per request is printed too: on a shared machine it
+varies far less with the other processes' load than latency and throughput do.
 
 Loopback servers only: the question count, the rounds and a per-request timeout bound every run.
 """
@@ -9,6 +12,7 @@ Loopback servers only: the question count, the rounds and a per-request timeout 
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from collections.abc import Sequence
@@ -32,6 +36,14 @@ class LoadResult:
     p50_ms: float
     p95_ms: float
     requests_per_s: float
+    server_cpu_ms: float | None = None  # the server's CPU time per answered request
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process `pid` so far, from /proc (Linux)."""
+    with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def ranked_ids(answer: dict) -> list[str]:
@@ -52,7 +64,12 @@ def serial_answers(url: str, questions: list[str]) -> dict[str, list[str]]:
 
 
 def run_load(
-    url: str, questions: list[str], clients: int, expected: dict[str, list[str]], rounds: int = 1
+    url: str,
+    questions: list[str],
+    clients: int,
+    expected: dict[str, list[str]],
+    rounds: int = 1,
+    server_pid: int | None = None,
 ) -> LoadResult:
     """Each of `clients` threads sends every question `rounds` times (in its own rotated order)."""
     import httpx
@@ -78,11 +95,13 @@ def run_load(
                     latencies.append(elapsed)
                     mismatches += ids != expected[question]
 
+    cpu_start = cpu_seconds(server_pid) if server_pid else 0.0
     start = time.perf_counter()
     with ThreadPoolExecutor(clients) as pool:
         list(pool.map(client_loop, range(clients)))
     wall = time.perf_counter() - start
     done = len(latencies)
+    server_cpu = (cpu_seconds(server_pid) - cpu_start) * 1000 / done if server_pid and done else None
     return LoadResult(
         clients=clients,
         requests=done + errors,
@@ -91,14 +110,15 @@ def run_load(
         p50_ms=float(np.percentile(latencies, 50)) if done else float("nan"),
         p95_ms=float(np.percentile(latencies, 95)) if done else float("nan"),
         requests_per_s=done / wall if wall else 0.0,
+        server_cpu_ms=server_cpu,
     )
 
 
 def format_table(results: list[LoadResult]) -> str:
-    lines = ["clients  requests  errors  mismatches  p50_ms  p95_ms  req/s"]
+    lines = ["clients  requests  errors  mismatches  p50_ms  p95_ms  req/s  server_cpu_ms"]
     lines += [
         f"{r.clients:>7}  {r.requests:>8}  {r.errors:>6}  {r.mismatches:>10}  {r.p50_ms:>6.1f}  {r.p95_ms:>6.1f}"
-        f"  {r.requests_per_s:>5.1f}"
+        f"  {r.requests_per_s:>5.1f}  {'-' if r.server_cpu_ms is None else f'{r.server_cpu_ms:.1f}':>13}"
         for r in results
     ]
     return "\n".join(lines)
@@ -117,13 +137,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--limit", type=positive_int, default=50, help="use the first N questions")
     parser.add_argument("--clients", type=_client_counts, default=[1, 4, 16], help="comma-separated client counts")
     parser.add_argument("--rounds", type=positive_int, default=1)
+    parser.add_argument("--server-pid", type=positive_int, help="also report this process's CPU time per request")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     with args.queries.open(encoding="utf-8") as lines:
         rows = [json.loads(line) for line in lines if line.strip()]
     questions = [row.get("question") or row["text"] for row in rows][: args.limit]
     expected = serial_answers(args.url, questions)
-    results = [run_load(args.url, questions, clients, expected, args.rounds) for clients in args.clients]
+    results = [
+        run_load(args.url, questions, clients, expected, args.rounds, args.server_pid) for clients in args.clients
+    ]
     print(json.dumps([asdict(r) for r in results], indent=2) if args.json else format_table(results))
 
 

@@ -346,7 +346,11 @@ def key_stems(texts: list[str]) -> set[str]:
 
 
 class Pipeline:
-    """Runs the configured stages for each question; without rewrite/rerank stages it is plain retrieval."""
+    """Runs the configured stages for each question; without rewrite/rerank stages it is plain retrieval.
+
+    `exact_batches`: :meth:`run_batch` answers each question bit for bit as :meth:`run` does: the query encoder and
+    the summarizer take the questions one at a time (batched model runs pad them to the longest and round
+    differently), while the vector and BM25 searches and the other stages still take the batch at once."""
 
     def __init__(
         self,
@@ -356,8 +360,10 @@ class Pipeline:
         reranker: Reranker | None = None,
         entity_finder: EntityFinder | None = None,
         unanswered: UnansweredLog | None = None,
+        exact_batches: bool = False,
     ) -> None:
         self.config = config or PipelineConfig()
+        self.exact_batches = exact_batches
         if self.config.summarize and rewriter is None:
             raise MedfaqError("the pipeline config asks for summarization but no query-rewrite stage was given")
         if self.config.rerank and reranker is None:
@@ -374,6 +380,7 @@ class Pipeline:
             self.config.rrf_k,
             self.config.max_query_chars,
             self.config.dense_weight,
+            encode_alone=exact_batches,
         )
         stage_objects = {"rewrite": rewriter, "entities": entity_finder, "retrieve": index, "rerank": reranker}
         self._locks = {name: _lock_for(obj) for name, obj in stage_objects.items()}
@@ -417,7 +424,7 @@ class Pipeline:
         summaries: list[str | None] = [None] * len(queries)
         if self.rewriter is not None:
             with self._timed("rewrite", timings):
-                summaries = [s.strip() or q for q, s in zip(queries, self.rewriter.rewrite(queries), strict=True)]
+                summaries = [s.strip() or q for q, s in zip(queries, self._rewrite(queries), strict=True)]
         entities: list[list[Any]] = [[] for _ in queries]
         if self.entity_finder is not None:
             with self._timed("entities", timings):
@@ -449,6 +456,11 @@ class Pipeline:
                 )
             responses.append(response)
         return responses
+
+    def _rewrite(self, queries: list[str]) -> list[str]:
+        if self.exact_batches:
+            return [summary for query in queries for summary in self.rewriter.rewrite([query])]
+        return self.rewriter.rewrite(queries)
 
     def _timed(self, stage: str, timings: dict[str, float], lock: bool = True) -> _StageTimer:
         return _StageTimer(stage, timings, self._locks[stage] if lock else None)

@@ -90,7 +90,12 @@ def reciprocal_rank_fusion(
 
 class Retriever:
     """Search a :class:`FaqIndex` in ``dense``, ``bm25`` or ``hybrid`` mode (RRF over both, `candidates` each;
-    the dense list weighs `dense_weight` against BM25's 1)."""
+    the dense list weighs `dense_weight` against BM25's 1).
+
+    `encode_alone`: encode each query of a batch in its own encoder run, so that its vector, and its hits, are
+    bit for bit those of a search of it alone (a batched run pads queries to the longest and rounds differently,
+    which can swap FAQs whose cosines tie to 1e-7, e.g. duplicate questions); the vector search still takes the
+    batch at once."""
 
     def __init__(
         self,
@@ -100,8 +105,10 @@ class Retriever:
         rrf_k: int = RRF_K,
         max_query_chars: int = MAX_QUERY_CHARS,
         dense_weight: float = 1.0,
+        encode_alone: bool = False,
     ) -> None:
         self.index = index
+        self.encode_alone = encode_alone
         self.dense_weight = dense_weight
         self.mode = _check_mode(mode)
         self.candidates = candidates
@@ -119,7 +126,7 @@ class Retriever:
         depth = max(top_k, self.candidates)
         stages: dict[str, ScoredIds] = {}
         if mode in {"dense", "hybrid"}:
-            stages["dense"] = self.index.search_dense(queries, depth if mode == "hybrid" else top_k, allowed_ids)
+            stages["dense"] = self._search_dense(queries, depth if mode == "hybrid" else top_k, allowed_ids)
         if mode in {"bm25", "hybrid"}:
             stages["bm25"] = self.index.search_bm25(queries, depth if mode == "hybrid" else top_k, allowed_ids)
         results = []
@@ -136,6 +143,14 @@ class Retriever:
                 [self._hit(doc_id, score, rank, per_stage) for rank, (doc_id, score) in enumerate(ranked[:top_k], 1)]
             )
         return results
+
+    def _search_dense(self, queries: list[str], k: int, allowed_ids: list[str] | None) -> ScoredIds:
+        if not self.encode_alone:
+            return self.index.search_dense(queries, k, allowed_ids)
+        import numpy as np
+
+        vectors = np.vstack([self.index.encoder.encode([query]) for query in queries])
+        return self.index.search_vectors(vectors, k, allowed_ids)
 
     def search_one(self, query: str, top_k: int = 10, mode: str | None = None) -> list[Hit]:
         return self.search([query], top_k, mode)[0]
