@@ -22,10 +22,10 @@ SERVE_THREADS = 1
 def listening_socket(host: str, port: int) -> socket.socket:
     """The server's socket, bound before any model loads: a port in use is one line at once, not after loading."""
     try:
-        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        family, kind, protocol, *_ = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
     except socket.gaierror as error:
         raise MedfaqError(f"cannot listen on {host}: {error.strerror}") from None
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock = socket.socket(family, kind, protocol)  # IPPROTO_TCP: asyncio then sets TCP_NODELAY on each connection
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: a restart may reuse the port
     try:
         sock.bind((host, port))
