@@ -176,8 +176,12 @@ class ConceptLexicon:
     @classmethod
     def load(cls, path: Path, described: dict[str, object]) -> ConceptLexicon:
         """The lexicon saved by :meth:`save`, with the settings the manifest `described`."""
-        with path.open(encoding="utf-8") as handle:
-            concepts = [json.loads(line) for line in handle if line.strip()]
+        return cls.parse(path.read_bytes(), described)
+
+    @classmethod
+    def parse(cls, saved: bytes, described: dict[str, object]) -> ConceptLexicon:
+        """The lexicon from the bytes :meth:`save` wrote, with the settings the manifest `described`."""
+        concepts = [json.loads(line) for line in saved.decode("utf-8").splitlines() if line.strip()]
         return cls(concepts, str(described.get("source", "")), int(described.get("max_names", MAX_NAMES)))
 
 

@@ -131,12 +131,13 @@ class FaqIndex:
         store: VectorStore,
         bm25: Bm25Index | dict[str, bytes],
         encoder: SentenceEncoder | None = None,
-        concepts: ConceptLexicon | None = None,
+        concepts: ConceptLexicon | bytes | None = None,
     ) -> None:
-        """`bm25`: the index, or its saved files (name -> bytes), loaded on first use."""
+        """`bm25`: the index, or its saved files (name -> bytes), loaded on first use; `concepts`: the lexicon, or
+        its saved bytes, parsed on first use (a search that does not rerank never needs it)."""
         self.manifest = manifest
         self.store = store
-        self.concepts = concepts
+        self._concepts = concepts
         self._bm25 = bm25
         self._encoder = encoder
         self._records = records
@@ -216,7 +217,7 @@ class FaqIndex:
         manifest = IndexManifest.from_dict(
             {**self.manifest.to_dict(), "kind": kind, "backend": backend_section, "updated": _now()}
         )
-        moved = FaqIndex(manifest, self._records.copy(), store, self._bm25, self._encoder, self.concepts)
+        moved = FaqIndex(manifest, self._records.copy(), store, self._bm25, self._encoder, self._concepts)
         moved._origin, moved._version = self._origin, self._version  # saving it in place checks for other writes
         return moved
 
@@ -360,6 +361,17 @@ class FaqIndex:
             shown = ", ".join(repr(c) for c in clashes[:5])
             more = f" and {len(clashes) - 5} more" if len(clashes) > 5 else ""
             raise MedfaqError(f"duplicate FAQ ids already in the index: {shown}{more} (delete them first)")
+
+    @property
+    def concepts(self) -> ConceptLexicon | None:
+        """The concept lexicon FAQs are encoded with (None: the index has none)."""
+        if isinstance(self._concepts, bytes):
+            try:
+                self._concepts = ConceptLexicon.parse(self._concepts, self.manifest.concepts)
+            except (ValueError, TypeError) as error:
+                where = self._origin or "this index"
+                raise MedfaqError(f"index {where} has a corrupt {CONCEPTS_FILE} ({error}); rebuild it") from None
+        return self._concepts
 
     def _expanded(self, records: list[FaqRecord], texts: list[str]) -> list[tuple[int, str]]:
         """(row, text with its concepts' other names) for each record whose question names a concept."""
@@ -585,7 +597,7 @@ class FaqIndex:
             records = RecordTable.open(path)
             store = backend_class(manifest.backend.get("name", "faiss")).load(path / VECTORS_DIR, manifest.backend)
             bm25 = _read_files(path / BM25_DIR)
-            concepts = ConceptLexicon.load(path / CONCEPTS_FILE, manifest.concepts) if manifest.concepts else None
+            concepts = (path / CONCEPTS_FILE).read_bytes() if manifest.concepts else None
         except MedfaqError:
             raise
         except Exception as error:  # any unreadable part means the directory is damaged
