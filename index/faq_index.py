@@ -246,10 +246,10 @@ class FaqIndex:
         return self.open_encoder()
 
     def open_encoder(self, backend: str = "auto") -> SentenceEncoder:
-        """The encoder named in the manifest on `backend` (see :func:`open_encoder`), loaded and checked against the
-        manifest on the first call; later calls return it whatever their `backend`."""
+        """The encoder named in the manifest on `backend` (see :func:`load_manifest_encoder`), loaded and checked
+        against the manifest on the first call; later calls return it whatever their `backend`."""
         if self._encoder is None:
-            encoder = open_encoder(self.manifest, backend, self._origin)
+            encoder = load_manifest_encoder(self.manifest, backend, self._origin)
             self.check_encoder(encoder)
             self._encoder = encoder
         return self._encoder
@@ -494,8 +494,10 @@ class FaqIndex:
                 _write_files(self._bm25, staging / BM25_DIR)
             else:
                 self._bm25.save(staging / BM25_DIR)
-            if self.concepts is not None:
-                self.concepts.save(staging / CONCEPTS_FILE)
+            if isinstance(self._concepts, bytes):  # never parsed: written back as read
+                (staging / CONCEPTS_FILE).write_bytes(self._concepts)
+            elif self._concepts is not None:
+                self._concepts.save(staging / CONCEPTS_FILE)
             if target.is_dir():
                 for sidecar in target.glob("*.json"):
                     if sidecar.name != MANIFEST:
@@ -536,7 +538,7 @@ class FaqIndex:
         manifest = read_manifest(Path(directory).expanduser())  # no lock file beside a directory that is no index
         if encoder is None and records:  # the model loads before the lock, so other writes wait only for the change
             cls.load(directory).check_new(records)  # bad or clashing records fail before the model loads
-            encoder = open_encoder(manifest, backend, str(directory))
+            encoder = load_manifest_encoder(manifest, backend, str(directory))
             encoder.fingerprint  # noqa: B018 - computed (and cached) outside the lock too
         with write_lock(directory, timeout):
             index = cls.load(directory, encoder)
@@ -857,7 +859,7 @@ def verify_checksums(path: Path, manifest: IndexManifest) -> None:
         verified.remember(path, checked)
 
 
-def open_encoder(manifest: IndexManifest, backend: str = "auto", where: str | None = None) -> SentenceEncoder:
+def load_manifest_encoder(manifest: IndexManifest, backend: str = "auto", where: str | None = None) -> SentenceEncoder:
     """Load the manifest's encoder on `backend` (:func:`index.encoder.load_encoder`); a model whose files declare
     another dimension than the index's vectors is refused before it loads (seconds saved on a one-line error)."""
     from index.encoder import declared_dimension, load_encoder
