@@ -19,6 +19,11 @@ SERVE_THREADS = 1
 (measured on 2 cores, docs/results.md, "HTTP API under load")."""
 
 
+def usable_cores() -> int:
+    """The CPU cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def listening_socket(host: str, port: int) -> socket.socket:
     """The server's socket, bound before any model loads: a port in use is one line at once, not after loading."""
     try:
@@ -55,6 +60,12 @@ def serve(
         max=1000,
         help="How long a request waits for others to join its batch (0: only those already waiting).",
     ),
+    parallel_batches: int = typer.Option(
+        0,
+        "--parallel-batches",
+        min=0,
+        help="Batches searched at the same time (0: the usable cores divided by --threads).",
+    ),
     allow_writes: bool = typer.Option(False, "--allow-writes", help="Enable POST /index/add and /index/delete."),
     allow_public_queue: bool = typer.Option(
         False,
@@ -71,7 +82,8 @@ def serve(
     index = index or set_up_index()
     os.environ["OMP_NUM_THREADS"] = str(threads)  # read by ONNX Runtime, faiss and torch when they load
     sock = listening_socket(host, port)
-    service = SearchService(index, batching=BatchSettings(batch_size, batch_wait_ms))
+    parallel = parallel_batches or max(1, usable_cores() // threads)
+    service = SearchService(index, batching=BatchSettings(batch_size, batch_wait_ms, parallel))
     app = create_app(
         service, allow_writes=allow_writes, limits=ServerLimits(workers=workers), allow_public_queue=allow_public_queue
     )

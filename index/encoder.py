@@ -32,6 +32,8 @@ class SentenceEncoder(Protocol):
     device: str
     batch_size: int
     backend: str
+    thread_safe: bool
+    """Whether `encode` may run in several threads at once (no lock needed around it)."""
 
     @property
     def fingerprint(self) -> str: ...
@@ -47,6 +49,7 @@ class Encoder:
     """
 
     backend = "torch"
+    thread_safe = False  # a fast tokenizer shared by threads can fail with "Already borrowed"
 
     def __init__(self, name: str | None = None, device: str | None = None, batch_size: int = 64) -> None:
         self.name = str(name or DEFAULT_ENCODER)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,10 @@ SHARD_FILE = "vectors-{:03d}.faiss"
 TOMBSTONES_FILE = "tombstones.npy"
 COMPACT_FRACTION = 0.2
 TRAIN_SAMPLE = 100_000  # IVF k-means runs on at most this many vectors (seeded sample)
+ONE_THREAD_BELOW = 2
+"""CPU searches of fewer queries than this run on one thread: on 2 cores over MedQuAD's 47,441 vectors, one query
+took 3.9 ms and 4.2 ms of CPU on one thread against 7-9 ms and 15-18 ms of CPU on two; eight queries took 31 ms on
+one thread against 15 on two (docs/results.md, "Start-up")."""
 OPTIONS = ("kind", "nlist", "nprobe", "hnsw_m", "ef_search", "ef_construction", "use_gpu", "shards")
 
 
@@ -194,11 +199,12 @@ class FaissStore:
             shape = (len(queries), max(k, 0))
             return np.full(shape, -np.inf, dtype=np.float32), np.full(shape, -1, dtype=np.int64)
         selector = self._selector(allowed)
-        if selector is None:
-            scores, keys = self._searcher().search(queries, k)
-        else:  # IndexIDMap rewrites the shared params' selector while it searches: shards take turns
-            searcher = self.parts[0] if len(self.parts) == 1 else _shards(self.dim, self.parts, threaded=False)
-            scores, keys = searcher.search(queries, k, params=self._params(selector))
+        with _threads(1 if len(queries) < ONE_THREAD_BELOW else None):
+            if selector is None:
+                scores, keys = self._searcher().search(queries, k)
+            else:  # IndexIDMap rewrites the shared params' selector while it searches: shards take turns
+                searcher = self.parts[0] if len(self.parts) == 1 else _shards(self.dim, self.parts, threaded=False)
+                scores, keys = searcher.search(queries, k, params=self._params(selector))
         scores[keys < 0] = -np.inf
         return scores, keys
 
@@ -216,6 +222,11 @@ class FaissStore:
         if self.kind == "hnsw":
             return faiss.SearchParametersHNSW(sel=selector, efSearch=self.ef_search)
         return faiss.SearchParameters(sel=selector)
+
+    @property
+    def thread_safe(self) -> bool:
+        """CPU searches of FAISS indexes are safe to run at once; searches sharing GPU resources are not."""
+        return not self.on_gpu()
 
     def on_gpu(self) -> bool:
         """Whether unfiltered searches run on GPUs: asked for (or left to auto) and possible for this kind."""
@@ -302,6 +313,20 @@ class FaissStore:
     @classmethod
     def discard(cls, config: dict[str, Any], current: dict[str, Any]) -> None:
         """Nothing to drop: a FAISS index lives entirely in its directory."""
+
+
+@contextmanager
+def _threads(count: int | None) -> Iterator[None]:
+    """FAISS's OpenMP threads in this thread set to `count` (None: as they are), restored after."""
+    if count is None:
+        yield
+        return
+    before = faiss.omp_get_max_threads()
+    faiss.omp_set_num_threads(count)
+    try:
+        yield
+    finally:
+        faiss.omp_set_num_threads(before)
 
 
 def _shards(dim: int, parts: list[faiss.Index], threaded: bool = True) -> faiss.Index:

@@ -254,6 +254,13 @@ class FaqIndex:
             self._encoder = encoder
         return self._encoder
 
+    def searches_concurrently(self, dense: bool) -> bool:
+        """Whether searches may run in several threads at once with no lock: the vector store allows it and, for
+        `dense` searches, the encoder is loaded and allows it too (BM25 only reads its arrays)."""
+        if not dense:
+            return True
+        return self._encoder is not None and self._encoder.thread_safe and self.store.thread_safe
+
     def check_encoder(self, encoder: SentenceEncoder) -> None:
         """Refuse, in one line naming both, an encoder whose dimension or fingerprint differs from the manifest's.
 

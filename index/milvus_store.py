@@ -73,6 +73,8 @@ def _connect(uri: str) -> Any:
 class MilvusStore:
     """A :class:`~index.vector_store.VectorStore` over one Milvus collection (inner product, normalised vectors)."""
 
+    thread_safe = False  # its client was never checked under concurrent calls: searches take turns
+
     def __init__(
         self,
         dim: int,

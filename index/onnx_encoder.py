@@ -157,6 +157,7 @@ class OnnxEncoder:
     channel); its fingerprint is the source model's, since it encodes with the same weights."""
 
     device = "cpu"
+    thread_safe = True  # ONNX Runtime's `InferenceSession.run` and `tokenizers`' encoding take concurrent calls
 
     def __init__(self, name: str | None = None, precision: str = "fp32", batch_size: int = 64) -> None:
         from index.encoder import check_model_directory

@@ -26,6 +26,10 @@ class VectorStore(Protocol):
 
     dim: int
 
+    @property
+    def thread_safe(self) -> bool:
+        """Whether `search` may run in several threads at once (between changes)."""
+
     def add(self, keys: np.ndarray, vectors: np.ndarray) -> None:
         """Insert `vectors` (n, dim) under int64 `keys` (n,)."""
 

@@ -463,6 +463,8 @@ class Pipeline:
         return self.rewriter.rewrite(queries)
 
     def _timed(self, stage: str, timings: dict[str, float], lock: bool = True) -> _StageTimer:
+        if stage == "retrieve" and self.index.searches_concurrently(self.config.mode != "bm25"):
+            lock = False  # e.g. ONNX Runtime and FAISS on CPU: concurrent batches use every core
         return _StageTimer(stage, timings, self._locks[stage] if lock else None)
 
     def _retrieve(self, queries: list[str], summaries: list[str | None]) -> list[list[Hit]]:

@@ -61,6 +61,26 @@ def test_batcher_groups_concurrent_calls_and_returns_each_its_own_result():
     assert batcher.submit(7) == 49 and batches[-1] == [7]  # a lone caller runs alone
 
 
+def test_parallel_batches_run_at_the_same_time_and_never_more_than_allowed():
+    running, most = [0], [0]
+    guard = threading.Lock()
+
+    def slow_double(items: list[int]) -> list[int]:
+        with guard:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        time.sleep(0.05)
+        with guard:
+            running[0] -= 1
+        return [item * 2 for item in items]
+
+    for parallel in (1, 2):
+        most[0] = 0
+        batcher = MicroBatcher(slow_double, BatchSettings(max_size=2, max_wait_ms=0, parallel=parallel))
+        assert ask_together(batcher.submit, list(range(8)), rounds=2) == [[item * 2] * 2 for item in range(8)]
+        assert most[0] == parallel
+
+
 def test_batcher_raises_an_error_only_in_the_call_it_belongs_to():
     def run(items: list[int]) -> list[int | Exception]:
         if 0 in items and len(items) == 1:
@@ -80,9 +100,9 @@ def _outcome(function, item):
         return f"{type(error).__name__}: {error}"
 
 
-@pytest.mark.parametrize("settings", [(0, 1000), (2, -1), (2, 1001)])
+@pytest.mark.parametrize("settings", [(0, 1000), (2, -1), (2, 1001), (2, 2, 0)])
 def test_batch_settings_out_of_range_are_one_line_errors(settings):
-    with pytest.raises(MedfaqError, match="batch size must be at least 1"):
+    with pytest.raises(MedfaqError, match="must be at least 1"):
         BatchSettings(*settings)
 
 
@@ -108,7 +128,9 @@ def test_exact_batches_answer_bit_for_bit_as_questions_alone(index_dir):
 
 
 def test_concurrent_requests_on_a_real_server_are_batched_and_each_gets_its_serial_answer(index_dir, tmp_path):
-    service = SearchService(index_dir, tmp_path / "feedback.sqlite3", BatchSettings(max_size=8, max_wait_ms=50))
+    service = SearchService(
+        index_dir, tmp_path / "feedback.sqlite3", BatchSettings(max_size=8, max_wait_ms=50, parallel=2)
+    )
     batch_sizes: list[int] = []
     search_grouped = service._batcher.run
 

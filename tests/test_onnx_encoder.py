@@ -94,6 +94,34 @@ def test_index_built_with_pytorch_is_searched_with_onnx(tmp_path, exported_dir, 
     assert [hits[0][0] for hits in index.search_dense(queries, 3)] == [r.id for r in faq_records]
 
 
+def test_searches_run_concurrently_only_on_a_thread_safe_encoder(tmp_path, exported_dir, faq_records):
+    """ONNX Runtime and FAISS on CPU take concurrent searches, so the pipeline's retrieval holds no lock there and
+    threads searching at once each get the answer their question gets alone; PyTorch's encoder keeps the lock."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from index.faq_index import FaqIndex
+    from retriever.pipeline import Pipeline, PipelineConfig
+
+    FaqIndex.build(faq_records, OnnxEncoder(str(exported_dir)), progress=False).save(tmp_path / "idx")
+    on_torch = FaqIndex.load(tmp_path / "idx")
+    on_torch.open_encoder("torch")
+    index = FaqIndex.load(tmp_path / "idx")
+    assert index.searches_concurrently(dense=False) and not index.searches_concurrently(dense=True)  # not loaded yet
+    config = PipelineConfig(entities=False, log_unanswered=False, top_k=4)
+    pipeline = Pipeline.from_config(index, config)
+    assert index.searches_concurrently(dense=True) and not on_torch.searches_concurrently(dense=True)
+    assert pipeline._timed("retrieve", {}).lock is None
+    assert Pipeline.from_config(on_torch, config)._timed("retrieve", {}).lock is not None
+    questions = [record.question for record in faq_records] * 8
+
+    def ranking(question: str) -> list[tuple[str, float]]:
+        return [(hit.id, hit.score) for hit in pipeline.run(question).hits]
+
+    alone = [ranking(question) for question in questions]
+    with ThreadPoolExecutor(4) as pool:
+        assert list(pool.map(ranking, questions)) == alone
+
+
 def test_dense_search_imports_no_torch(tmp_path, exported_dir, faq_jsonl):
     """A real `medfaq search` in a fresh process over an index built with the ONNX backend: no model library, and
     not BM25's either."""

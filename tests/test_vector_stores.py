@@ -317,3 +317,13 @@ def test_index_vectors_hold_out_queries(tmp_path, tiny_encoder):
     base, queries = index_vectors(tmp_path / "idx", n_queries=5)
     assert base.shape == (25, tiny_encoder.dim) and queries.shape == (5, tiny_encoder.dim)
     assert not (queries[:, None, :] == base[None, :, :]).all(axis=2).any()  # held-out rows leave the base
+
+
+def test_a_single_query_runs_on_one_thread_and_leaves_the_thread_count_as_it_was(vectors):
+    store = FaissStore(dim=DIM, use_gpu=False)
+    store.add(np.arange(40), vectors)
+    assert store.thread_safe
+    before = faiss.omp_get_max_threads()
+    alone = [store.search(vectors[row : row + 1], 5)[1][0].tolist() for row in range(6)]
+    assert faiss.omp_get_max_threads() == before
+    assert store.search(vectors[:6], 5)[1].tolist() == alone
