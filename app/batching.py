@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from index.runtime import MedfaqError
+from medfaq.common.runtime import MedfaqError
 
 Item = TypeVar("Item")
 Result = TypeVar("Result")

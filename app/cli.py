@@ -8,7 +8,7 @@ from typing import Any
 import typer
 from typer.core import TyperGroup
 
-from index.runtime import MedfaqError, configure_logging, one_line
+from medfaq.common.runtime import MedfaqError, configure_logging, one_line
 
 try:  # typer >= 0.26 carries its own copy of click
     from typer._click import exceptions as click_errors
@@ -71,7 +71,7 @@ app.add_typer(train_app, name="train")
 app.add_typer(eval_app, name="eval")
 
 
-from app import (  # noqa: E402  (after the sub-apps they join)
+from medfaq.app import (  # noqa: E402  (after the sub-apps they join)
     cmd_data,
     cmd_demo,
     cmd_duplicates,

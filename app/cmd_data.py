@@ -15,7 +15,7 @@ def fetch(
     force: bool = typer.Option(False, "--force", help="Fetch again even when the files are present."),
 ) -> None:
     """Download a public dataset from its original source (or copy it with --from) into the data directory."""
-    from index.datasets import DATASETS, fetch_dataset
+    from medfaq.index.datasets import DATASETS, fetch_dataset
 
     target = fetch_dataset(name, from_dir, force=force)
     typer.echo(f"{name}: {', '.join(DATASETS[name].files)} in {target}")
@@ -23,7 +23,7 @@ def fetch(
 
 def list_datasets() -> None:
     """List the datasets `medfaq data fetch` knows, with their licenses and whether they are fetched."""
-    from index.datasets import DATASETS, dataset_dir, is_fetched
+    from medfaq.index.datasets import DATASETS, dataset_dir, is_fetched
 
     for spec in DATASETS.values():
         state = f"fetched in {dataset_dir(spec.name)}" if is_fetched(spec.name) else "not fetched"

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import typer
 
-from app.setup_state import ENV_NO_TRAIN, EXAMPLE_QUESTIONS, SHARED_DATA, DemoSettings
-from index.runtime import DEFAULT_ENCODER
-from retriever.setup_plan import index_built
+from medfaq.app.setup_state import ENV_NO_TRAIN, EXAMPLE_QUESTIONS, SHARED_DATA, DemoSettings
+from medfaq.common.runtime import DEFAULT_ENCODER
+from medfaq.retriever.setup_plan import index_built
 
 APP_SCRIPT = Path(__file__).resolve().parent / "streamlit_app.py"
 THEME = {"primaryColor": "#0f766e", "backgroundColor": "#ffffff", "secondaryBackgroundColor": "#f1f5f9"}
@@ -63,12 +63,12 @@ def demo(
 
 def answer_examples(top_k: int, mode: str | None) -> None:
     """Fetch MedQuAD (from ../shared/data when present), build the default index if missing, run example questions."""
-    from app.render import hits_table
-    from index.collections import load_collection
-    from index.datasets import fetch_dataset
-    from index.encoder import load_encoder
-    from index.faq_index import FaqIndex
-    from retriever.pipeline import Pipeline, PipelineConfig
+    from medfaq.app.render import hits_table
+    from medfaq.index.collections import load_collection
+    from medfaq.index.datasets import fetch_dataset
+    from medfaq.index.encoder import load_encoder
+    from medfaq.index.faq_index import FaqIndex
+    from medfaq.retriever.pipeline import Pipeline, PipelineConfig
 
     fetch_dataset("medquad", SHARED_DATA if SHARED_DATA.is_dir() else None)
     directory = DemoSettings.from_env().index_dir  # the fine-tuned encoder's index once `medfaq setup` built it

@@ -10,11 +10,11 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from app.options import finite, positive
-from index.runtime import PRECISION_HELP, MedfaqError, resolve_model
+from medfaq.app.options import finite, positive
+from medfaq.common.runtime import PRECISION_HELP, MedfaqError, resolve_model
 
 if TYPE_CHECKING:
-    from retriever.encoder_training import EncoderTrainConfig
+    from medfaq.retriever.encoder_training import EncoderTrainConfig
 
 TASK_HELP = "mqp (question pairs) | qa (MedQuAD question-answer, intermediate) | faq (query -> FAQ reranker)"
 
@@ -93,7 +93,7 @@ def render_pair_counts(counts: dict[str, dict[str, int]]) -> str:
 def _resolve_models(config: EncoderTrainConfig) -> None:
     """Resolve every model (and the lexicon) `config` trains from or with, so a missing one fails with its one-line
     error first."""
-    from index.concepts import concept_lexicon
+    from medfaq.index.concepts import concept_lexicon
 
     for name in (config.init, config.negatives_encoder, *([config.prior_model] if config.prior_scale else [])):
         resolve_model(name)
@@ -141,9 +141,9 @@ def _train_command(model_type: str) -> Callable[..., None]:
         device: str | None = DEVICE,
         force: bool = typer.Option(False, "--force", help="Overwrite a non-empty --out directory."),
     ) -> None:
-        from retriever.encoder_training import make_config, save_trained
-        from retriever.pair_data import pair_counts, task_pairs
-        from retriever.pair_models import train_pair_model
+        from medfaq.retriever.encoder_training import make_config, save_trained
+        from medfaq.retriever.pair_data import pair_counts, task_pairs
+        from medfaq.retriever.pair_models import train_pair_model
 
         tuning = _tuning(epochs, batch_size, lr, max_length, loss, head, keep_ratio, precision, sibling_negatives)
         config = make_config(
@@ -229,7 +229,8 @@ def eval_duplicates(
 ) -> None:
     """Cross-validate a duplicate detector on MQP (one model per fold), or score a trained model on a labelled pairs
     file."""
-    from eval.duplicates import (
+    from medfaq.common.runtime import quantize_linear
+    from medfaq.eval.duplicates import (
         CV_FOLDS,
         MIN_DEV_GROUPS,
         DuplicateEvaluator,
@@ -237,11 +238,10 @@ def eval_duplicates(
         check_threshold_rule,
         save_fold,
     )
-    from index.runtime import quantize_linear
-    from retriever.encoder_training import make_config, subsample
-    from retriever.pair_data import mqp_pairs, read_pairs_file
-    from retriever.pair_models import as_scorer, load_pair_scorer, saved_threshold, train_pair_model
-    from retriever.runs import check_output
+    from medfaq.retriever.encoder_training import make_config, subsample
+    from medfaq.retriever.pair_data import mqp_pairs, read_pairs_file
+    from medfaq.retriever.pair_models import as_scorer, load_pair_scorer, saved_threshold, train_pair_model
+    from medfaq.retriever.runs import check_output
 
     def echo(text: str) -> None:
         typer.echo(text, err=as_json)
@@ -321,7 +321,7 @@ def _calibrate_after_training(model: Path) -> None:
 
 
 def _report_threshold(model: Path | str, data_from: Path | None = None, seed: int = 0) -> None:
-    from retriever.abstention import THRESHOLD_FILE, calibrate_model
+    from medfaq.retriever.abstention import THRESHOLD_FILE, calibrate_model
 
     stored = calibrate_model(model, data_from, seed)
     development = stored.development
@@ -348,8 +348,8 @@ def calibrate(
 ) -> None:
     """Calibrate a retrieval model's abstention threshold on its development split and store it with the model
     (threshold.json; training does this itself): indexes built with it then abstain out of the box."""
-    from app.cmd_index import inherit_threshold
-    from index.faq_index import read_manifest
+    from medfaq.app.cmd_index import inherit_threshold
+    from medfaq.index.faq_index import read_manifest
 
     manifests = {directory: read_manifest(directory) for directory in index}  # a wrong directory fails first
     _report_threshold(model, data_from, seed)

@@ -14,12 +14,12 @@ from typing import Any
 
 import typer
 
-from index.collections import FORMATS
-from index.records import FIELDS
-from index.runtime import BACKEND_HELP, DEFAULT_ENCODER, MedfaqError
-from index.vector_store import INDEX_KINDS as KINDS
-from index.vector_store import VECTOR_BACKENDS
-from retriever.setup_plan import AUTO_ENCODER, choose_encoder, set_up_reranker
+from medfaq.common.runtime import BACKEND_HELP, DEFAULT_ENCODER, MedfaqError
+from medfaq.index.collections import FORMATS
+from medfaq.index.records import FIELDS
+from medfaq.index.vector_store import INDEX_KINDS as KINDS
+from medfaq.index.vector_store import VECTOR_BACKENDS
+from medfaq.retriever.setup_plan import AUTO_ENCODER, choose_encoder, set_up_reranker
 
 BACKEND_FILE = "backend.json"  # in the staging directory: the options a resumed build must reuse
 
@@ -43,7 +43,7 @@ SYNONYMS_OPTION = typer.Option(
 def open_encoder(name: str, backend: str = "auto", **options: Any) -> Any:
     """The encoder `--encoder NAME` chooses (`choose_encoder`), loaded on `backend` (`options` go to
     `index.encoder.load_encoder`) and named on stderr once it has loaded."""
-    from index.encoder import load_encoder
+    from medfaq.index.encoder import load_encoder
 
     chosen = choose_encoder(name)
     encoder = load_encoder(chosen, backend, **options)
@@ -58,7 +58,7 @@ def open_encoder(name: str, backend: str = "auto", **options: Any) -> Any:
 def inherit_threshold(directory: Path, encoder: str, reranker: Path | None = None) -> dict[str, float]:
     """Give an index the abstention thresholds its encoder (and `reranker`, default the set-up one, when it corrects
     that encoder) were calibrated with, marked as inherited in its pipeline.json, and say so."""
-    from retriever.abstention import inherit_thresholds
+    from medfaq.retriever.abstention import inherit_thresholds
 
     written = inherit_thresholds(directory, encoder, reranker or set_up_reranker())
     for key, value in written.items():
@@ -115,9 +115,9 @@ def build(
 ) -> None:
     """Build a dense (FAISS or Milvus) + BM25 index over an FAQ collection (an existing index is replaced
     atomically, under its lock; a collection without a single FAQ is refused and changes nothing)."""
-    from index.collections import load_collection, parse_field_map
-    from index.concepts import concept_lexicon
-    from index.faq_index import FaqIndex, check_index_target, staging_dir
+    from medfaq.index.collections import load_collection, parse_field_map
+    from medfaq.index.concepts import concept_lexicon
+    from medfaq.index.faq_index import FaqIndex, check_index_target, staging_dir
 
     check_choice("--kind", kind, KINDS)
     check_choice("--fields", fields, FIELDS)
@@ -173,8 +173,8 @@ def backend_options(
         raise MedfaqError("--gpu and --shards are options of --backend faiss (Milvus uses its server's resources)")
     if backend == "faiss":
         return {"use_gpu": False if cpu else (True if gpu else None), "shards": shards}
-    from index.milvus_store import collection_name as new_collection_name
-    from index.milvus_store import normalize_uri
+    from medfaq.index.milvus_store import collection_name as new_collection_name
+    from medfaq.index.milvus_store import normalize_uri
 
     return {"uri": normalize_uri(uri), "collection": collection or new_collection_name(name)}
 
@@ -206,7 +206,7 @@ def migrate(
     lock_timeout: float | None = LOCK_OPTION,
 ) -> None:
     """Move an index to another vector backend (e.g. FAISS -> a Milvus cluster): vectors are copied, not re-encoded."""
-    from index.faq_index import FaqIndex, check_index_target, write_lock
+    from medfaq.index.faq_index import FaqIndex, check_index_target, write_lock
 
     if kind is not None:
         check_choice("--kind", kind, KINDS)
@@ -235,8 +235,8 @@ def add(
     """Add FAQs to an index (only the new ones are encoded); ids already in the index are an error.
 
     The index is read under its lock, so adds and deletes running at the same time all keep their changes."""
-    from index.collections import load_collection, parse_field_map
-    from index.faq_index import FaqIndex, read_manifest
+    from medfaq.index.collections import load_collection, parse_field_map
+    from medfaq.index.faq_index import FaqIndex, read_manifest
 
     check_lock_timeout(lock_timeout)
     read_manifest(directory.expanduser())  # a wrong directory fails before the collection is read
@@ -254,7 +254,7 @@ def delete(
     lock_timeout: float | None = LOCK_OPTION,
 ) -> None:
     """Remove FAQs by id (no re-encoding, no rebuild), under the index's lock."""
-    from index.faq_index import FaqIndex
+    from medfaq.index.faq_index import FaqIndex
 
     check_lock_timeout(lock_timeout)
     index, removed = FaqIndex.delete_from(directory, ids, timeout=lock_timeout)
@@ -266,7 +266,7 @@ def info(
     as_json: bool = typer.Option(False, "--json", help="Print the information as JSON."),
 ) -> None:
     """Show an index's manifest: encoder, dimension, fingerprint, fields, kind, counts, sources, version."""
-    from index.faq_index import index_info
+    from medfaq.index.faq_index import index_info
 
     details = index_info(directory)
     if as_json:

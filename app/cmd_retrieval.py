@@ -8,8 +8,8 @@ from typing import Any
 
 import typer
 
-from app.cmd_index import ENCODER_OPTION, SYNONYMS_OPTION, inherit_threshold, open_encoder
-from app.cmd_search import (
+from medfaq.app.cmd_index import ENCODER_OPTION, SYNONYMS_OPTION, inherit_threshold, open_encoder
+from medfaq.app.cmd_search import (
     ABSTAIN,
     BEAMS,
     ENCODER_BACKEND,
@@ -27,10 +27,10 @@ from app.cmd_search import (
     THRESHOLD,
     StageFlags,
 )
-from index.runtime import MedfaqError, indexes_dir
-from retriever.pipeline import Pipeline, PipelineConfig, load_stage, store_threshold
-from retriever.runs import check_not_an_input, check_output, write_run
-from retriever.search import MODES
+from medfaq.common.runtime import MedfaqError, indexes_dir
+from medfaq.retriever.pipeline import Pipeline, PipelineConfig, load_stage, store_threshold
+from medfaq.retriever.runs import check_not_an_input, check_output, write_run
+from medfaq.retriever.search import MODES
 
 
 def make_benchmark(
@@ -47,11 +47,11 @@ def make_benchmark(
     synonyms: str = SYNONYMS_OPTION,
 ) -> None:
     """Write a retrieval benchmark in the BEIR layout (plus TREC qrels, ood.txt, dev.txt) and index its corpus."""
-    from eval.benchmarks import BANK_INDEX, CORPUS_FIELDS, index_over_bank
-    from eval.benchmarks import make_benchmark as build
-    from index.collections import load_collection, read_records
-    from index.concepts import concept_lexicon
-    from index.faq_index import MANIFEST, RECORDS, FaqIndex, check_index_target
+    from medfaq.eval.benchmarks import BANK_INDEX, CORPUS_FIELDS, index_over_bank
+    from medfaq.eval.benchmarks import make_benchmark as build
+    from medfaq.index.collections import load_collection, read_records
+    from medfaq.index.concepts import concept_lexicon
+    from medfaq.index.faq_index import MANIFEST, RECORDS, FaqIndex, check_index_target
 
     if build_index:
         check_index_target(out / "index")
@@ -112,10 +112,10 @@ def eval_retrieval(
 ) -> None:
     """Recall@1/5/10, MRR@10, nDCG@10, P@5 on the judged test queries; with out-of-scope queries also abstention
     AUROC and accuracy at the threshold calibrated on the dev queries. `--compare` puts the variants side by side."""
-    import retriever.stages  # noqa: F401  (registers the summarizer, reranker and NER stage loaders)
-    from eval.benchmarks import read_beir_queries, read_qrels
-    from eval.retrieval import RetrievalEvaluator, compare_variants, format_table, run_pipeline
-    from index.faq_index import FaqIndex
+    import medfaq.retriever.stages  # noqa: F401  (registers the summarizer, reranker and NER stage loaders)
+    from medfaq.eval.benchmarks import read_beir_queries, read_qrels
+    from medfaq.eval.retrieval import RetrievalEvaluator, compare_variants, format_table, run_pipeline
+    from medfaq.index.faq_index import FaqIndex
 
     if compare and (run_out is not None or save_threshold):
         raise MedfaqError("--run-out and --save-threshold evaluate one configuration; leave out --compare")
@@ -182,7 +182,7 @@ def eval_retrieval(
 def read_summaries(path: Path) -> dict[str, str]:
     """question -> summary from a JSONL file of `medfaq summarize --input ... --output` rows (``summary``, or the
     ``prediction`` of `medfaq eval summarizer --output`)."""
-    from app.cmd_summarizer import read_texts
+    from medfaq.app.cmd_summarizer import read_texts
 
     rows, texts = read_texts(path)
     known = {}

@@ -9,11 +9,11 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from app.options import INDEX, finite
-from app.render import hits_table
-from index.runtime import BACKEND_HELP, PRECISION_HELP, MedfaqError
-from retriever.pipeline import QUERY_SOURCES, PipelineConfig
-from retriever.runs import (
+from medfaq.app.options import INDEX, finite
+from medfaq.app.render import hits_table
+from medfaq.common.runtime import BACKEND_HELP, PRECISION_HELP, MedfaqError
+from medfaq.retriever.pipeline import QUERY_SOURCES, PipelineConfig
+from medfaq.retriever.runs import (
     RUN_FORMATS,
     check_not_an_input,
     check_output,
@@ -22,11 +22,11 @@ from retriever.runs import (
     write_run,
     write_text_atomic,
 )
-from retriever.search import MODES, check_query
-from retriever.setup_plan import set_up_index
+from medfaq.retriever.search import MODES, check_query
+from medfaq.retriever.setup_plan import set_up_index
 
 if TYPE_CHECKING:
-    from retriever.pipeline import Pipeline
+    from medfaq.retriever.pipeline import Pipeline
 
 
 @dataclass
@@ -125,9 +125,9 @@ def open_pipeline(index: Path, flags: StageFlags, shown_entities: bool = True, *
     """The index with its pipeline.json, overridden by the flags and `changes` (None values ignored); the config
     is checked before the index and the models are loaded. Without `shown_entities` the entity recogniser (seconds
     to load) is left out unless the key-term filter or the unanswered log needs it."""
-    import retriever.stages  # noqa: F401  (registers the summarizer, reranker and NER stage loaders)
-    from index.faq_index import FaqIndex
-    from retriever.pipeline import Pipeline
+    import medfaq.retriever.stages  # noqa: F401  (registers the summarizer, reranker and NER stage loaders)
+    from medfaq.index.faq_index import FaqIndex
+    from medfaq.retriever.pipeline import Pipeline
 
     config = flags.apply(PipelineConfig.load(index), **changes)
     if not shown_entities:
@@ -258,7 +258,7 @@ def bench(
 ) -> None:
     """p50/p95 latency of the pipeline end to end and per stage, of each search mode, and batch throughput on the
     given index (seconds); --peers and --ann-vectors N add the peer comparisons. Ctrl-C prints what was measured."""
-    from eval import speed
+    from medfaq.eval import speed
 
     flags = StageFlags.from_options(locals(), abstain=False)
     index = index or set_up_index()

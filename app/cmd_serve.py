@@ -9,10 +9,10 @@ from pathlib import Path
 
 import typer
 
-from app.batching import BatchSettings
-from app.options import INDEX
-from index.runtime import MedfaqError
-from retriever.setup_plan import set_up_index
+from medfaq.app.batching import BatchSettings
+from medfaq.app.options import INDEX
+from medfaq.common.runtime import MedfaqError
+from medfaq.retriever.setup_plan import set_up_index
 
 SERVE_THREADS = 1
 """Threads per model run and vector search: one, so that concurrent requests share the cores without contention
@@ -76,8 +76,8 @@ def serve(
     """Serve search, feedback and the experts' queue over HTTP (OpenAPI page at /docs). Loads the pipeline once."""
     import uvicorn
 
-    from app.server import ServerLimits, create_app
-    from app.service import SearchService
+    from medfaq.app.server import ServerLimits, create_app
+    from medfaq.app.service import SearchService
 
     index = index or set_up_index()
     os.environ["OMP_NUM_THREADS"] = str(threads)  # read by ONNX Runtime, faiss and torch when they load

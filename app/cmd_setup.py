@@ -12,7 +12,7 @@ import time
 
 import typer
 
-from app.setup_state import REPO_ROOT, DemoSettings, SetupStep, default_steps
+from medfaq.app.setup_state import REPO_ROOT, DemoSettings, SetupStep, default_steps
 
 
 def plan_lines(steps: list[SetupStep]) -> list[str]:
@@ -50,7 +50,7 @@ def setup(
         start = time.monotonic()
         for command in step.commands:
             typer.echo(f"$ medfaq {' '.join(command)}", err=True)
-            code = subprocess.run([sys.executable, "-m", "app", *command], cwd=REPO_ROOT).returncode
+            code = subprocess.run([sys.executable, "-m", "medfaq.app", *command], cwd=REPO_ROOT).returncode
             if code != 0:
                 typer.echo(
                     f"error: set-up step {step.key!r} failed (exit {code}): medfaq {' '.join(command)}", err=True

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import typer
 
-from app.cmd_summarizer import GUIDANCE, LENGTH_PENALTY, MBR
-from index.runtime import MedfaqError, resolve_model
+from medfaq.app.cmd_summarizer import GUIDANCE, LENGTH_PENALTY, MBR
+from medfaq.common.runtime import MedfaqError, resolve_model
 
 
 def dedup(
@@ -27,7 +27,7 @@ def dedup(
     level: str = typer.Option("normalised", "--level", help="What --resplit drops: exact|normalised|contained."),
 ) -> None:
     """Find exact, normalised and near-duplicate samples within and across splits and datasets; optionally re-split."""
-    from eval.dedup import LEVELS, collect_samples, find_duplicates, resplit
+    from medfaq.eval.dedup import LEVELS, collect_samples, find_duplicates, resplit
 
     if do_resplit and out is None:
         raise MedfaqError("--resplit needs --out DIR")
@@ -70,12 +70,12 @@ def eval_summarizer(
     ),
 ) -> None:
     """Generate summaries for a summarization split and report ROUGE-1/2/L, FIR and entity consistency (percent)."""
-    from eval.summarization import SummarizationEvaluator
-    from eval.summarization_data import load_pairs
-    from retriever.runs import check_output, is_stdio, write_text_atomic
-    from summarizer.decoding import Decoding
-    from summarizer.entities import load_recognizer
-    from summarizer.generation import consensus
+    from medfaq.eval.summarization import SummarizationEvaluator
+    from medfaq.eval.summarization_data import load_pairs
+    from medfaq.retriever.runs import check_output, is_stdio, write_text_atomic
+    from medfaq.summarizer.decoding import Decoding
+    from medfaq.summarizer.entities import load_recognizer
+    from medfaq.summarizer.generation import consensus
 
     output = output or Path(f"predictions_{re.sub(r'[^A-Za-z0-9_.-]+', '_', data)}.jsonl")
     check_output(output)
@@ -121,7 +121,7 @@ def eval_summarizer(
 
 def _summarizer_class():
     """`summarizer.generation.Summarizer` (imported late: loading torch and transformers takes seconds)."""
-    from summarizer.generation import Summarizer
+    from medfaq.summarizer.generation import Summarizer
 
     return Summarizer
 

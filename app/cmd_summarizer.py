@@ -7,15 +7,15 @@ from pathlib import Path
 
 import typer
 
-from app.options import finite
-from index.runtime import PRECISION_HELP, MedfaqError
+from medfaq.app.options import finite
+from medfaq.common.runtime import PRECISION_HELP, MedfaqError
 
 DEFAULT_PRETRAIN = ["rqe:train", "healthcaremagic:train", "chq_summ:train"]
 TEXT_FIELDS = ("chq", "question", "text")
 
 
 def _pairs(spec: str, data_root: Path | None) -> list[tuple[str, str]]:
-    from eval.summarization_data import load_pairs
+    from medfaq.eval.summarization_data import load_pairs
 
     return [(pair.chq, pair.faq) for pair in load_pairs(spec, data_root)]
 
@@ -87,7 +87,7 @@ def train_summarizer(
     """
     from dataclasses import fields
 
-    from summarizer.trainer import LAST_DIR, SummarizerTrainConfig, preset_config, train_summarizer
+    from medfaq.summarizer.trainer import LAST_DIR, SummarizerTrainConfig, preset_config, train_summarizer
 
     given = locals()
     tuned = {f.name for f in fields(SummarizerTrainConfig)} - {"variant", "preset", "seed", "pretrain"}
@@ -118,7 +118,7 @@ def average(
     out: Path = typer.Option(..., "--out", help="Output directory for the averaged summarizer."),
 ) -> None:
     """Average the weights of summarizers trained with different seeds (a model soup): one model, as fast as each."""
-    from summarizer.averaging import average_summarizers
+    from medfaq.summarizer.averaging import average_summarizers
 
     typer.echo(f"averaged {len(runs)} summarizers into {average_summarizers(runs, out)}")
 
@@ -126,7 +126,7 @@ def average(
 def read_texts(path: Path) -> tuple[list[dict], list[str]]:
     """The rows of a JSONL file of questions and each row's text; a row without text, or with empty or invalid
     text, is a one-line error naming its line."""
-    from retriever.search import check_query
+    from medfaq.retriever.search import check_query
 
     if not path.is_file():
         raise MedfaqError(f"input file {path} does not exist")
@@ -180,12 +180,12 @@ def summarize(
     device: str | None = typer.Option(None, "--device", help="cpu or cuda."),
 ) -> None:
     """Summarize consumer health questions into short FAQ-style questions."""
-    from retriever.runs import check_not_an_input
-    from retriever.search import check_query
-    from retriever.setup_plan import best_summarizer
-    from retriever.stages import set_up_model
-    from summarizer.decoding import Decoding
-    from summarizer.generation import Summarizer
+    from medfaq.retriever.runs import check_not_an_input
+    from medfaq.retriever.search import check_query
+    from medfaq.retriever.setup_plan import best_summarizer
+    from medfaq.retriever.stages import set_up_model
+    from medfaq.summarizer.decoding import Decoding
+    from medfaq.summarizer.generation import Summarizer
 
     if (text is None) == (input is None):
         raise MedfaqError("give either a question or --input FILE.jsonl (with --output OUT.jsonl)")

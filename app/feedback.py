@@ -12,7 +12,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from index.runtime import medfaq_home
+from medfaq.common.runtime import medfaq_home
 
 FEEDBACK_FILE = "feedback.sqlite3"
 BUSY_TIMEOUT_S = 30.0

@@ -6,7 +6,7 @@ import textwrap
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from retriever.pipeline import SearchResponse
+    from medfaq.retriever.pipeline import SearchResponse
 
 QUESTION_WIDTH = 70
 QUERY_SHOWN = 200

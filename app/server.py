@@ -3,7 +3,7 @@
 
 Bad input is a 4xx with a one-line ``detail``, never a 500: request bodies are validated by pydantic (unknown fields
 included), bodies over `max_body_bytes` get 413 however they are framed, and a
-:class:`~index.runtime.MedfaqError` raised by the pipeline becomes 400. A fault of the server's own (a stage model
+:class:`~common.runtime.MedfaqError` raised by the pipeline becomes 400. A fault of the server's own (a stage model
 that cannot load) is a 503, never a 4xx. When the environment variable ``MEDFAQ_API_KEY`` is set, the write
 endpoints and the experts' queue need it in the ``X-API-Key`` header; without it the queue, which holds consumers'
 health questions, is served to loopback clients only unless `allow_public_queue`.
@@ -24,10 +24,10 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from app.service import SearchService, ServiceStatus, ServiceUnavailable
-from index.records import FaqRecord, record_problem
-from index.runtime import MedfaqError
-from retriever.search import check_query, invalid_text_position
+from medfaq.app.service import SearchService, ServiceStatus, ServiceUnavailable
+from medfaq.common.runtime import MedfaqError
+from medfaq.index.records import FaqRecord, record_problem
+from medfaq.retriever.search import check_query, invalid_text_position
 
 API_KEY_ENV = "MEDFAQ_API_KEY"
 

@@ -13,14 +13,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import retriever.stages  # noqa: F401  (registers the summarizer, reranker and NER stage loaders)
-from app.batching import BatchSettings, MicroBatcher
-from app.feedback import Feedback, FeedbackStore
-from index.faq_index import FaqIndex, disk_version
-from index.records import FaqRecord
-from index.runtime import MedfaqError
-from retriever.pipeline import Pipeline, PipelineConfig, load_stage
-from retriever.unanswered import UnansweredLog
+import medfaq.retriever.stages  # noqa: F401  (registers the summarizer, reranker and NER stage loaders)
+from medfaq.app.batching import BatchSettings, MicroBatcher
+from medfaq.app.feedback import Feedback, FeedbackStore
+from medfaq.common.runtime import MedfaqError
+from medfaq.index.faq_index import FaqIndex, disk_version
+from medfaq.index.records import FaqRecord
+from medfaq.retriever.pipeline import Pipeline, PipelineConfig, load_stage
+from medfaq.retriever.unanswered import UnansweredLog
 
 OVERRIDABLE = (
     "mode",

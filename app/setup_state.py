@@ -18,8 +18,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TextIO
 
-from index.runtime import DEFAULT_ENCODER, medfaq_home, models_dir
-from retriever.setup_plan import (
+from medfaq.common.runtime import DEFAULT_ENCODER, medfaq_home, models_dir
+from medfaq.retriever.setup_plan import (
     BIENCODER,
     RERANKER,
     SUMMARIZERS,
@@ -103,7 +103,7 @@ class DemoSettings:
 
     def index_stamp(self) -> float:
         """Changes whenever the index is rebuilt or edited (cache key for the loaded index)."""
-        from index.faq_index import MANIFEST
+        from medfaq.index.faq_index import MANIFEST
 
         return (self.index_dir / MANIFEST).stat().st_mtime
 
@@ -275,7 +275,10 @@ class SetupRunner:
         self._update(key, detail=last)
         try:
             process = subprocess.Popen(
-                [sys.executable, "-m", "app", *command], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=REPO_ROOT
+                [sys.executable, "-m", "medfaq.app", *command],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                cwd=REPO_ROOT,
             )
         except OSError as error:
             return False, f"cannot run medfaq: {error}"

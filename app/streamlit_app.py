@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app.ui import common, queue_page, results_page, search_page
+from medfaq.app.ui import common, queue_page, results_page, search_page
 
 
 def main() -> None:

@@ -9,7 +9,7 @@ accurate when none does), which is how medfaq's defaults are picked.
 The vectors are a Gaussian mixture (``clusters`` centres, unit-variance noise), L2-normalised: real sentence
 embeddings are clustered by topic, and uniformly random unit vectors would make every ANN index look useless.
 
-Run ``python -m eval.ann_bench --n-vectors 1000000 --markdown`` (see ``--help``).
+Run ``python -m medfaq.eval.ann_bench --n-vectors 1000000 --markdown`` (see ``--help``).
 """
 
 from __future__ import annotations
@@ -28,9 +28,10 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from eval.speed import measure
-from index.faiss_store import TRAIN_SAMPLE, FaissStore, default_nlist, gpu_count
-from index.runtime import MedfaqError, positive_int
+from medfaq.common.runtime import MedfaqError
+from medfaq.eval.script_args import positive_int
+from medfaq.eval.speed import measure
+from medfaq.index.faiss_store import TRAIN_SAMPLE, FaissStore, default_nlist, gpu_count
 
 logger = logging.getLogger("medfaq.ann_bench")
 
@@ -141,7 +142,7 @@ def ann_comparison(
 
 def index_vectors(directory: str | Path, n_queries: int = 200, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """The stored vectors of a medfaq index, split into a base and `n_queries` held-out rows used as queries."""
-    from index.faq_index import FaqIndex
+    from medfaq.index.faq_index import FaqIndex
 
     vectors = np.concatenate([rows for _, rows in FaqIndex.load(directory).store.export()])
     held_out = np.zeros(len(vectors), dtype=bool)
@@ -218,7 +219,7 @@ def compare_indexes(
 def _milvus_row(
     vectors: np.ndarray, queries: np.ndarray, truth: np.ndarray, uri: str | None, progress: bool
 ) -> AnnResult:
-    from index.milvus_store import MilvusStore
+    from medfaq.index.milvus_store import MilvusStore
 
     with tempfile.TemporaryDirectory(prefix="medfaq-ann-") as tmp:
         milvus_uri = uri or str(Path(tmp) / "bench.db")
@@ -257,7 +258,7 @@ def format_table(rows: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m eval.ann_bench", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m medfaq.eval.ann_bench", description=__doc__.splitlines()[0])
     parser.add_argument("--n-vectors", type=positive_int, default=1_000_000)
     parser.add_argument("--index", type=Path, default=None, help="measure a medfaq index's own vectors instead")
     parser.add_argument("--dim", type=positive_int, default=384)

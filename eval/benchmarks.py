@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from index.collections import iter_jsonl, load_collection
-from index.records import FaqRecord
-from index.runtime import MedfaqError
+from medfaq.common.runtime import MedfaqError
+from medfaq.index.collections import iter_jsonl, load_collection
+from medfaq.index.records import FaqRecord
 
 BENCHMARKS = ("meqsum", "mediqa2021", "rqe-valid", "rqe-test", "quebec", "medquad-chq")
 CHQ_PARTS = ("meqsum", "rqe-test", "mediqa2021")  # the CHQ sets of ``medquad-chq``
@@ -191,7 +191,7 @@ def make_benchmark(name: str, data_root: Path | None = None, bank: list[FaqRecor
         if not bank:
             raise MedfaqError("medquad-chq needs the MedQuAD index (build it with `medfaq index build medquad`)")
         return with_distractors(name, [make_benchmark(part, data_root) for part in CHQ_PARTS], bank)
-    from eval.summarization_data import load_pairs
+    from medfaq.eval.summarization_data import load_pairs
 
     dataset, _, split = name.partition("-")
     query_split, corpus_splits = {
@@ -274,7 +274,7 @@ def with_distractors(name: str, parts: list[Benchmark], bank: list[FaqRecord]) -
 def index_over_bank(benchmark: Benchmark, out: Path, bank_index: Path) -> int:
     """Index a corpus made of a bank and a few additions into `out`: copy the bank's index (`bank_index`) and
     encode only the corpus entries it lacks. Returns how many were encoded."""
-    from index.faq_index import FaqIndex
+    from medfaq.index.faq_index import FaqIndex
 
     index = FaqIndex.load(bank_index)
     rows = [row for row in benchmark.corpus if row["_id"] not in index]
@@ -284,8 +284,8 @@ def index_over_bank(benchmark: Benchmark, out: Path, bank_index: Path) -> int:
 
 
 def _quebec(data_root: Path | None) -> Benchmark:
-    from index.pair_sources import dataset_file
-    from retriever.pair_data import is_heldout, quebec_query_split
+    from medfaq.index.pair_sources import dataset_file
+    from medfaq.retriever.pair_data import is_heldout, quebec_query_split
 
     records, _ = load_collection(dataset_file("quebec", "faqs.jsonl", data_root), format="quebec")
     corpus = [

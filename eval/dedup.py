@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 from itertools import combinations
 from pathlib import Path
 
-from eval.summarization_data import dataset_splits, load_summary_rows, parse_spec
-from index.datasets import get_dataset
-from index.runtime import MedfaqError
+from medfaq.common.runtime import MedfaqError
+from medfaq.eval.summarization_data import dataset_splits, load_summary_rows, parse_spec
+from medfaq.index.datasets import get_dataset
 
 LEVELS = ("exact", "normalised", "contained")
 MIN_CONTAINED_WORDS = 8

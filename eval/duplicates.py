@@ -24,10 +24,10 @@ import numpy as np
 from sklearn.metrics import accuracy_score, precision_recall_fscore_support, roc_auc_score, roc_curve
 from sklearn.model_selection import GroupKFold, GroupShuffleSplit
 
-from index.runtime import MedfaqError
-from retriever.encoder_training import EncoderTrainConfig, save_trained
-from retriever.pair_data import Pair
-from retriever.pair_models import PairScorer
+from medfaq.common.runtime import MedfaqError
+from medfaq.retriever.encoder_training import EncoderTrainConfig, save_trained
+from medfaq.retriever.pair_data import Pair
+from medfaq.retriever.pair_models import PairScorer
 
 SPLITS = ("doctor", "grouped")
 CV_FOLDS = {"quick": 3, "full": 5}

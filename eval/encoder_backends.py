@@ -8,7 +8,7 @@ the backend. `--build COLLECTION` adds the index build estimate: texts per secon
 `medfaq index build COLLECTION` encodes (with the synonym expansions `--synonyms` asks for), and the minutes the
 whole collection would take.
 
-    python -m eval.encoder_backends --model minilm --benchmark /tmp/rqe-test --build medquad
+    python -m medfaq.eval.encoder_backends --model minilm --benchmark /tmp/rqe-test --build medquad
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from index.runtime import ENCODER_BACKENDS, MedfaqError, positive_int, print_report
+from medfaq.common.runtime import ENCODER_BACKENDS, MedfaqError
+from medfaq.eval.script_args import positive_int, print_report
 
 BACKENDS = tuple(backend for backend in ENCODER_BACKENDS if backend != "auto")
 OPENVINO_HINTS = {"openvino": "f32", "openvino-bf16": "bf16"}
@@ -78,9 +79,9 @@ class OpenVinoSession:
 
 def load_for_comparison(model: str, backend: str) -> Any:
     """The encoder of one row: a medfaq backend, or the ONNX fp32 export run by OpenVINO (`OPENVINO_HINTS`)."""
-    from index.encoder import load_encoder
-    from index.onnx_encoder import GRAPHS, OnnxEncoder, ensure_export
-    from index.runtime import resolve_model
+    from medfaq.common.runtime import resolve_model
+    from medfaq.index.encoder import load_encoder
+    from medfaq.index.onnx_encoder import GRAPHS, OnnxEncoder, ensure_export
 
     if backend not in OPENVINO_HINTS:
         return load_encoder(model, backend, device="cpu")
@@ -111,7 +112,7 @@ def query_latency_ms(encoder: Any, questions: list[str]) -> dict[str, float]:
 
 def retrieval_quality(benchmark: Any, corpus_vectors: np.ndarray, query_vectors: np.ndarray) -> dict[str, float]:
     """Recall@1 and MRR@10 of exact cosine search (the judged test queries, in percent)."""
-    from eval.retrieval import RetrievalEvaluator
+    from medfaq.eval.retrieval import RetrievalEvaluator
 
     ids = [row["_id"] for row in benchmark.corpus]
     scores = query_vectors @ corpus_vectors.T
@@ -124,9 +125,9 @@ def retrieval_quality(benchmark: Any, corpus_vectors: np.ndarray, query_vectors:
 def build_texts(collection: str, synonyms: str) -> tuple[list[str], int]:
     """The texts `medfaq index build COLLECTION --synonyms SYNONYMS` encodes (questions, then the expanded texts of
     FAQs that name a concept), and how many FAQs there are."""
-    from index.collections import load_collection
-    from index.concepts import concept_lexicon
-    from index.records import record_text
+    from medfaq.index.collections import load_collection
+    from medfaq.index.concepts import concept_lexicon
+    from medfaq.index.records import record_text
 
     records, _ = load_collection(collection)
     texts = [record_text(record, "question") for record in records]
@@ -147,7 +148,7 @@ def compare_backends(
     seed: int = 0,
 ) -> dict[str, Any]:
     """One row per backend; see the module docstring. Every backend encodes the same texts."""
-    from eval.benchmarks import Benchmark
+    from medfaq.eval.benchmarks import Benchmark
 
     benchmark = Benchmark.load(benchmark_dir) if benchmark_dir else None
     sample, build_total, build_faqs = [], 0, 0
@@ -214,7 +215,7 @@ def format_table(report: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m eval.encoder_backends", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m medfaq.eval.encoder_backends", description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="minilm", help="Encoder name or directory.")
     parser.add_argument("--benchmark", type=Path, default=None, help="A `medfaq data make-benchmark` directory.")
     parser.add_argument(

@@ -8,7 +8,7 @@ again after their gold FAQs (and FAQs within cosine 0.9 of one) are deleted from
 (:func:`retriever.abstention.without_answers`, the construction the threshold was calibrated with). Nothing is
 calibrated here: the threshold is the one the index starts with.
 
-    python -m eval.inherited_threshold BENCH_DIR [BENCH_DIR ...] [--split test|dev] [--json report.json]
+    python -m medfaq.eval.inherited_threshold BENCH_DIR [BENCH_DIR ...] [--split test|dev] [--json report.json]
 """
 
 from __future__ import annotations
@@ -18,10 +18,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from eval.benchmarks import read_beir_queries, read_qrels
-from index.runtime import MedfaqError, print_report
-from retriever.abstention import at_threshold, without_answers
-from retriever.pipeline import Pipeline, PipelineConfig
+from medfaq.common.runtime import MedfaqError
+from medfaq.eval.benchmarks import read_beir_queries, read_qrels
+from medfaq.eval.script_args import print_report
+from medfaq.retriever.abstention import at_threshold, without_answers
+from medfaq.retriever.pipeline import Pipeline, PipelineConfig
 
 SPLITS = ("test", "dev")
 BATCH = 64
@@ -37,8 +38,8 @@ def confidences(pipeline: Pipeline, texts: list[str]) -> list[float | None]:
 
 def measure(benchmark: Path, split: str = "test") -> dict[str, Any]:
     """The abstention figures of one benchmark directory at its index's threshold (see the module docstring)."""
-    import retriever.stages  # noqa: F401  (registers the reranker loader, for a pipeline.json that reranks)
-    from index.faq_index import FaqIndex
+    import medfaq.retriever.stages  # noqa: F401  (registers the reranker loader, for a pipeline.json that reranks)
+    from medfaq.index.faq_index import FaqIndex
 
     rows = read_beir_queries(benchmark / "queries.jsonl")
     qrels = read_qrels(benchmark / "qrels.tsv")
@@ -77,7 +78,9 @@ def measure(benchmark: Path, split: str = "test") -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m eval.inherited_threshold", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m medfaq.eval.inherited_threshold", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("benchmarks", nargs="+", type=Path, help="benchmark directories (with an index/)")
     parser.add_argument("--split", choices=SPLITS, default="test")
     parser.add_argument("--json", type=Path, default=None, help="also write the reports to this file")

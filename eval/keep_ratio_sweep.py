@@ -3,7 +3,7 @@ then scored at every keep ratio with its weights moved back towards the start, w
 ``medfaq eval duplicates`` (``--threshold-rule``). The folds are those of ``--fold-seed``, so the seeds vary the
 training only. Prints accuracy, F1 and ROC AUC per ratio (mean ± std over the seeds of each seed's fold mean).
 
-    python -m eval.keep_ratio_sweep --model-type crossencoder --seeds 0,1,2 --ratios 1,0.75,0.5,0.25
+    python -m medfaq.eval.keep_ratio_sweep --model-type crossencoder --seeds 0,1,2 --ratios 1,0.75,0.5,0.25
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from eval.duplicates import (
+from medfaq.common.runtime import MedfaqError
+from medfaq.eval.duplicates import (
     METRICS,
     MIN_DEV_GROUPS,
     THRESHOLD_RULES,
@@ -28,10 +29,10 @@ from eval.duplicates import (
     score_fold,
     summarise,
 )
-from index.runtime import MedfaqError, int_at_least, positive_int
-from retriever.encoder_training import copy_weights, interpolate_weights, make_config
-from retriever.pair_data import Pair, mqp_pairs
-from retriever.pair_models import as_scorer, initial_weights, train_pair_model
+from medfaq.eval.script_args import int_at_least, positive_int
+from medfaq.retriever.encoder_training import copy_weights, interpolate_weights, make_config
+from medfaq.retriever.pair_data import Pair, mqp_pairs
+from medfaq.retriever.pair_models import as_scorer, initial_weights, train_pair_model
 
 
 def keep_ratio_sweep(
@@ -96,7 +97,7 @@ def _ratios(text: str) -> list[float]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m eval.keep_ratio_sweep", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m medfaq.eval.keep_ratio_sweep", description=__doc__.splitlines()[0])
     parser.add_argument("--model-type", default="crossencoder", choices=("crossencoder", "biencoder"))
     parser.add_argument("--preset", default="quick", choices=("quick", "full"))
     parser.add_argument("--init", default="minilm", help="Starting weights: minilm, a model directory or name.")

@@ -1,7 +1,7 @@
 """A bounded load test of `medfaq serve`: C concurrent clients send a fixed question set to ``POST /search``; every
 answer is compared with the serial answer for the same question, and latency percentiles and requests/s printed.
 
-    python -m eval.load_test --url http://127.0.0.1:8000 --queries Q.jsonl --clients 1,4,8,16 --rounds 2
+    python -m medfaq.eval.load_test --url http://127.0.0.1:8000 --queries Q.jsonl --clients 1,4,8,16 --rounds 2
 
 With ``--server-pid`` (Linux), the server process's CPU time per request is printed too: on a shared machine it
 varies far less with the other processes' load than latency and throughput do.
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from index.runtime import positive_int
+from medfaq.eval.script_args import positive_int
 
 REQUEST_TIMEOUT_S = 120.0
 
@@ -140,7 +140,7 @@ def _client_counts(text: str) -> list[int]:
 def main(argv: Sequence[str] | None = None) -> None:
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m eval.load_test", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m medfaq.eval.load_test", description=__doc__.splitlines()[0])
     parser.add_argument("--url", default="http://127.0.0.1:8000")
     parser.add_argument("--queries", type=Path, required=True, help="JSONL with a question (or BEIR text) per line")
     parser.add_argument("--limit", type=positive_int, default=50, help="use the first N questions")

@@ -1,7 +1,7 @@
 """Paired comparison of two summarizers on the same questions: the difference of their mean per-question ROUGE F1
 (stemmed, percent), its bootstrap confidence interval over the questions, and how many questions each side wins.
 
-    python -m eval.paired_summaries --a A_s0.jsonl A_s1.jsonl --b B.jsonl [--metric rouge1] [--resamples 10000]
+    python -m medfaq.eval.paired_summaries --a A_s0.jsonl A_s1.jsonl --b B.jsonl [--metric rouge1] [--resamples 10000]
 
 The files are `medfaq eval summarizer --output` predictions (``id``, ``reference``, ``prediction`` per line). A side
 may hold several files, e.g. one per seed: a question's score on that side is then the mean over its files.
@@ -17,8 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from eval.summarization import ROUGE_TYPES, sample_rouge
-from index.runtime import MedfaqError, positive_int
+from medfaq.common.runtime import MedfaqError
+from medfaq.eval.script_args import positive_int
+from medfaq.eval.summarization import ROUGE_TYPES, sample_rouge
 
 
 def _read_predictions(path: Path) -> dict[str, tuple[str, str]]:
@@ -103,7 +104,7 @@ def format_comparison(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m eval.paired_summaries", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m medfaq.eval.paired_summaries", description=__doc__.splitlines()[0])
     parser.add_argument("--a", type=Path, nargs="+", required=True, help="Predictions files of side A.")
     parser.add_argument("--b", type=Path, nargs="+", required=True, help="Predictions files of side B.")
     parser.add_argument("--metric", default="rouge1", choices=ROUGE_TYPES)

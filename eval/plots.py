@@ -1,6 +1,6 @@
 """Figures for docs/results.md: cosine similarity of CHQ anchors to their hard and simple negatives per epoch.
 
-``python -m eval.plots runs/ecl-s0/history.json runs/ecl-s1/history.json --out docs/figures/ecl_cos.png``
+``python -m medfaq.eval.plots runs/ecl-s0/history.json runs/ecl-s1/history.json --out docs/figures/ecl_cos.png``
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from index.runtime import MedfaqError
+from medfaq.common.runtime import MedfaqError
 
 SERIES = {"train_cos_hard": "hard negatives (entity swaps)", "train_cos_simple": "simple negatives (queue)"}
 
@@ -69,7 +69,7 @@ def negative_similarity_plot(history_files: Sequence[Path], out_png: Path, title
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m eval.plots", description="Plot CHQ-to-negative cosine similarity per epoch (ECL Fig. 4)."
+        prog="python -m medfaq.eval.plots", description="Plot CHQ-to-negative cosine similarity per epoch (ECL Fig. 4)."
     )
     parser.add_argument("histories", nargs="+", type=Path, help="history.json files of ECL-family runs")
     parser.add_argument("--out", type=Path, required=True, help="PNG to write")

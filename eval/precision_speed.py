@@ -1,7 +1,7 @@
 """fp32 against bf16 (torch autocast) on this CPU: seconds per training step and per inference batch of the models
 medfaq trains, and what ``--precision auto`` picks here.
 
-    python -m eval.precision_speed --models minilm,gemma-3-270m --threads 1 --out precision.json
+    python -m medfaq.eval.precision_speed --models minilm,gemma-3-270m --threads 1 --out precision.json
 
 A training step is what the trainers do (forward, backward, AdamW step; Gemma with its embedding frozen and
 LM-head logits at the target positions only); inference is one forward pass of the same batch. Inputs are random
@@ -18,7 +18,8 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from index.runtime import MedfaqError, autocast, positive_int, print_report, resolve_precision
+from medfaq.common.runtime import MedfaqError, autocast, resolve_precision
+from medfaq.eval.script_args import positive_int, print_report
 
 
 def median_seconds(run: Callable[[], None], repeats: int, warmup: int = 2) -> float:
@@ -42,7 +43,7 @@ def model_steps(name: str, batch: int, tokens: int) -> tuple[Callable[[str], Ste
     as prompt + target, the last quarter being the target."""
     import torch
 
-    from summarizer.modeling import backbone_is_causal, load_backbone
+    from medfaq.summarizer.modeling import backbone_is_causal, load_backbone
 
     torch.manual_seed(0)
     ids = torch.randint(1000, 20000, (batch, tokens))
@@ -59,7 +60,7 @@ def model_steps(name: str, batch: int, tokens: int) -> tuple[Callable[[str], Ste
     else:
         from transformers import AutoModel
 
-        from index.runtime import resolve_model
+        from medfaq.common.runtime import resolve_model
 
         model = AutoModel.from_pretrained(resolve_model(name))
 
@@ -91,7 +92,7 @@ def model_steps(name: str, batch: int, tokens: int) -> tuple[Callable[[str], Ste
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m eval.precision_speed", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m medfaq.eval.precision_speed", description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="minilm,gemma-3-270m", help="Comma-separated model names or paths.")
     parser.add_argument("--batch", type=positive_int, default=8)
     parser.add_argument("--tokens", type=positive_int, default=128)

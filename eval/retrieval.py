@@ -20,11 +20,11 @@ import numpy as np
 import pytrec_eval
 from tqdm.auto import tqdm
 
-from eval.benchmarks import Qrels, Run
-from index.faq_index import FaqIndex
-from index.runtime import MedfaqError
-from retriever.abstention import as_scores, at_threshold, calibrate_threshold
-from retriever.pipeline import (
+from medfaq.common.runtime import MedfaqError
+from medfaq.eval.benchmarks import Qrels, Run
+from medfaq.index.faq_index import FaqIndex
+from medfaq.retriever.abstention import as_scores, at_threshold, calibrate_threshold
+from medfaq.retriever.pipeline import (
     RERANK_MARGIN,
     Pipeline,
     PipelineConfig,

@@ -22,11 +22,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from retriever.search import Retriever
+from medfaq.retriever.search import Retriever
 
 if TYPE_CHECKING:
-    from index.faq_index import FaqIndex
-    from retriever.pipeline import Pipeline
+    from medfaq.index.faq_index import FaqIndex
+    from medfaq.retriever.pipeline import Pipeline
 
     StageFactory = Callable[[FaqIndex, int], Callable[[str], Any]]
 
@@ -150,7 +150,7 @@ def run_bench(
             run.peers["bm25"] = bm25_peers(index, queries[:20], top_k)
             run.peers["dense"] = dense_peers(index, queries[:20], top_k)
         if ann_vectors > 0:
-            from eval.ann_bench import ann_comparison
+            from medfaq.eval.ann_bench import ann_comparison
 
             run.peers["ann"] = ann_comparison(n_vectors=ann_vectors, progress=progress)
     except KeyboardInterrupt:
@@ -211,8 +211,8 @@ def bm25_peers(index: FaqIndex, queries: list[str], top_k: int = 10) -> dict[str
     """rank-bm25 (BM25Okapi, same tokens) against our bm25s index: median query time and build time."""
     from rank_bm25 import BM25Okapi
 
-    from index.bm25_store import tokenize
-    from index.faq_index import record_text
+    from medfaq.index.bm25_store import tokenize
+    from medfaq.index.faq_index import record_text
 
     texts = [record_text(r, index.manifest.fields) for r in index.records()]
     start = time.perf_counter()

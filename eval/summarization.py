@@ -17,7 +17,7 @@ import sys
 from collections.abc import Sequence
 from typing import TextIO
 
-from summarizer.entities import WORD, EntityRecognizer, load_recognizer, shared_phrases, term_key
+from medfaq.summarizer.entities import WORD, EntityRecognizer, load_recognizer, shared_phrases, term_key
 
 ROUGE_TYPES = ("rouge1", "rouge2", "rougeL")
 MAIN_METRICS = ("rouge1", "rouge2", "rougeL", "fir", "fir_entity", "fir_overlap", "entity_consistency")

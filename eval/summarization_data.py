@@ -12,8 +12,8 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from index.datasets import get_dataset
-from index.runtime import MedfaqError, data_dir
+from medfaq.common.runtime import MedfaqError, data_dir
+from medfaq.index.datasets import get_dataset
 
 logger = logging.getLogger("medfaq.summarization_data")
 

@@ -2,7 +2,7 @@
 PyTorch int8 dynamic quantisation and, for decoder-only models, CTranslate2 int8 (converted once into
 ``<model>/ct2-int8``).
 
-    python -m eval.summarizer_speed --model gemma-3-270m --questions 20 --batch-size 16 --out speed.json
+    python -m medfaq.eval.summarizer_speed --model gemma-3-270m --questions 20 --batch-size 16 --out speed.json
 
 `--model` is a trained summarizer or a bare backbone (``minilm``, ``gemma-3-270m``, any seq2seq or causal LM): the
 latency of a backbone is that of a summarizer trained from it for the same number of generated tokens, which is
@@ -24,7 +24,8 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from index.runtime import MedfaqError, existing_file, positive_int, print_report
+from medfaq.common.runtime import MedfaqError
+from medfaq.eval.script_args import existing_file, positive_int, print_report
 
 
 def latency(generate: Callable[[str], tuple[str, int]], texts: Sequence[str]) -> dict[str, float]:
@@ -64,10 +65,10 @@ def torch_generator(model_name: str, quantize: bool, max_new_tokens: int, max_so
     one question (text, new tokens) and one of a batch (texts)."""
     import torch
 
-    from index.runtime import quantize_linear
-    from summarizer.decoding import Decoding
-    from summarizer.generation import generate_candidates, left_padded
-    from summarizer.modeling import is_causal_lm, load_backbone, prompt_ids
+    from medfaq.common.runtime import quantize_linear
+    from medfaq.summarizer.decoding import Decoding
+    from medfaq.summarizer.generation import generate_candidates, left_padded
+    from medfaq.summarizer.modeling import is_causal_lm, load_backbone, prompt_ids
 
     model, tokenizer = load_backbone(model_name)
     model.eval()
@@ -103,10 +104,10 @@ def torch_generator(model_name: str, quantize: bool, max_new_tokens: int, max_so
 def ct2_generator(model_name: str, max_new_tokens: int, max_source_len: int, threads: int):
     """Greedy generation with the CTranslate2 int8 conversion of a decoder-only model (converted on first use): a
     function of one question (text, new tokens) and one of a batch (texts)."""
-    from index.runtime import resolve_model
-    from summarizer.ct2 import CT2Generator
-    from summarizer.decoding import Decoding
-    from summarizer.modeling import load_backbone
+    from medfaq.common.runtime import resolve_model
+    from medfaq.summarizer.ct2 import CT2Generator
+    from medfaq.summarizer.decoding import Decoding
+    from medfaq.summarizer.modeling import load_backbone
 
     _, tokenizer = load_backbone(model_name)
     generator = CT2Generator(Path(resolve_model(model_name)), tokenizer, threads)
@@ -130,8 +131,8 @@ def ort_generator(onnx_file: Path, model_name: str, max_new_tokens: int, max_sou
         import onnxruntime
     except ImportError:
         raise MedfaqError("--onnx needs the package onnxruntime") from None
-    from summarizer.generation import left_padded
-    from summarizer.modeling import load_tokenizer, prompt_ids
+    from medfaq.summarizer.generation import left_padded
+    from medfaq.summarizer.modeling import load_tokenizer, prompt_ids
 
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = threads
@@ -194,7 +195,7 @@ def greedy_with_cache(session, input_ids, attention_mask, max_new_tokens: int, s
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m eval.summarizer_speed", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m medfaq.eval.summarizer_speed", description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="gemma-3-270m")
     parser.add_argument("--data", default="meqsum:test")
     parser.add_argument("--questions", type=positive_int, default=20)
@@ -211,8 +212,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         import torch
 
-        from eval.summarization_data import load_pairs
-        from summarizer.modeling import backbone_is_causal
+        from medfaq.eval.summarization_data import load_pairs
+        from medfaq.summarizer.modeling import backbone_is_causal
 
         torch.set_num_threads(args.threads)
         texts = [pair.chq for pair in load_pairs(args.data)[: args.questions]]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from index.runtime import import_bm25s
+from medfaq.common.runtime import import_bm25s
 
 bm25s = import_bm25s()
 

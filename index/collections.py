@@ -1,7 +1,7 @@
 """FAQ collection loaders: generic JSONL/CSV (with a field mapping), MedQuAD, the Quebec COVID FAQ and the JHU FAQ bank.
 
 Every loader yields :class:`~index.records.FaqRecord` objects and a :class:`LoadReport` that counts what was
-skipped. Bad input becomes one-line :class:`~index.runtime.MedfaqError` messages that name the file and line.
+skipped. Bad input becomes one-line :class:`~common.runtime.MedfaqError` messages that name the file and line.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from index.records import FaqRecord, id_problem, record_problem, safe_id
-from index.runtime import MedfaqError
+from medfaq.common.runtime import MedfaqError
+from medfaq.index.records import FaqRecord, id_problem, record_problem, safe_id
 
 logger = logging.getLogger("medfaq.collections")
 
@@ -114,7 +114,7 @@ def resolve_collection_path(collection: str | Path) -> Path:
         if len(candidates) == 1:
             return candidates[0]
         raise MedfaqError(f"{path} is a directory; pass the collection file (e.g. {path}/faqs.jsonl)")
-    from index.datasets import DATASETS, dataset_collection_path
+    from medfaq.index.datasets import DATASETS, dataset_collection_path
 
     if str(collection) in DATASETS:
         return dataset_collection_path(str(collection))

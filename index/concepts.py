@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from index.runtime import MedfaqError
+from medfaq.common.runtime import MedfaqError
 
 CONCEPTS_FILE = "concepts.jsonl"
 SOURCES = ("auto", "medquad", "none")
@@ -188,7 +188,7 @@ class ConceptLexicon:
 def concept_lexicon(spec: str, max_names: int = MAX_NAMES) -> ConceptLexicon | None:
     """The lexicon `--synonyms SPEC` asks for: ``medquad`` (the fetched MedQuAD dataset), ``auto`` (MedQuAD when
     fetched, else none), ``none``, or the path of a JSONL file of focus/synonyms rows."""
-    from index.datasets import dataset_collection_path, is_fetched
+    from medfaq.index.datasets import dataset_collection_path, is_fetched
 
     if spec == "none":
         return None

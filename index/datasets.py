@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from xml.etree import ElementTree
 
-from index.runtime import MedfaqError, data_dir
+from medfaq.common.runtime import MedfaqError, data_dir
 
 logger = logging.getLogger("medfaq.datasets")
 

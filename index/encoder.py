@@ -12,10 +12,17 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from index.runtime import CPU_BACKEND, DEFAULT_ENCODER, ENCODER_BACKENDS, MedfaqError, choose_device, resolve_model
+from medfaq.common.runtime import (
+    CPU_BACKEND,
+    DEFAULT_ENCODER,
+    ENCODER_BACKENDS,
+    MedfaqError,
+    choose_device,
+    resolve_model,
+)
 
 if TYPE_CHECKING:
-    from index.onnx_encoder import OnnxEncoder
+    from medfaq.index.onnx_encoder import OnnxEncoder
 
 logger = logging.getLogger("medfaq.encoder")
 
@@ -145,7 +152,7 @@ def load_encoder(
     chosen = resolve_backend(backend, device)
     if chosen == "torch":
         return Encoder(name, device=device, batch_size=batch_size)
-    from index.onnx_encoder import OnnxEncoder
+    from medfaq.index.onnx_encoder import OnnxEncoder
 
     return OnnxEncoder(name, precision="int8" if chosen == "onnx-int8" else "fp32", batch_size=batch_size)
 

@@ -23,15 +23,15 @@ from typing import Any
 import faiss
 import numpy as np
 
-from index.runtime import MedfaqError
-from index.vector_store import INDEX_KINDS, checked_rows
+from medfaq.common.runtime import MedfaqError
+from medfaq.index.vector_store import INDEX_KINDS, checked_rows
 
 logger = logging.getLogger("medfaq.faiss")
 
 KINDS = INDEX_KINDS
 # Default nprobe / efSearch: the most accurate settings of the measured recall/latency table on MiniLM vectors of
 # MedQuAD (recall@10 0.939 / 0.948 vs exact search, at 0.5 / 1.3 ms); the synthetic 1M table needs less for IVF.
-# See docs/results.md, "Scale: 1M vectors" (`python -m eval.ann_bench --index DIR`).
+# See docs/results.md, "Scale: 1M vectors" (`python -m medfaq.eval.ann_bench --index DIR`).
 INDEX_FILE = "vectors.faiss"
 SHARD_FILE = "vectors-{:03d}.faiss"
 TOMBSTONES_FILE = "tombstones.npy"

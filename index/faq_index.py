@@ -55,18 +55,18 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from index import verified
-from index.collections import check_records, read_records
-from index.concepts import CONCEPTS_FILE, ConceptLexicon, combined_vectors, read_with_concepts
-from index.record_table import KEYS as KEYS  # the index's layout, named here too
-from index.record_table import RECORDS, RecordTable
-from index.records import FIELDS, FaqRecord, record_text
-from index.runtime import MedfaqError, resolve_model
-from index.vector_store import VECTOR_BACKENDS, VectorStore, backend_class
+from medfaq.common.runtime import MedfaqError, resolve_model
+from medfaq.index import verified
+from medfaq.index.collections import check_records, read_records
+from medfaq.index.concepts import CONCEPTS_FILE, ConceptLexicon, combined_vectors, read_with_concepts
+from medfaq.index.record_table import KEYS as KEYS  # the index's layout, named here too
+from medfaq.index.record_table import RECORDS, RecordTable
+from medfaq.index.records import FIELDS, FaqRecord, record_text
+from medfaq.index.vector_store import VECTOR_BACKENDS, VectorStore, backend_class
 
 if TYPE_CHECKING:  # bm25s (scipy) and sentence-transformers (torch) are imported when an index needs them
-    from index.bm25_store import Bm25Index
-    from index.encoder import SentenceEncoder
+    from medfaq.index.bm25_store import Bm25Index
+    from medfaq.index.encoder import SentenceEncoder
 
 logger = logging.getLogger("medfaq.index")
 
@@ -167,7 +167,7 @@ class FaqIndex:
         `staging` makes the encoding resumable (see the module docstring); `workers` > 1 encodes in that many
         processes (one per GPU on CUDA). An empty `records` is refused: an index of 0 FAQs answers nothing.
         """
-        from index.bm25_store import Bm25Index
+        from medfaq.index.bm25_store import Bm25Index
 
         if fields not in FIELDS:
             raise MedfaqError(f"unknown --fields {fields!r}; choose one of {', '.join(FIELDS)}")
@@ -226,7 +226,7 @@ class FaqIndex:
         """The BM25 index, loaded on first use (two threads that race here both load it; either result serves)."""
         bm25 = self._bm25
         if isinstance(bm25, dict):
-            from index.bm25_store import Bm25Index
+            from medfaq.index.bm25_store import Bm25Index
 
             bm25 = self._bm25 = Bm25Index.from_files(bm25)
         return bm25
@@ -235,7 +235,7 @@ class FaqIndex:
         """How many rows BM25 indexes, without loading it."""
         bm25 = self._bm25
         if isinstance(bm25, dict):
-            from index.bm25_store import KEYS_FILE
+            from medfaq.index.bm25_store import KEYS_FILE
 
             return int((np.load(io.BytesIO(bm25[KEYS_FILE]), allow_pickle=False) >= 0).sum())
         return len(bm25)
@@ -332,7 +332,7 @@ class FaqIndex:
         Everything is computed before the index changes, so a failure part-way leaves it as it was; with `staging`
         the encoded chunks survive a failure and a repeated call encodes only the missing ones.
         """
-        from index.bm25_store import Bm25Index
+        from medfaq.index.bm25_store import Bm25Index
 
         self.check_new(records)
         if not records:
@@ -869,7 +869,7 @@ def verify_checksums(path: Path, manifest: IndexManifest) -> None:
 def load_manifest_encoder(manifest: IndexManifest, backend: str = "auto", where: str | None = None) -> SentenceEncoder:
     """Load the manifest's encoder on `backend` (:func:`index.encoder.load_encoder`); a model whose files declare
     another dimension than the index's vectors is refused before it loads (seconds saved on a one-line error)."""
-    from index.encoder import declared_dimension, load_encoder
+    from medfaq.index.encoder import declared_dimension, load_encoder
 
     declared = declared_dimension(resolve_model(manifest.encoder))
     if declared is not None and declared != manifest.dimension:

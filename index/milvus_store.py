@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from index.runtime import MedfaqError
-from index.vector_store import checked_rows
+from medfaq.common.runtime import MedfaqError
+from medfaq.index.vector_store import checked_rows
 
 logger = logging.getLogger("medfaq.milvus")
 

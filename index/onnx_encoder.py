@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from index.runtime import DEFAULT_ENCODER, MedfaqError, make_once, models_dir, resolve_model
+from medfaq.common.runtime import DEFAULT_ENCODER, MedfaqError, make_once, models_dir, resolve_model
 
 logger = logging.getLogger("medfaq.encoder")
 
@@ -101,7 +101,7 @@ def ensure_export(location: str, export: Callable[[str, Path], None] | None = No
         info = None
     if info is None:
         if export is None:
-            from index.onnx_export import export_encoder as export
+            from medfaq.index.onnx_export import export_encoder as export
         make_once(directory, EXPORT_INFO, lambda out: export(location, out))
     return directory
 
@@ -160,7 +160,7 @@ class OnnxEncoder:
     thread_safe = True  # ONNX Runtime's `InferenceSession.run` and `tokenizers`' encoding take concurrent calls
 
     def __init__(self, name: str | None = None, precision: str = "fp32", batch_size: int = 64) -> None:
-        from index.encoder import check_model_directory
+        from medfaq.index.encoder import check_model_directory
 
         self.name = str(name or DEFAULT_ENCODER)
         self.batch_size = batch_size

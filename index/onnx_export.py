@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from index.onnx_encoder import GRAPHS, TOKENIZER_FILE, ExportInfo, OnnxGraph, source_signature
-from index.runtime import MedfaqError
+from medfaq.common.runtime import MedfaqError
+from medfaq.index.onnx_encoder import GRAPHS, TOKENIZER_FILE, ExportInfo, OnnxGraph, source_signature
 
 logger = logging.getLogger("medfaq.encoder")
 
@@ -102,7 +102,7 @@ def trace_export(
 ) -> tuple[Path, ExportInfo]:
     """Trace `model` (from the model directory `location`) into ``raw.onnx`` in the new directory `out`, save its
     fast tokenizer there (neither cutting nor padding), and return that graph and the export's :class:`ExportInfo`."""
-    from index.encoder import model_fingerprint
+    from medfaq.index.encoder import model_fingerprint
 
     inputs = [name for name in ("input_ids", "attention_mask", "token_type_ids") if name in features]
     out.mkdir(parents=True)

@@ -10,9 +10,9 @@ import csv
 from pathlib import Path
 from typing import Any
 
-from index.collections import iter_jsonl
-from index.datasets import dataset_dir, get_dataset
-from index.runtime import MedfaqError
+from medfaq.common.runtime import MedfaqError
+from medfaq.index.collections import iter_jsonl
+from medfaq.index.datasets import dataset_dir, get_dataset
 
 MQP_COLUMNS = ("dr_id", "question_1", "question_2", "label")
 

@@ -26,8 +26,8 @@ from typing import BinaryIO
 
 import numpy as np
 
-from index.records import FaqRecord
-from index.runtime import MedfaqError
+from medfaq.common.runtime import MedfaqError
+from medfaq.index.records import FaqRecord
 
 RECORDS = "records.jsonl"
 KEYS = "keys.npy"

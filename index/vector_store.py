@@ -70,7 +70,7 @@ def checked_rows(keys: np.ndarray, vectors: np.ndarray, dim: int) -> tuple[np.nd
     """`keys` as contiguous int64 and `vectors` as contiguous float32 (n, dim); a shape mismatch is a one-line error."""
     import numpy as np
 
-    from index.runtime import MedfaqError
+    from medfaq.common.runtime import MedfaqError
 
     vectors = np.ascontiguousarray(vectors, dtype=np.float32)
     if vectors.ndim != 2 or vectors.shape[1] != dim:
@@ -79,8 +79,8 @@ def checked_rows(keys: np.ndarray, vectors: np.ndarray, dim: int) -> tuple[np.nd
 
 
 VECTOR_BACKENDS: dict[str, str] = {
-    "faiss": "index.faiss_store:FaissStore",
-    "milvus": "index.milvus_store:MilvusStore",
+    "faiss": "medfaq.index.faiss_store:FaissStore",
+    "milvus": "medfaq.index.milvus_store:MilvusStore",
 }
 """Backend name (as written in the manifest's backend section) -> "module:Class" of its VectorStore.
 
@@ -90,7 +90,8 @@ reports its options for the manifest with ``backend_config() -> dict``.
 
 
 def register_backend(name: str, target: str) -> None:
-    """Make a vector backend available by name: ``register_backend("milvus", "index.milvus_store:MilvusStore")``."""
+    """Make a vector backend available by name, e.g.
+    ``register_backend("milvus", "medfaq.index.milvus_store:MilvusStore")``."""
     VECTOR_BACKENDS[name] = target
 
 
@@ -98,7 +99,7 @@ def backend_class(name: str) -> type:
     """Import the class registered under `name`; unknown names give a one-line error."""
     import importlib
 
-    from index.runtime import MedfaqError
+    from medfaq.common.runtime import MedfaqError
 
     if name not in VECTOR_BACKENDS:
         raise MedfaqError(f"unknown vector backend {name!r}; known: {', '.join(sorted(VECTOR_BACKENDS))}")

@@ -14,7 +14,7 @@ import json
 import os
 from pathlib import Path
 
-from index.runtime import cache_dir, write_cache
+from medfaq.common.runtime import cache_dir, write_cache
 
 SETTLED_S = 2.0
 

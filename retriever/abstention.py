@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from index.runtime import MedfaqError, minilm_path, resolve_model
+from medfaq.common.runtime import MedfaqError, minilm_path, resolve_model
 
 logger = logging.getLogger("medfaq.abstention")
 
@@ -128,9 +128,9 @@ class CalibrationSource:
 
 def calibration_sources(data_root: Path | None = None, seed: int = 0) -> list[CalibrationSource]:
     """The development split of `CALIBRATION_SOURCES` (those fetched; at least one is needed)."""
-    from index.pair_sources import load_jsonl_rows
-    from retriever.encoder_training import subsample
-    from retriever.pair_data import normalise
+    from medfaq.index.pair_sources import load_jsonl_rows
+    from medfaq.retriever.encoder_training import subsample
+    from medfaq.retriever.pair_data import normalise
 
     sources = []
     for name in CALIBRATION_SOURCES:
@@ -152,7 +152,7 @@ def calibration_sources(data_root: Path | None = None, seed: int = 0) -> list[Ca
 def without_answers(index: Any, golds: list[str]) -> int:
     """Delete from `index` every FAQ whose question is one of `golds` (normalised) or lies within cosine
     `NEAR_DUPLICATE` of one; returns how many were deleted."""
-    from retriever.pair_data import normalise
+    from medfaq.retriever.pair_data import normalise
 
     wanted = {normalise(text) for text in golds}
     doomed = {record.id for record in index.records() if normalise(record.question) in wanted}
@@ -163,9 +163,9 @@ def without_answers(index: Any, golds: list[str]) -> int:
 
 def _calibration_config(model_dir: Path) -> tuple[str, Any]:
     """(the encoder the bank is indexed with, the pipeline config whose confidence is calibrated) for a model."""
-    from retriever.encoder_training import EncoderTrainConfig
-    from retriever.pair_models import model_type_of
-    from retriever.pipeline import PipelineConfig
+    from medfaq.retriever.encoder_training import EncoderTrainConfig
+    from medfaq.retriever.pair_models import model_type_of
+    from medfaq.retriever.pipeline import PipelineConfig
 
     quiet = {"entities": False, "abstain": False, "log_unanswered": False}
     if model_type_of(model_dir) == "biencoder":
@@ -178,12 +178,12 @@ def _calibration_config(model_dir: Path) -> tuple[str, Any]:
 def calibrate_model(model_dir: str | Path, data_root: Path | None = None, seed: int = 0) -> ModelThreshold:
     """Calibrate the abstention threshold of the bi-encoder or reranker in `model_dir` on the development split
     (the module docstring's rule) and save it there as ``threshold.json``."""
-    import retriever.stages  # noqa: F401  (registers the reranker loader)
-    from index.concepts import concept_lexicon
-    from index.encoder import load_encoder
-    from index.faq_index import FaqIndex
-    from index.records import FaqRecord
-    from retriever.pipeline import Pipeline
+    import medfaq.retriever.stages  # noqa: F401  (registers the reranker loader)
+    from medfaq.index.concepts import concept_lexicon
+    from medfaq.index.encoder import load_encoder
+    from medfaq.index.faq_index import FaqIndex
+    from medfaq.index.records import FaqRecord
+    from medfaq.retriever.pipeline import Pipeline
 
     model_dir = Path(resolve_model(str(model_dir)))
     if model_dir == Path(minilm_path()).resolve():
@@ -245,8 +245,8 @@ def inherit_thresholds(index_dir: str | Path, encoder: str, reranker: str | Path
     """Write the thresholds an index encoded by `encoder` inherits (:func:`model_thresholds`) into its
     ``pipeline.json``, each marked as inherited with where it came from; inherited ones of an earlier encoder are
     dropped, thresholds calibrated on the index itself (``--save-threshold``) kept. Returns the thresholds written."""
-    from index.faq_index import write_lock
-    from retriever.pipeline import PIPELINE_FILE, PipelineConfig
+    from medfaq.index.faq_index import write_lock
+    from medfaq.retriever.pipeline import PIPELINE_FILE, PipelineConfig
 
     found = model_thresholds(encoder, reranker)
     with write_lock(index_dir):  # read, change and write under one lock, as `store_threshold` does

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import numpy as np
 
-from index.concepts import ExpandedText, combined_vectors
-from index.runtime import choose_device, quantize_linear, resolve_model
-from retriever.encoder_training import EncoderTrainConfig, train_loop
-from retriever.pair_data import Pair, mnrl_triplets, normalise
+from medfaq.common.runtime import choose_device, quantize_linear, resolve_model
+from medfaq.index.concepts import ExpandedText, combined_vectors
+from medfaq.retriever.encoder_training import EncoderTrainConfig, train_loop
+from medfaq.retriever.pair_data import Pair, mnrl_triplets, normalise
 
 
 def load_biencoder(model: str | Path, device: str | None = None, max_length: int | None = None):
@@ -45,7 +45,7 @@ class BiEncoderScorer:
 
     def encode(self, texts: Sequence[str], progress: bool = False) -> np.ndarray:
         """Unit-norm float32 embeddings (`model`: a SentenceTransformer, or an ONNX Runtime encoder)."""
-        from index.onnx_encoder import OnnxEncoder
+        from medfaq.index.onnx_encoder import OnnxEncoder
 
         if isinstance(self.model, OnnxEncoder):
             return self.model.encode([str(text) for text in texts], progress)

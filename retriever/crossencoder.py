@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from sentence_transformers.base.modules import Module
 
-from index.runtime import (
+from medfaq.common.runtime import (
     MedfaqError,
     autocast,
     choose_device,
@@ -30,10 +30,10 @@ from index.runtime import (
     resolve_precision,
     seed_everything,
 )
-from retriever.biencoder import BiEncoderScorer, load_biencoder
-from retriever.encoder_training import CONFIG_FILE, HEADS, EncoderTrainConfig, split_dev, train_loop
-from retriever.pair_data import Pair, ranking_groups
-from retriever.reranker import PRIOR_DIR, PairReranker, cut_first, decision_boundary, has_classifier_head
+from medfaq.retriever.biencoder import BiEncoderScorer, load_biencoder
+from medfaq.retriever.encoder_training import CONFIG_FILE, HEADS, EncoderTrainConfig, split_dev, train_loop
+from medfaq.retriever.pair_data import Pair, ranking_groups
+from medfaq.retriever.reranker import PRIOR_DIR, PairReranker, cut_first, decision_boundary, has_classifier_head
 
 logger = logging.getLogger("medfaq.crossencoder")
 
@@ -140,7 +140,7 @@ def measure_max_length(tokenizer, pairs: Sequence[Pair], percentile: float = LEN
 
 class CrossEncoderReranker(PairReranker):
     """A sentence-transformers cross-encoder on PyTorch as a :class:`~retriever.reranker.PairReranker`; `precision`
-    of its matrix products (fp32, bf16 or auto, see `index.runtime.resolve_precision`)."""
+    of its matrix products (fp32, bf16 or auto, see `common.runtime.resolve_precision`)."""
 
     def __init__(
         self,
@@ -170,7 +170,7 @@ class CrossEncoderReranker(PairReranker):
     ) -> CrossEncoderReranker:
         """Load a trained cross-encoder (any name `resolve_model` accepts); `quantize` = int8 dynamic (CPU only);
         `max_length`: tokens per pair (None = the trained length); `precision`: of its matrix products (fp32, bf16
-        or auto, see `index.runtime.resolve_precision`)."""
+        or auto, see `common.runtime.resolve_precision`)."""
         path = Path(resolve_model(model))
         encoder = load_crossencoder(path, device="cpu" if quantize else device, max_length=max_length)
         if quantize:

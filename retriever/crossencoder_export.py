@@ -13,9 +13,9 @@ from pathlib import Path
 
 import numpy as np
 
-from index.onnx_encoder import ExportInfo
-from index.onnx_export import finish_export, trace_export
-from index.runtime import MedfaqError
+from medfaq.common.runtime import MedfaqError
+from medfaq.index.onnx_encoder import ExportInfo
+from medfaq.index.onnx_export import finish_export, trace_export
 
 logger = logging.getLogger("medfaq.crossencoder")
 
@@ -36,7 +36,7 @@ def export_crossencoder(location: str, out: Path) -> None:
     """Export the cross-encoder saved at `location` into the new directory `out`."""
     import torch
 
-    from retriever.crossencoder import load_crossencoder
+    from medfaq.retriever.crossencoder import load_crossencoder
 
     model = load_crossencoder(location, device="cpu")
     activation = ACTIVATIONS.get(type(model.activation_fn).__name__)
@@ -56,14 +56,14 @@ def export_crossencoder(location: str, out: Path) -> None:
 
 
 def _fitted_probes(model) -> list[tuple[str, str]]:
-    from retriever.crossencoder import truncate_first
+    from medfaq.retriever.crossencoder import truncate_first
 
     return truncate_first(model.tokenizer, PROBES, model.max_seq_length)
 
 
 def _drift(directory: Path, info: ExportInfo, expected: np.ndarray) -> float:
     """Largest absolute difference between the fp32 graph's logits of the probes and `expected`."""
-    from retriever.onnx_reranker import OnnxPairModel
+    from medfaq.retriever.onnx_reranker import OnnxPairModel
 
     info.save(directory)
     logits = OnnxPairModel(directory, "fp32").logits(PROBES)

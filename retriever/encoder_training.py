@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 from tqdm.auto import tqdm
 
-from index.runtime import PRECISIONS, MedfaqError, autocast, resolve_precision, seed_everything
+from medfaq.common.runtime import PRECISIONS, MedfaqError, autocast, resolve_precision, seed_everything
 
 logger = logging.getLogger("medfaq.training")
 
@@ -369,7 +369,7 @@ def split_dev(pairs: Sequence[T], fraction: float, seed: int) -> tuple[list[T], 
 def save_trained(model: Any, config: EncoderTrainConfig, out: str | Path) -> Path:
     """Save a trained model (safetensors + tokenizer), its config and (a reranker trained as a correction of a
     bi-encoder) that bi-encoder into `out`."""
-    from retriever.crossencoder import save_prior
+    from medfaq.retriever.crossencoder import save_prior
 
     out = Path(out).expanduser()
     out.mkdir(parents=True, exist_ok=True)

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import numpy as np
 
-from index.onnx_encoder import TOKENIZER_FILE, OnnxEncoder, OnnxGraph, ensure_export
-from index.runtime import resolve_model
-from retriever.reranker import PRIOR_DIR, PairReranker, cut_first, decision_boundary
+from medfaq.common.runtime import resolve_model
+from medfaq.index.onnx_encoder import TOKENIZER_FILE, OnnxEncoder, OnnxGraph, ensure_export
+from medfaq.retriever.reranker import PRIOR_DIR, PairReranker, cut_first, decision_boundary
 
 
 class OnnxPairModel:
@@ -69,9 +69,9 @@ class OnnxReranker(PairReranker):
     ) -> OnnxReranker:
         """The reranker saved at `model` (any name `resolve_model` accepts), exported on first use (with torch);
         `quantize`: the int8 graphs; `max_length`: tokens per pair (None = the trained length)."""
-        from retriever.biencoder import BiEncoderScorer
-        from retriever.crossencoder_export import export_crossencoder
-        from retriever.encoder_training import CONFIG_FILE, EncoderTrainConfig
+        from medfaq.retriever.biencoder import BiEncoderScorer
+        from medfaq.retriever.crossencoder_export import export_crossencoder
+        from medfaq.retriever.encoder_training import CONFIG_FILE, EncoderTrainConfig
 
         path = Path(resolve_model(model))
         config = EncoderTrainConfig.load(path) if (path / CONFIG_FILE).is_file() else EncoderTrainConfig()

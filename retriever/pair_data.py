@@ -20,11 +20,11 @@ from typing import Any
 
 import numpy as np
 
-from index.collections import iter_jsonl, load_collection
-from index.concepts import ConceptLexicon, concept_lexicon, read_with_concepts
-from index.pair_sources import dataset_file, load_jsonl_rows, load_mqp
-from index.runtime import MedfaqError
-from retriever.encoder_training import FAQ_SOURCES, EncoderTrainConfig, subsample
+from medfaq.common.runtime import MedfaqError
+from medfaq.index.collections import iter_jsonl, load_collection
+from medfaq.index.concepts import ConceptLexicon, concept_lexicon, read_with_concepts
+from medfaq.index.pair_sources import dataset_file, load_jsonl_rows, load_mqp
+from medfaq.retriever.encoder_training import FAQ_SOURCES, EncoderTrainConfig, subsample
 
 logger = logging.getLogger("medfaq.training")
 
@@ -315,7 +315,7 @@ def task_pairs(config: EncoderTrainConfig, data_root: Path | None = None) -> lis
     elif config.task == "qa":
         pairs = qa_pairs(config.seed, config.qa_include_rqe, data_root)
     else:
-        from index.encoder import Encoder
+        from medfaq.index.encoder import Encoder
 
         encoder = Encoder(config.negatives_encoder)
         pairs = faq_pairs(

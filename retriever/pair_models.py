@@ -9,9 +9,9 @@ from typing import Protocol
 
 import numpy as np
 
-from index.runtime import resolve_model
-from retriever.biencoder import BiEncoderScorer, load_biencoder, train_biencoder
-from retriever.crossencoder import (
+from medfaq.common.runtime import resolve_model
+from medfaq.retriever.biencoder import BiEncoderScorer, load_biencoder, train_biencoder
+from medfaq.retriever.crossencoder import (
     CrossEncoderReranker,
     decision_boundary,
     has_classifier_head,
@@ -19,8 +19,8 @@ from retriever.crossencoder import (
     shared_prior,
     train_crossencoder,
 )
-from retriever.encoder_training import CONFIG_FILE, EncoderTrainConfig
-from retriever.pair_data import Pair, mqp_sibling_negatives
+from medfaq.retriever.encoder_training import CONFIG_FILE, EncoderTrainConfig
+from medfaq.retriever.pair_data import Pair, mqp_sibling_negatives
 
 
 class PairScorer(Protocol):

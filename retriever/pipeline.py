@@ -21,12 +21,12 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from index.runtime import ENCODER_BACKENDS, PRECISIONS, MedfaqError
-from retriever.search import MAX_QUERY_CHARS, MODES, RRF_K, Hit, Retriever, clean_queries, reciprocal_rank_fusion
-from retriever.unanswered import UnansweredLog
+from medfaq.common.runtime import ENCODER_BACKENDS, PRECISIONS, MedfaqError
+from medfaq.retriever.search import MAX_QUERY_CHARS, MODES, RRF_K, Hit, Retriever, clean_queries, reciprocal_rank_fusion
+from medfaq.retriever.unanswered import UnansweredLog
 
 if TYPE_CHECKING:
-    from index.faq_index import FaqIndex
+    from medfaq.index.faq_index import FaqIndex
 
 PIPELINE_FILE = "pipeline.json"
 QUERY_SOURCES = ("raw", "summary", "both")
@@ -228,7 +228,7 @@ class PipelineConfig:
 
     def save(self, directory: str | Path) -> Path:
         """Write ``pipeline.json`` into `directory` (an index directory); the file survives index saves."""
-        from index.faq_index import write_lock
+        from medfaq.index.faq_index import write_lock
 
         path = Path(directory) / PIPELINE_FILE
         with write_lock(directory):  # an index save beside this one copies the finished file
@@ -253,7 +253,7 @@ def store_threshold(directory: str | Path, config: PipelineConfig, value: float)
     """Save `value` as the calibrated threshold of `config`'s configuration in `directory`'s ``pipeline.json``
     (abstention on; it replaces a threshold inherited from the encoder); the file's other settings and other
     configurations' thresholds stay as they are."""
-    from index.faq_index import write_lock
+    from medfaq.index.faq_index import write_lock
 
     with write_lock(directory):  # read, change and write under one lock: a concurrent save is never lost
         saved = PipelineConfig.load(directory)
@@ -340,7 +340,7 @@ def confidence(hits: list[Hit]) -> float | None:
 
 def key_stems(texts: list[str]) -> set[str]:
     """Lower-cased content words (no stopwords) of `texts`, cut to their first `STEM_CHARS` characters."""
-    from index.bm25_store import tokenize
+    from medfaq.index.bm25_store import tokenize
 
     return {token[:STEM_CHARS] for tokens in tokenize(texts) for token in tokens if len(token) > 2}
 
@@ -402,7 +402,7 @@ class Pipeline:
     @classmethod
     def from_index_dir(cls, directory: str | Path, config: PipelineConfig | None = None) -> Pipeline:
         """Open the index in `directory` with its saved ``pipeline.json`` (or `config`)."""
-        from index.faq_index import FaqIndex
+        from medfaq.index.faq_index import FaqIndex
 
         index = FaqIndex.load(directory)
         return cls.from_config(index, config or PipelineConfig.load(directory))

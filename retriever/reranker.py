@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from retriever.biencoder import BiEncoderScorer
-    from retriever.encoder_training import EncoderTrainConfig
+    from medfaq.retriever.biencoder import BiEncoderScorer
+    from medfaq.retriever.encoder_training import EncoderTrainConfig
 
 PRIOR_DIR = "prior"  # a reranker trained as a correction of a bi-encoder keeps that bi-encoder here
 

@@ -11,13 +11,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from index.collections import LoadReport
-from index.records import id_problem
-from index.runtime import MedfaqError
-from retriever.search import invalid_text_position
+from medfaq.common.runtime import MedfaqError
+from medfaq.index.collections import LoadReport
+from medfaq.index.records import id_problem
+from medfaq.retriever.search import invalid_text_position
 
 if TYPE_CHECKING:
-    from retriever.pipeline import SearchResponse
+    from medfaq.retriever.pipeline import SearchResponse
 
 RUN_FORMATS = ("jsonl", "trec")
 RESULT_FIELDS = ("id", "score", "rank", "question", "stage_scores")

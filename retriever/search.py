@@ -6,10 +6,10 @@ import logging
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from index.runtime import MedfaqError
+from medfaq.common.runtime import MedfaqError
 
 if TYPE_CHECKING:
-    from index.faq_index import FaqIndex, ScoredIds
+    from medfaq.index.faq_index import FaqIndex, ScoredIds
 
 logger = logging.getLogger("medfaq.search")
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from index.runtime import DEFAULT_ENCODER, MedfaqError, indexes_dir, models_dir
+from medfaq.common.runtime import DEFAULT_ENCODER, MedfaqError, indexes_dir, models_dir
 
 FAQ_INDEX = "medquad-faq"  # the MedQuAD index encoded by the fine-tuned retrieval bi-encoder (under indexes_dir())
 STOCK_INDEX = "medquad-minilm"  # the MedQuAD index encoded by stock MiniLM: search works before any training
@@ -136,7 +136,7 @@ def set_up_reranker() -> Path | None:
 
 def index_built(path: Path) -> bool:
     """Whether `path` holds a built index (its manifest)."""
-    from index.faq_index import MANIFEST  # imported late: the command line starts without the index stack
+    from medfaq.index.faq_index import MANIFEST  # imported late: the command line starts without the index stack
 
     return (path / MANIFEST).is_file()
 

@@ -11,7 +11,7 @@
 A set-up model that is not trained yet is a one-line error naming `medfaq setup` and the exact train command.
 
 With ``quantize`` in the config, the summarizer's and the reranker's linear layers are converted to int8 with
-PyTorch dynamic quantisation (CPU only, `index.runtime.quantize_linear`); an ONNX reranker runs its int8 graph.
+PyTorch dynamic quantisation (CPU only, `common.runtime.quantize_linear`); an ONNX reranker runs its int8 graph.
 Import this module (the CLI does) before :meth:`Pipeline.from_config`.
 """
 
@@ -21,9 +21,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from index.runtime import MedfaqError
-from retriever.pipeline import PipelineConfig, register_stage_loader
-from retriever.setup_plan import RERANKER, SUMMARIZER_ECL, best_summarizer, missing_model_hint, trained
+from medfaq.common.runtime import MedfaqError
+from medfaq.retriever.pipeline import PipelineConfig, register_stage_loader
+from medfaq.retriever.setup_plan import RERANKER, SUMMARIZER_ECL, best_summarizer, missing_model_hint, trained
 
 DEFAULT_RERANKER = RERANKER.model
 
@@ -53,20 +53,20 @@ class SummarizerRewriter:
 
 
 def load_rewriter(name: str | None, config: PipelineConfig) -> SummarizerRewriter:
-    from summarizer.generation import Summarizer
+    from medfaq.summarizer.generation import Summarizer
 
     summarizer = Summarizer.load(set_up_model(name, "summarizer", best_summarizer()), quantize=config.quantize)
     return SummarizerRewriter(summarizer, config.summary_beams, config.summary_max_length)
 
 
 def load_reranker(name: str | None, config: PipelineConfig) -> Any:
-    from index.runtime import resolve_model
+    from medfaq.common.runtime import resolve_model
 
     name = set_up_model(name, "reranker", DEFAULT_RERANKER)
     path = Path(resolve_model(name))  # a wrong name or path fails before the model libraries load
     if path.is_dir() and not (path / "config.json").is_file():
         raise MedfaqError(f"reranker {path} is not a model directory (no config.json)")
-    from retriever.reranker import has_classifier_head
+    from medfaq.retriever.reranker import has_classifier_head
 
     if path.is_dir() and not has_classifier_head(str(path)):
         raise MedfaqError(
@@ -74,10 +74,10 @@ def load_reranker(name: str | None, config: PipelineConfig) -> Any:
             "pass a cross-encoder, e.g. one trained with `medfaq train crossencoder --task faq`"
         )
     if rerank_backend(config) == "onnx":
-        from retriever.onnx_reranker import OnnxReranker
+        from medfaq.retriever.onnx_reranker import OnnxReranker
 
         return OnnxReranker.load(name, quantize=config.quantize, max_length=config.rerank_max_length)
-    from retriever.crossencoder import CrossEncoderReranker
+    from medfaq.retriever.crossencoder import CrossEncoderReranker
 
     return CrossEncoderReranker.load(
         name, quantize=config.quantize, max_length=config.rerank_max_length, precision=config.rerank_precision
@@ -87,7 +87,7 @@ def load_reranker(name: str | None, config: PipelineConfig) -> Any:
 def rerank_backend(config: PipelineConfig) -> str:
     """``onnx`` or ``torch``: the reranker runs where the query encoder does (`config.encoder_backend`, ``auto``:
     ONNX Runtime on the CPU), on PyTorch when its products are asked in bf16 (`config.rerank_precision`)."""
-    from index.encoder import resolve_backend
+    from medfaq.index.encoder import resolve_backend
 
     if config.rerank_precision != "fp32":
         return "torch"
@@ -95,7 +95,7 @@ def rerank_backend(config: PipelineConfig) -> str:
 
 
 def load_entities(name: str | None) -> Any:
-    from summarizer.entities import load_recognizer
+    from medfaq.summarizer.entities import load_recognizer
 
     return load_recognizer(name or "auto")
 

@@ -9,8 +9,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from index.collections import iter_jsonl
-from index.runtime import MedfaqError, medfaq_home
+from medfaq.common.runtime import MedfaqError, medfaq_home
+from medfaq.index.collections import iter_jsonl
 
 UNANSWERED_FILE = "unanswered.jsonl"
 _LOCKS: dict[str, threading.Lock] = {}  # one per log file, shared by every UnansweredLog object of this process

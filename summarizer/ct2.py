@@ -8,9 +8,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from index.runtime import MedfaqError, make_once
-from summarizer.decoding import Decoding
-from summarizer.modeling import prompt_ids
+from medfaq.common.runtime import MedfaqError, make_once
+from medfaq.summarizer.decoding import Decoding
+from medfaq.summarizer.modeling import prompt_ids
 
 CT2_DIR = "ct2-int8"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from index.runtime import MedfaqError
+from medfaq.common.runtime import MedfaqError
 
 
 @dataclass(frozen=True)

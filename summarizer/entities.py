@@ -27,7 +27,7 @@ from functools import cache, lru_cache
 from pathlib import Path
 from typing import Protocol
 
-from index.runtime import MedfaqError, cache_dir, import_bm25s, write_cache
+from medfaq.common.runtime import MedfaqError, cache_dir, import_bm25s, write_cache
 
 WORD = re.compile(r"\w+(?:['’\-]\w+)*")
 """A word: letters/digits, with inner apostrophes or hyphens (``parkinson's``, ``covid-19``)."""

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import torch
 
-from index.runtime import MedfaqError, choose_device, quantize_linear, resolve_model
-from summarizer.decoding import GREEDY, Decoding
-from summarizer.modeling import backbone_is_causal, is_causal_lm, load_backbone, load_tokenizer, prompt_ids
+from medfaq.common.runtime import MedfaqError, choose_device, quantize_linear, resolve_model
+from medfaq.summarizer.decoding import GREEDY, Decoding
+from medfaq.summarizer.modeling import backbone_is_causal, is_causal_lm, load_backbone, load_tokenizer, prompt_ids
 
 CONFIG_FILE = "train_config.json"
 INT8_BACKENDS = ("auto", "ctranslate2", "torch")
@@ -167,7 +167,7 @@ class Summarizer:
     def load(
         cls, model: str | Path, device: str | None = None, quantize: bool = False, int8_backend: str = "auto"
     ) -> Summarizer:
-        """Load a trained summarizer directory (seq2seq or decoder-only) resolved by `index.runtime.resolve_model`;
+        """Load a trained summarizer directory (seq2seq or decoder-only) resolved by `common.runtime.resolve_model`;
         `quantize`: int8 on CPU through `int8_backend`: ``ctranslate2`` (decoder-only models; converted once into
         ``<model>/ct2-int8``), ``torch`` (PyTorch dynamic quantisation of the linear layers), or ``auto``: CTranslate2
         for decoder-only models, PyTorch for seq2seq ones."""
@@ -186,7 +186,7 @@ class Summarizer:
             "max_source_len": saved.get("max_source_len", 512),
         }
         if quantize and int8_backend != "torch" and backbone_is_causal(path):
-            from summarizer.ct2 import CT2Generator
+            from medfaq.summarizer.ct2 import CT2Generator
 
             tokenizer = load_tokenizer(path)
             return cls(None, tokenizer, device, fast=CT2Generator(path, tokenizer), **settings)

@@ -12,7 +12,7 @@
 * a trained summarizer directory (saved by the trainer), reloaded with its tokenizer;
 * any seq2seq model id or path, e.g. ``facebook/bart-large``, through ``AutoModelForSeq2SeqLM``.
 
-Every name goes through :func:`index.runtime.resolve_model`. Use :func:`is_causal_lm` to tell the kinds apart.
+Every name goes through :func:`common.runtime.resolve_model`. Use :func:`is_causal_lm` to tell the kinds apart.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from index.runtime import MedfaqError, make_once, models_dir, resolve_model
+from medfaq.common.runtime import MedfaqError, make_once, models_dir, resolve_model
 
 logger = logging.getLogger("medfaq")
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 import random
 from collections import Counter
 
-from summarizer.entities import Entity, EntityRecognizer, load_recognizer, remove_overlaps, term_key
-from summarizer.entities import shared_phrases as focus_phrases
+from medfaq.summarizer.entities import Entity, EntityRecognizer, load_recognizer, remove_overlaps, term_key
+from medfaq.summarizer.entities import shared_phrases as focus_phrases
 
 TRIES_PER_NEGATIVE = 5
 

@@ -33,9 +33,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from index.runtime import PRECISIONS, MedfaqError, autocast, choose_device, resolve_precision, seed_everything
-from summarizer.contrastive import MoCo, diversity_loss, info_nce, masked_mean, mean_cosine
-from summarizer.modeling import backbone_is_causal, is_causal_lm, load_backbone
+from medfaq.common.runtime import PRECISIONS, MedfaqError, autocast, choose_device, resolve_precision, seed_everything
+from medfaq.summarizer.contrastive import MoCo, diversity_loss, info_nce, masked_mean, mean_cosine
+from medfaq.summarizer.modeling import backbone_is_causal, is_causal_lm, load_backbone
 
 logger = logging.getLogger("medfaq")
 
@@ -276,7 +276,7 @@ class Collator:
             return cached
         keys = [self._ids(text, self.max_target_len) for text in (example.faq, *example.negatives[: self.n_hard])]
         if self.causal:
-            from summarizer.modeling import clean_question, prompt_ids
+            from medfaq.summarizer.modeling import clean_question, prompt_ids
 
             prompt, n_question = prompt_ids(self.tokenizer, example.chq, self.max_source_len)
             answer = self._ids(" " + clean_question(example.faq), self.max_target_len, special=False)
@@ -340,8 +340,8 @@ def build_examples(pairs: Sequence[tuple[str, str]], config: SummarizerTrainConf
     chqs, faqs = [p[0] for p in pairs], [p[1] for p in pairs]
     groups: list[list[str]] = [[] for _ in pairs]
     if config.uses_hard:
-        from summarizer import negatives
-        from summarizer.entities import load_recognizer
+        from medfaq.summarizer import negatives
+        from medfaq.summarizer.entities import load_recognizer
 
         qfcl = config.variant == "qfcl"
         entities: list = []
@@ -698,8 +698,8 @@ class SummarizerTrainer:
 
     def generate(self, texts: list[str], num_beams: int, max_length: int, batch_size: int = 32) -> list[str]:
         """Summaries of `texts` with the current model (eval mode inside, train mode restored after)."""
-        from summarizer.decoding import Decoding
-        from summarizer.generation import Summarizer
+        from medfaq.summarizer.decoding import Decoding
+        from medfaq.summarizer.generation import Summarizer
 
         summarizer = Summarizer(self.model, self.tokenizer, self.device, max_source_len=self.config.max_source_len)
         try:

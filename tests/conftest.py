@@ -31,7 +31,7 @@ def shared_data() -> Path:
 @pytest.fixture(scope="session")
 def minilm_dir() -> Path:
     """The real all-MiniLM-L6-v2 weights (integration tests only)."""
-    from index.runtime import minilm_path
+    from medfaq.common.runtime import minilm_path
 
     return minilm_path()
 
@@ -98,7 +98,7 @@ SUMMARY_PAIRS = [
 
 def tiny_summarizer_config(variant: str, **overrides):
     """A quick-preset summarizer config small enough to train in seconds on CPU."""
-    from summarizer.trainer import preset_config
+    from medfaq.summarizer.trainer import preset_config
 
     values = dict(
         epochs=1,
@@ -117,7 +117,7 @@ def tiny_summarizer_config(variant: str, **overrides):
 @pytest.fixture(scope="session")
 def tiny_encoder(tiny_encoder_dir):
     """An `index.encoder.Encoder` over the tiny random sentence-transformers model."""
-    from index.encoder import Encoder
+    from medfaq.index.encoder import Encoder
 
     return Encoder(str(tiny_encoder_dir), device="cpu")
 
@@ -134,7 +134,7 @@ def faq_jsonl(tmp_path) -> Path:
 
 @pytest.fixture
 def faq_records():
-    from index.records import FaqRecord
+    from medfaq.index.records import FaqRecord
 
     return [FaqRecord.from_dict(row) for row in FAQ_ROWS]
 
@@ -153,7 +153,7 @@ def built_index(tmp_path_factory, tiny_encoder_dir) -> Path:
     tests work on copies (`index_dir`)."""
     from typer.testing import CliRunner
 
-    from app.cli import app
+    from medfaq.app.cli import app
 
     root = tmp_path_factory.mktemp("built")
     faqs = write_jsonl(root / "faqs.jsonl", FAQ_ROWS)

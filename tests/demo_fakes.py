@@ -9,7 +9,7 @@ import json
 import re
 from pathlib import Path
 
-from summarizer.entities import Entity
+from medfaq.summarizer.entities import Entity
 
 FAQS = [
     ("f1", "Can I drink alcohol while taking amoxicillin?", "Moderate drinking does not stop amoxicillin working."),
@@ -62,7 +62,7 @@ def write_collection(path: Path) -> Path:
 
 def page_default_config():
     """The configuration the search page runs with every stage on (summary fused with the question, reranked)."""
-    from retriever.pipeline import PipelineConfig
+    from medfaq.retriever.pipeline import PipelineConfig
 
     return PipelineConfig().updated(summarize=True, query_source="both", rerank=True)
 
@@ -70,9 +70,9 @@ def page_default_config():
 def build_demo_home(home: Path, encoder) -> dict[str, str]:
     """A tiny index (its pipeline.json turning every stage on, with a threshold of 0.5 calibrated for that
     configuration only) and two stand-in model directories under `home`; returns the demo's environment variables."""
-    from index.collections import load_collection
-    from index.faq_index import FaqIndex
-    from retriever.pipeline import store_threshold
+    from medfaq.index.collections import load_collection
+    from medfaq.index.faq_index import FaqIndex
+    from medfaq.retriever.pipeline import store_threshold
 
     home.mkdir(parents=True, exist_ok=True)
     records, _ = load_collection(str(write_collection(home / "faqs.jsonl")))
@@ -96,7 +96,7 @@ def build_demo_home(home: Path, encoder) -> dict[str, str]:
 
 def install(set_attribute=setattr) -> None:
     """Make the demo load the stand-ins instead of real models (`set_attribute`: e.g. ``monkeypatch.setattr``)."""
-    from app.ui import resources
+    from medfaq.app.ui import resources
 
     set_attribute(resources, "rewriter", lambda path, stamp, config: FakeSummarizer())
     set_attribute(resources, "reranker", lambda path, stamp, config: FakeReranker())

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from app.cli import app
-from index.runtime import DEFAULT_ENCODER, models_dir
-from retriever.abstention import (
+from medfaq.app.cli import app
+from medfaq.common.runtime import DEFAULT_ENCODER, models_dir
+from medfaq.retriever.abstention import (
     THRESHOLD_FILE,
     ModelThreshold,
     at_threshold,
@@ -20,8 +20,8 @@ from retriever.abstention import (
     inherit_thresholds,
     model_thresholds,
 )
-from retriever.pipeline import PIPELINE_FILE, PipelineConfig, store_threshold
-from retriever.setup_plan import BIENCODER_MODEL, choose_encoder
+from medfaq.retriever.pipeline import PIPELINE_FILE, PipelineConfig, store_threshold
+from medfaq.retriever.setup_plan import BIENCODER_MODEL, choose_encoder
 
 QUESTIONS = [
     ("i drink beer every night and take amoxicillin, is that bad?", "Can I drink alcohol while taking amoxicillin?"),
@@ -62,7 +62,7 @@ def test_auto_is_minilm_until_setup_saved_the_fine_tuned_biencoder(tiny_encoder_
 
 
 def test_setup_builds_its_stock_index_with_minilm_by_name():
-    from app.setup_state import DemoSettings, default_steps
+    from medfaq.app.setup_state import DemoSettings, default_steps
 
     stock = default_steps(DemoSettings.from_env(fast=True))[0].commands[-1]
     assert stock[:3] == ("index", "build", "medquad") and stock[stock.index("--encoder") + 1] == DEFAULT_ENCODER
@@ -110,9 +110,9 @@ def test_an_index_rebuilt_with_an_uncalibrated_encoder_drops_the_inherited_thres
 
 
 def test_reranker_threshold_is_calibrated_over_its_first_stage(tmp_path, tiny_encoder_dir, tiny_bert_dir, dev_data):
-    from retriever.crossencoder import train_crossencoder
-    from retriever.encoder_training import make_config, save_trained
-    from retriever.pair_data import Pair
+    from medfaq.retriever.crossencoder import train_crossencoder
+    from medfaq.retriever.encoder_training import make_config, save_trained
+    from medfaq.retriever.pair_data import Pair
 
     config = make_config(
         "crossencoder",
@@ -148,7 +148,7 @@ def test_calibrate_without_development_data_is_one_line(tiny_encoder_dir):
 
 
 def test_benchmark_index_inherits_and_is_measured_at_that_threshold(tmp_path, tiny_encoder_dir, shared_data):
-    from eval.inherited_threshold import measure
+    from medfaq.eval.inherited_threshold import measure
 
     calibrated = tmp_path / "calibrated"
     shutil.copytree(tiny_encoder_dir, calibrated)
@@ -166,7 +166,7 @@ def test_benchmark_index_inherits_and_is_measured_at_that_threshold(tmp_path, ti
 
 
 def test_training_without_development_data_warns_and_keeps_the_model(tiny_encoder_dir, capsys):
-    from app.cmd_duplicates import _calibrate_after_training
+    from medfaq.app.cmd_duplicates import _calibrate_after_training
 
     _calibrate_after_training(tiny_encoder_dir)
     assert "warning: no abstention threshold stored" in capsys.readouterr().err

@@ -10,13 +10,13 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from app.batching import BatchSettings, MicroBatcher
-from app.server import create_app
-from app.service import SearchService
-from index.faq_index import FaqIndex
-from index.records import FaqRecord
-from index.runtime import MedfaqError
-from retriever.pipeline import Pipeline, PipelineConfig
+from medfaq.app.batching import BatchSettings, MicroBatcher
+from medfaq.app.server import create_app
+from medfaq.app.service import SearchService
+from medfaq.common.runtime import MedfaqError
+from medfaq.index.faq_index import FaqIndex
+from medfaq.index.records import FaqRecord
+from medfaq.retriever.pipeline import Pipeline, PipelineConfig
 from tests.conftest import FAQ_ROWS
 from tests.servers import serving
 

@@ -7,10 +7,10 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from app.cli import app
-from eval.benchmarks import BENCHMARKS, Benchmark, make_benchmark, read_beir_queries, read_qrels
-from index.collections import load_collection
-from index.runtime import MedfaqError
+from medfaq.app.cli import app
+from medfaq.common.runtime import MedfaqError
+from medfaq.eval.benchmarks import BENCHMARKS, Benchmark, make_benchmark, read_beir_queries, read_qrels
+from medfaq.index.collections import load_collection
 
 
 @pytest.mark.parametrize("name", [name for name in BENCHMARKS if name != "medquad-chq"])
@@ -39,7 +39,7 @@ def test_benchmark_files_are_beir(name, shared_data, tmp_path):
 
 
 def test_quebec_has_dev_test_and_out_of_scope_queries(shared_data):
-    from retriever.pair_data import quebec_query_split
+    from medfaq.retriever.pair_data import quebec_query_split
 
     benchmark = make_benchmark("quebec", shared_data)
     assert len(benchmark.corpus) == 313
@@ -72,8 +72,8 @@ def _part(name, faqs, queries, qrels):
 
 
 def test_distractor_benchmark_adds_gold_faqs_to_the_bank_once():
-    from eval.benchmarks import with_distractors
-    from index.records import FaqRecord
+    from medfaq.eval.benchmarks import with_distractors
+    from medfaq.index.records import FaqRecord
 
     bank = [FaqRecord("m1", "What is shingles?"), FaqRecord("m2", "How is  GOUT treated?"), FaqRecord("m3", "x?")]
     first = _part(
@@ -95,9 +95,9 @@ def test_distractor_benchmark_adds_gold_faqs_to_the_bank_once():
 
 
 def test_medquad_chq_reuses_the_bank_index(shared_data, tmp_path, tiny_encoder):
-    from eval.benchmarks import index_over_bank
-    from index.faq_index import FaqIndex
-    from index.records import FaqRecord
+    from medfaq.eval.benchmarks import index_over_bank
+    from medfaq.index.faq_index import FaqIndex
+    from medfaq.index.records import FaqRecord
 
     bank = [FaqRecord(f"medquad-{i}", f"What are the symptoms of condition {i}?") for i in range(5)]
     FaqIndex.build(bank, tiny_encoder, progress=False).save(tmp_path / "bank")

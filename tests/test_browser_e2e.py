@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from app.cmd_demo import streamlit_command
+from medfaq.app.cmd_demo import streamlit_command
 
 CHROMIUM = Path(os.environ.get("MEDFAQ_CHROMIUM", "/usr/bin/chromium"))
 CHROMIUM_ARGS = [
@@ -36,7 +36,7 @@ ENTRY = f"""
 import sys
 sys.path.insert(0, {str(TESTS_DIR)!r})
 import demo_fakes
-from app.streamlit_app import main
+from medfaq.app.streamlit_app import main
 
 demo_fakes.install()
 main()
@@ -105,7 +105,7 @@ def served_demo(tmp_path, tiny_encoder):
 def test_ask_read_results_and_give_feedback(served_demo, tmp_path):
     from playwright.sync_api import expect, sync_playwright
 
-    from app.feedback import FeedbackStore
+    from medfaq.app.feedback import FeedbackStore
 
     url, env = served_demo
     with sync_playwright() as playwright:

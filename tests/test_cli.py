@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from app.cli import app
+from medfaq.app.cli import app
 
 runner = CliRunner()
 
@@ -122,7 +122,7 @@ def test_data_list_and_fetch_from(tmp_path):
 
 
 def test_demo_fetches_builds_once_and_answers(monkeypatch, tmp_path, tiny_encoder_dir):
-    from app import cmd_demo
+    from medfaq.app import cmd_demo
 
     shared = tmp_path / "shared"
     (shared / "medquad").mkdir(parents=True)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from app.cli import app
+from medfaq.app.cli import app
 from tests.test_summarization_eval import FakeSummarizer
 
 runner = CliRunner()
@@ -79,8 +79,8 @@ def test_missing_option_is_one_line():
 
 
 def test_nan_threshold_refused_by_the_config_too():
-    from index.runtime import MedfaqError
-    from retriever.pipeline import PipelineConfig
+    from medfaq.common.runtime import MedfaqError
+    from medfaq.retriever.pipeline import PipelineConfig
 
     with pytest.raises(MedfaqError, match="finite"):
         PipelineConfig(threshold=float("nan"))
@@ -94,7 +94,7 @@ def test_invalid_utf8_argument_is_an_input_error(index_dir):
 
 def test_real_entry_point_one_line_errors(index_dir):
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    bad_bytes = [sys.executable, "-m", "app.cli", "search", "--index", str(index_dir), "--mode", "bm25"]
+    bad_bytes = [sys.executable, "-m", "medfaq.app.cli", "search", "--index", str(index_dir), "--mode", "bm25"]
     result = subprocess.run([*bad_bytes, b"caf\xe9"], capture_output=True, env=env, cwd=REPO, timeout=120)
     assert result.returncode == 2
     assert result.stderr.decode().strip().splitlines() == ["error: query is not valid UTF-8 (byte 0xe9 at character 4)"]
@@ -222,9 +222,9 @@ def test_bench_defaults_to_the_latency_table(index_dir):
 
 
 def test_interrupted_bench_keeps_what_it_measured(index_dir):
-    from eval import speed
-    from index.faq_index import FaqIndex
-    from retriever.pipeline import Pipeline, PipelineConfig
+    from medfaq.eval import speed
+    from medfaq.index.faq_index import FaqIndex
+    from medfaq.retriever.pipeline import Pipeline, PipelineConfig
 
     pipeline = Pipeline(FaqIndex.load(index_dir), PipelineConfig(mode="bm25", entities=False))
     real_run, calls = pipeline.run, []
@@ -247,7 +247,7 @@ def test_start_up_imports_no_model_libraries(index_dir):
     code = (
         "import sys\n"
         "from typer.testing import CliRunner\n"
-        "from app.cli import app\n"
+        "from medfaq.app.cli import app\n"
         f"heavy = {HEAVY_MODULES!r}\n"
         "assert not [m for m in heavy if m in sys.modules], 'import app.cli'\n"
         "for args in (['--help'], ['index', 'info', sys.argv[1]], "
@@ -262,7 +262,7 @@ def test_start_up_imports_no_model_libraries(index_dir):
 
 
 def test_eval_summarizer_predictions_to_stdout(monkeypatch, tmp_path):
-    from app import cmd_summaries
+    from medfaq.app import cmd_summaries
 
     monkeypatch.setattr(cmd_summaries, "_summarizer_class", lambda: FakeSummarizer)
     (tmp_path / "data" / "meqsum").mkdir(parents=True)
@@ -282,9 +282,9 @@ def test_eval_summarizer_predictions_to_stdout(monkeypatch, tmp_path):
 def test_timings_never_count_loading_the_encoder(index_dir, monkeypatch):
     import time
 
-    from index.encoder import Encoder
-    from index.faq_index import FaqIndex
-    from retriever.pipeline import Pipeline, PipelineConfig
+    from medfaq.index.encoder import Encoder
+    from medfaq.index.faq_index import FaqIndex
+    from medfaq.retriever.pipeline import Pipeline, PipelineConfig
 
     real_init = Encoder.__init__
 

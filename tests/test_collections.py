@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from index.collections import detect_format, load_collection, parse_field_map
-from index.runtime import MedfaqError
+from medfaq.common.runtime import MedfaqError
+from medfaq.index.collections import detect_format, load_collection, parse_field_map
 
 
 def write_lines(path, rows):

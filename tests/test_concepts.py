@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from app.cli import app
-from index.concepts import CONCEPTS_FILE, ConceptLexicon, ExpandedText, concept_lexicon
-from index.faq_index import FaqIndex
-from index.records import FaqRecord
-from index.runtime import MedfaqError
+from medfaq.app.cli import app
+from medfaq.common.runtime import MedfaqError
+from medfaq.index.concepts import CONCEPTS_FILE, ConceptLexicon, ExpandedText, concept_lexicon
+from medfaq.index.faq_index import FaqIndex
+from medfaq.index.records import FaqRecord
 
 ROWS = [
     {"focus": "Menkes disease", "synonyms": ["kinky hair syndrome", "Menkes syndrome", "copper transport disease"]},
@@ -111,7 +111,7 @@ def test_index_build_synonyms_option(tmp_path, faq_jsonl, tiny_encoder_dir):
 
 
 def test_the_reranker_reads_faqs_with_the_synonyms_they_were_encoded_with(tiny_encoder, lexicon):
-    from retriever.pipeline import Pipeline, PipelineConfig
+    from medfaq.retriever.pipeline import Pipeline, PipelineConfig
 
     class RecordingReranker:
         def __init__(self):
@@ -138,8 +138,8 @@ def test_the_reranker_reads_faqs_with_the_synonyms_they_were_encoded_with(tiny_e
 def test_a_correction_reranker_corrects_the_cosine_the_index_searched_with(tiny_encoder, lexicon):
     """Its bi-encoder scores an FAQ read with synonyms by the vector the index stores (written + expanded, summed),
     so the prior equals the dense score of every hit, expanded or not."""
-    from retriever.biencoder import BiEncoderScorer
-    from retriever.pipeline import Pipeline, PipelineConfig
+    from medfaq.retriever.biencoder import BiEncoderScorer
+    from medfaq.retriever.pipeline import Pipeline, PipelineConfig
 
     records = [FaqRecord("m", "How is kinky hair syndrome treated?"), FaqRecord("x", "How much water should I drink?")]
     index = FaqIndex.build(records, tiny_encoder, progress=False, concepts=lexicon)
@@ -154,8 +154,8 @@ def test_a_correction_reranker_corrects_the_cosine_the_index_searched_with(tiny_
 
 
 def test_reranker_training_pairs_read_faqs_as_a_synonym_index_shows_them(lexicon):
-    from retriever.encoder_training import make_config
-    from retriever.pair_data import Pair, with_concepts
+    from medfaq.retriever.encoder_training import make_config
+    from medfaq.retriever.pair_data import Pair, with_concepts
 
     pairs = [Pair("menkes?", "How is kinky hair syndrome treated?", 1, "g"), Pair("menkes?", "Is water safe?", 0, "g")]
     read = with_concepts(pairs, lexicon)

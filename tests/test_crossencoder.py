@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from index.runtime import MedfaqError
-from retriever.crossencoder import (
+from medfaq.common.runtime import MedfaqError
+from medfaq.retriever.crossencoder import (
     CrossEncoderReranker,
     SegmentCosine,
     both_orders,
@@ -17,9 +17,9 @@ from retriever.crossencoder import (
     train_crossencoder,
     truncate_first,
 )
-from retriever.encoder_training import EncoderTrainConfig, make_batches, make_config, save_trained, train_loop
-from retriever.pair_data import Pair, ranking_groups
-from retriever.pipeline import Reranker
+from medfaq.retriever.encoder_training import EncoderTrainConfig, make_batches, make_config, save_trained, train_loop
+from medfaq.retriever.pair_data import Pair, ranking_groups
+from medfaq.retriever.pipeline import Reranker
 
 PAIRS = [
     Pair("Can I drink alcohol on amoxicillin?", "Is alcohol safe with antibiotics?", 1, "g1"),
@@ -223,7 +223,7 @@ def test_listwise_loss_needs_the_faq_task_and_fits_cross_encoders_only():
 def test_a_reranker_with_a_prior_scores_its_cosine_plus_a_learned_correction_and_saves_the_prior(
     tmp_path, tiny_bert_dir
 ):
-    from retriever.biencoder import BiEncoderScorer, load_biencoder
+    from medfaq.retriever.biencoder import BiEncoderScorer, load_biencoder
 
     settings = {"init": str(tiny_bert_dir), "loss": "listwise", "batch_size": 2, "precision": "fp32", "epochs": 3}
     config = make_config(
@@ -245,9 +245,9 @@ def test_a_reranker_with_a_prior_scores_its_cosine_plus_a_learned_correction_and
 def test_a_duplicate_detector_with_a_prior_learns_a_centred_correction_and_scores_both_orders_alike(
     tmp_path, tiny_bert_dir
 ):
-    from retriever.biencoder import BiEncoderScorer, load_biencoder
-    from retriever.crossencoder import training_prior
-    from retriever.pair_models import as_scorer, saved_threshold
+    from medfaq.retriever.biencoder import BiEncoderScorer, load_biencoder
+    from medfaq.retriever.crossencoder import training_prior
+    from medfaq.retriever.pair_models import as_scorer, saved_threshold
 
     assert make_config("crossencoder", "mqp", "quick").prior_model == "mpnet"  # the quick preset corrects MPNet
     config = _config(tiny_bert_dir, prior_scale=10.0, prior_encoder=str(tiny_bert_dir), precision="fp32")
@@ -285,7 +285,7 @@ def test_only_a_cross_encoder_takes_a_prior():
 
 
 def test_reranker_precision_bf16_scores_close_to_fp32_and_is_validated(tmp_path, tiny_bert_dir):
-    from retriever.pipeline import PipelineConfig
+    from medfaq.retriever.pipeline import PipelineConfig
 
     config = _config(tiny_bert_dir, precision="fp32")
     save_trained(train_crossencoder(PAIRS, config, device="cpu"), config, tmp_path / "ce")
@@ -299,7 +299,7 @@ def test_reranker_precision_bf16_scores_close_to_fp32_and_is_validated(tmp_path,
 
 
 def test_a_remembering_bi_encoder_encodes_each_text_once_and_scores_as_before(tiny_bert_dir):
-    from retriever.biencoder import BiEncoderScorer, load_biencoder
+    from medfaq.retriever.biencoder import BiEncoderScorer, load_biencoder
 
     model = load_biencoder(str(tiny_bert_dir), "cpu")
     plain, remembering = BiEncoderScorer(model), BiEncoderScorer(model, remember=True)

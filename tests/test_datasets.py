@@ -5,10 +5,17 @@ import zipfile
 
 import pytest
 
-from index import datasets
-from index.collections import load_collection
-from index.datasets import build_jhu, build_medquad, build_quebec, fetch_dataset, is_fetched, medquad_rows_from_xml
-from index.runtime import MedfaqError, data_dir
+from medfaq.common.runtime import MedfaqError, data_dir
+from medfaq.index import datasets
+from medfaq.index.collections import load_collection
+from medfaq.index.datasets import (
+    build_jhu,
+    build_medquad,
+    build_quebec,
+    fetch_dataset,
+    is_fetched,
+    medquad_rows_from_xml,
+)
 
 MEDQUAD_XML = """<?xml version="1.0" encoding="UTF-8"?>
 <Document id="0000001" source="ADAM" url="https://medlineplus.gov/ency/000823.htm">

@@ -5,10 +5,10 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from app.cli import app
-from eval.dedup import collect_samples, find_duplicates, group_keys, normalise, resplit, sample_key
-from eval.summarization_data import load_pairs
-from index.runtime import MedfaqError
+from medfaq.app.cli import app
+from medfaq.common.runtime import MedfaqError
+from medfaq.eval.dedup import collect_samples, find_duplicates, group_keys, normalise, resplit, sample_key
+from medfaq.eval.summarization_data import load_pairs
 
 
 def write_split(root, subdir: str, split: str, rows: list[dict]) -> None:

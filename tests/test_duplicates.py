@@ -12,15 +12,15 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from app.cli import app
-from eval.duplicates import DuplicateEvaluator, binary_metrics, fold_metrics, make_folds, tune_threshold
-from eval.keep_ratio_sweep import keep_ratio_sweep
-from index.pair_sources import load_mqp
-from index.runtime import MedfaqError
-from retriever.biencoder import BiEncoderScorer, load_biencoder, train_biencoder
-from retriever.encoder_training import EncoderTrainConfig, make_config, save_trained
-from retriever.pair_data import Pair, mnrl_triplets, mqp_pairs, mqp_sibling_negatives, read_pairs_file
-from retriever.pair_models import as_scorer, load_pair_scorer, train_pair_model, training_pairs
+from medfaq.app.cli import app
+from medfaq.common.runtime import MedfaqError
+from medfaq.eval.duplicates import DuplicateEvaluator, binary_metrics, fold_metrics, make_folds, tune_threshold
+from medfaq.eval.keep_ratio_sweep import keep_ratio_sweep
+from medfaq.index.pair_sources import load_mqp
+from medfaq.retriever.biencoder import BiEncoderScorer, load_biencoder, train_biencoder
+from medfaq.retriever.encoder_training import EncoderTrainConfig, make_config, save_trained
+from medfaq.retriever.pair_data import Pair, mnrl_triplets, mqp_pairs, mqp_sibling_negatives, read_pairs_file
+from medfaq.retriever.pair_models import as_scorer, load_pair_scorer, train_pair_model, training_pairs
 
 runner = CliRunner()
 

@@ -2,9 +2,9 @@ from __future__ import annotations
 
 import pytest
 
-from index.runtime import MedfaqError
-from summarizer import entities
-from summarizer.entities import DictionaryRecognizer, Entity, load_recognizer, remove_overlaps, shared_phrases
+from medfaq.common.runtime import MedfaqError
+from medfaq.summarizer import entities
+from medfaq.summarizer.entities import DictionaryRecognizer, Entity, load_recognizer, remove_overlaps, shared_phrases
 
 
 @pytest.fixture(scope="module")

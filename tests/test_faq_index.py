@@ -7,11 +7,11 @@ import os
 import numpy as np
 import pytest
 
-from index.bm25_store import Bm25Index
-from index.faiss_store import FaissStore
-from index.faq_index import FaqIndex
-from index.records import FaqRecord
-from index.runtime import MedfaqError
+from medfaq.common.runtime import MedfaqError
+from medfaq.index.bm25_store import Bm25Index
+from medfaq.index.faiss_store import FaissStore
+from medfaq.index.faq_index import FaqIndex
+from medfaq.index.records import FaqRecord
 
 NEW = [FaqRecord("n1", "Does ibuprofen raise blood pressure?"), FaqRecord("n2", "Can children take aspirin?")]
 
@@ -141,7 +141,7 @@ def test_question_plus_answer_fields(faq_records, tiny_encoder):
 
 
 def test_a_loaded_index_parses_only_the_records_it_returns(monkeypatch, saved_index, tiny_encoder):
-    from index.record_table import RecordFile
+    from medfaq.index.record_table import RecordFile
 
     parsed = []
     record = RecordFile.record
@@ -184,8 +184,8 @@ def test_records_cut_short_after_loading_are_a_one_line_error(saved_index, tiny_
 
 
 def test_unchanged_files_are_verified_once_and_changed_ones_always(monkeypatch, saved_index):
-    import index.faq_index as faq_index
-    import index.verified as verified
+    import medfaq.index.faq_index as faq_index
+    import medfaq.index.verified as verified
 
     hashed = []
     checksum = faq_index._sha256

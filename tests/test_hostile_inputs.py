@@ -15,11 +15,11 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from app.server import create_app
-from app.service import SearchService
-from index.faq_index import MANIFEST, FaqIndex, disk_version
-from index.records import FaqRecord
-from retriever.pipeline import PipelineConfig
+from medfaq.app.server import create_app
+from medfaq.app.service import SearchService
+from medfaq.index.faq_index import MANIFEST, FaqIndex, disk_version
+from medfaq.index.records import FaqRecord
+from medfaq.retriever.pipeline import PipelineConfig
 from tests.conftest import FAQ_ROWS, write_jsonl
 from tests.servers import serving
 
@@ -35,7 +35,7 @@ def run_medfaq(*args: object, home: Path, models: bool = True, timeout: float = 
     blocked = () if models else MODEL_LIBRARIES
     code = (
         f"import sys\nfor name in {blocked!r}:\n    sys.modules[name] = None\n"
-        "from app.cli import main\nsys.argv = ['medfaq', *sys.argv[1:]]\nmain()\n"
+        "from medfaq.app.cli import main\nsys.argv = ['medfaq', *sys.argv[1:]]\nmain()\n"
     )
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "MEDFAQ_HOME": str(home), "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-c", code, *map(str, args)]
@@ -256,7 +256,7 @@ def test_long_questions_unmatched_questions_and_unknown_fields(service):
 def test_the_serving_socket_is_tcp_so_answers_are_not_delayed():
     """asyncio sets TCP_NODELAY only on IPPROTO_TCP sockets: a socket made with protocol 0 held every answer's body
     behind its headers until the client's delayed ACK, about 40 ms a request."""
-    from app.cmd_serve import listening_socket
+    from medfaq.app.cmd_serve import listening_socket
 
     with listening_socket("127.0.0.1", 0) as sock:
         assert sock.proto == socket.IPPROTO_TCP

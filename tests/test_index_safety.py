@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import subprocess
 import sys
 import threading
@@ -16,10 +15,10 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from app.cli import app
-from index.faq_index import FaqIndex, disk_version, write_lock
-from index.records import FaqRecord
-from index.runtime import MedfaqError
+from medfaq.app.cli import app
+from medfaq.common.runtime import MedfaqError
+from medfaq.index.faq_index import FaqIndex, disk_version, write_lock
+from medfaq.index.records import FaqRecord
 from tests.conftest import FAQ_ROWS, write_jsonl
 
 runner = CliRunner()
@@ -186,7 +185,7 @@ def test_readers_never_see_a_half_written_index(index_dir):
 def test_a_load_whose_files_vanish_under_a_save_reads_the_new_index(index_dir, monkeypatch):
     """A save that swaps the directory between a reader's checks and its reads (a file found, then gone when
     opened) makes the load read the new index, not fail with an OSError."""
-    import index.faq_index as faq_index
+    import medfaq.index.faq_index as faq_index
 
     checksum, raced = faq_index._sha256, []
 
@@ -205,7 +204,7 @@ def test_a_load_whose_files_vanish_under_a_save_reads_the_new_index(index_dir, m
 def test_a_load_that_races_a_save_at_every_attempt_reads_under_the_lock(index_dir, monkeypatch):
     """When every optimistic read races a save, the last read holds the write lock: a consistent index, never the
     mix of an old manifest and newer files."""
-    import index.faq_index as faq_index
+    import medfaq.index.faq_index as faq_index
 
     checksum, doomed = faq_index._sha256, [f"f{number}" for number in range(1, faq_index.LOAD_ATTEMPTS + 1)]
 
@@ -224,10 +223,9 @@ def test_a_load_that_races_a_save_at_every_attempt_reads_under_the_lock(index_di
 def test_a_waiting_write_says_so_and_fails_after_its_timeout(index_dir):
     """A real `medfaq index delete` process against a lock held here: one waiting line, one error line, no change."""
     before = snapshot(index_dir)
-    command = [sys.executable, "-m", "app", "index", "delete", str(index_dir), "f1", "--lock-timeout", "0.5"]
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    command = [sys.executable, "-m", "medfaq.app", "index", "delete", str(index_dir), "f1", "--lock-timeout", "0.5"]
     with write_lock(index_dir):
-        result = subprocess.run(command, capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
+        result = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=120)
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 2 and "Traceback" not in result.stderr, result.stderr
@@ -409,7 +407,7 @@ def test_index_info_and_bm25_work_without_model_libraries(index_dir):
     """`index info` reads the manifest only; neither it nor a BM25 load imports torch or sentence-transformers."""
     code = (
         "import sys\n"
-        "from index.faq_index import FaqIndex, index_info\n"
+        "from medfaq.index.faq_index import FaqIndex, index_info\n"
         f"info = index_info({str(index_dir)!r})\n"
         f"hits = FaqIndex.load({str(index_dir)!r}).search_bm25(['shingles treated'], 1)\n"
         "heavy = [m for m in ('torch', 'transformers', 'sentence_transformers') if m in sys.modules]\n"

@@ -6,10 +6,10 @@ import random
 
 import pytest
 
-from index.collections import load_collection
-from index.encoder import Encoder
-from index.faq_index import FaqIndex
-from retriever.search import Retriever
+from medfaq.index.collections import load_collection
+from medfaq.index.encoder import Encoder
+from medfaq.index.faq_index import FaqIndex
+from medfaq.retriever.search import Retriever
 
 pytestmark = pytest.mark.integration
 

@@ -2,8 +2,13 @@ from __future__ import annotations
 
 import re
 
-from summarizer.entities import DictionaryRecognizer, Entity, term_key
-from summarizer.negatives import entity_hard_negatives, focus_hard_negatives, frame_hard_negatives, swap_negatives
+from medfaq.summarizer.entities import DictionaryRecognizer, Entity, term_key
+from medfaq.summarizer.negatives import (
+    entity_hard_negatives,
+    focus_hard_negatives,
+    frame_hard_negatives,
+    swap_negatives,
+)
 
 TERMS = {
     "flu": "disease",

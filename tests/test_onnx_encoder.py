@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from index.encoder import Encoder, load_encoder, resolve_backend
-from index.onnx_encoder import EXPORT_DIR, EXPORT_INFO, OnnxEncoder, export_location
-from index.runtime import MedfaqError
+from medfaq.common.runtime import MedfaqError
+from medfaq.index.encoder import Encoder, load_encoder, resolve_backend
+from medfaq.index.onnx_encoder import EXPORT_DIR, EXPORT_INFO, OnnxEncoder, export_location
 
 REPO = Path(__file__).resolve().parents[1]
 TEXTS = [
@@ -83,7 +83,7 @@ def test_backend_choice():
 
 
 def test_index_built_with_pytorch_is_searched_with_onnx(tmp_path, exported_dir, faq_records):
-    from index.faq_index import FaqIndex
+    from medfaq.index.faq_index import FaqIndex
 
     built = FaqIndex.build(faq_records, load_encoder(str(exported_dir), "torch", device="cpu"), progress=False)
     built.save(tmp_path / "idx")
@@ -99,8 +99,8 @@ def test_searches_run_concurrently_only_on_a_thread_safe_encoder(tmp_path, expor
     threads searching at once each get the answer their question gets alone; PyTorch's encoder keeps the lock."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from index.faq_index import FaqIndex
-    from retriever.pipeline import Pipeline, PipelineConfig
+    from medfaq.index.faq_index import FaqIndex
+    from medfaq.retriever.pipeline import Pipeline, PipelineConfig
 
     FaqIndex.build(faq_records, OnnxEncoder(str(exported_dir)), progress=False).save(tmp_path / "idx")
     on_torch = FaqIndex.load(tmp_path / "idx")
@@ -125,13 +125,13 @@ def test_searches_run_concurrently_only_on_a_thread_safe_encoder(tmp_path, expor
 def test_dense_search_imports_no_torch(tmp_path, exported_dir, faq_jsonl):
     """A real `medfaq search` in a fresh process over an index built with the ONNX backend: no model library, and
     not BM25's either."""
-    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     index = tmp_path / "idx"
-    build = [sys.executable, "-m", "app", "index", "build", str(faq_jsonl), "--out", str(index)]
+    build = [sys.executable, "-m", "medfaq.app", "index", "build", str(faq_jsonl), "--out", str(index)]
     build += ["--encoder", str(exported_dir), "--encoder-backend", "onnx", "--synonyms", "none"]
     subprocess.run(build, check=True, env=env, capture_output=True, cwd=tmp_path)
     probe = (
-        "import sys\nfrom app.cli import main\n"
+        "import sys\nfrom medfaq.app.cli import main\n"
         f"sys.argv = ['medfaq', 'search', 'Is shingles treated?', '--index', {str(index)!r}, '--mode', 'dense']\n"
         "try:\n    main()\nexcept SystemExit as exit:\n    assert not exit.code, exit.code\n"
         f"print('heavy:', [name for name in {HEAVY + UNUSED_BY_DENSE!r} if name in sys.modules])\n"
@@ -153,8 +153,8 @@ def test_minilm_on_onnx_equals_pytorch():
 
 
 def test_backend_comparison_reports_each_backend(tmp_path, exported_dir):
-    from eval.benchmarks import Benchmark
-    from eval.encoder_backends import compare_backends, format_table
+    from medfaq.eval.benchmarks import Benchmark
+    from medfaq.eval.encoder_backends import compare_backends, format_table
 
     corpus = [{"_id": f"d{i}", "title": "", "text": text} for i, text in enumerate(TEXTS[:2] + TEXTS[5:])]
     queries = [{"_id": f"q{i}", "text": row["text"], "metadata": {}} for i, row in enumerate(corpus)]

@@ -13,11 +13,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from retriever.crossencoder import CrossEncoderReranker, train_crossencoder
-from retriever.encoder_training import make_config, save_trained
-from retriever.onnx_reranker import OnnxReranker
-from retriever.pair_data import Pair
-from tests.test_onnx_encoder import HEAVY, REPO
+from medfaq.retriever.crossencoder import CrossEncoderReranker, train_crossencoder
+from medfaq.retriever.encoder_training import make_config, save_trained
+from medfaq.retriever.onnx_reranker import OnnxReranker
+from medfaq.retriever.pair_data import Pair
+from tests.test_onnx_encoder import HEAVY
 
 PAIRS = [
     Pair("Can I drink alcohol on amoxicillin?", "Is alcohol safe with antibiotics?", 1, "q1"),
@@ -73,8 +73,8 @@ def test_a_reranker_with_a_prior_scores_its_onnx_cosine_plus_the_onnx_logit(corr
 
 def test_a_reranked_search_imports_no_model_library(tmp_path, corrective_reranker, tiny_encoder_dir, faq_records):
     """A real `medfaq search --rerank` in a fresh process, the exports made beforehand."""
-    from index.faq_index import FaqIndex
-    from index.onnx_encoder import OnnxEncoder
+    from medfaq.index.faq_index import FaqIndex
+    from medfaq.index.onnx_encoder import OnnxEncoder
 
     encoder = tmp_path / "encoder"
     shutil.copytree(tiny_encoder_dir, encoder)
@@ -83,11 +83,11 @@ def test_a_reranked_search_imports_no_model_library(tmp_path, corrective_reranke
     args = ["search", "Is shingles treated?", "--index", str(tmp_path / "idx"), "--mode", "dense", "--rerank"]
     args += ["--reranker", str(corrective_reranker), "--json"]
     probe = (
-        f"import sys\nfrom app.cli import main\nsys.argv = ['medfaq', *{args!r}]\n"
+        f"import sys\nfrom medfaq.app.cli import main\nsys.argv = ['medfaq', *{args!r}]\n"
         "try:\n    main()\nexcept SystemExit as exit:\n    assert not exit.code, exit.code\n"
         f"print('heavy:', [name for name in {HEAVY!r} if name in sys.modules])\n"
     )
-    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     result = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     response, heavy = result.stdout.rsplit("heavy:", 1)

@@ -8,15 +8,15 @@ from dataclasses import dataclass
 
 import pytest
 
-from index.faq_index import FaqIndex
-from index.runtime import MedfaqError
-from retriever.pipeline import Pipeline, PipelineConfig, confidence, key_stems
-from retriever.unanswered import UnansweredLog
+from medfaq.common.runtime import MedfaqError
+from medfaq.index.faq_index import FaqIndex
+from medfaq.retriever.pipeline import Pipeline, PipelineConfig, confidence, key_stems
+from medfaq.retriever.unanswered import UnansweredLog
 
 
 @pytest.fixture(scope="module")
 def index(tiny_encoder):
-    from index.records import FaqRecord
+    from medfaq.index.records import FaqRecord
     from tests.conftest import FAQ_ROWS
 
     return FaqIndex.build([FaqRecord.from_dict(row) for row in FAQ_ROWS], tiny_encoder, progress=False)
@@ -222,7 +222,7 @@ def test_abstention_logs_unanswered_questions(index, tmp_path):
 
 
 def test_default_unanswered_log_lives_in_medfaq_home(index):
-    from index.runtime import medfaq_home
+    from medfaq.common.runtime import medfaq_home
 
     pipeline = Pipeline(index, PipelineConfig(mode="dense", abstain=True, threshold=2.0))
     assert pipeline.run("anything at all").abstained
@@ -272,11 +272,11 @@ def test_concurrent_searches_equal_serial_ones(index):
 def test_real_stage_loaders_are_registered_and_pass_settings(monkeypatch, index):
     import torch
 
-    import retriever.stages  # noqa: F401  (registers the real loaders)
-    import summarizer.generation as generation
-    from index.runtime import models_dir, quantize_linear
-    from retriever.pipeline import _STAGE_LOADERS
-    from summarizer.decoding import Decoding
+    import medfaq.retriever.stages  # noqa: F401  (registers the real loaders)
+    import medfaq.summarizer.generation as generation
+    from medfaq.common.runtime import models_dir, quantize_linear
+    from medfaq.retriever.pipeline import _STAGE_LOADERS
+    from medfaq.summarizer.decoding import Decoding
 
     assert {"rewrite", "rerank", "entities"} <= set(_STAGE_LOADERS)
 
@@ -356,7 +356,7 @@ def test_old_one_threshold_pipeline_json_still_loads(tmp_path):
 
 
 def test_store_threshold_keeps_other_configurations(tmp_path):
-    from retriever.pipeline import store_threshold
+    from medfaq.retriever.pipeline import store_threshold
 
     PipelineConfig(mode="bm25", top_k=3, thresholds={"bm25@raw": 4.0}).save(tmp_path)
     store_threshold(tmp_path, PipelineConfig(mode="dense"), 0.42)
@@ -375,8 +375,8 @@ def test_weighted_hybrid_fusion_follows_the_dense_list(index):
 
 
 def test_a_missing_set_up_model_names_the_fix(index):
-    import retriever.stages  # noqa: F401  (registers the real loaders)
-    from index.runtime import models_dir
+    import medfaq.retriever.stages  # noqa: F401  (registers the real loaders)
+    from medfaq.common.runtime import models_dir
 
     for config, model in (
         (PipelineConfig(summarize=True, entities=False), "summarizer-ecl-quick"),

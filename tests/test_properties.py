@@ -18,12 +18,12 @@ from schemathesis.checks import (
 )
 from schemathesis.generation import GenerationMode
 
-from app.server import create_app
-from app.service import SearchService
-from index.collections import load_collection
-from index.faq_index import FaqIndex, disk_version
-from index.records import FaqRecord, record_problem
-from index.runtime import MedfaqError
+from medfaq.app.server import create_app
+from medfaq.app.service import SearchService
+from medfaq.common.runtime import MedfaqError
+from medfaq.index.collections import load_collection
+from medfaq.index.faq_index import FaqIndex, disk_version
+from medfaq.index.records import FaqRecord, record_problem
 from tests.conftest import FAQ_ROWS
 from tests.servers import serving
 

@@ -11,9 +11,10 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
-from app.cli import app
-from eval.benchmarks import Benchmark, read_qrels, read_trec_run, write_qrels
-from eval.retrieval import (
+from medfaq.app.cli import app
+from medfaq.common.runtime import MedfaqError
+from medfaq.eval.benchmarks import Benchmark, read_qrels, read_trec_run, write_qrels
+from medfaq.eval.retrieval import (
     VARIANTS,
     CachedReranker,
     RetrievalEvaluator,
@@ -22,11 +23,10 @@ from eval.retrieval import (
     compare_variants,
     ranking_metrics,
 )
-from index.faq_index import FaqIndex
-from index.runtime import MedfaqError
-from retriever.pipeline import PipelineConfig, SearchResponse, store_threshold
-from retriever.runs import write_run
-from retriever.search import Hit
+from medfaq.index.faq_index import FaqIndex
+from medfaq.retriever.pipeline import PipelineConfig, SearchResponse, store_threshold
+from medfaq.retriever.runs import write_run
+from medfaq.retriever.search import Hit
 
 QRELS = {"q1": {"a": 1}, "q2": {"b": 1, "c": 1}, "q3": {"z": 1}}
 RUN = {
@@ -137,7 +137,7 @@ class Overlap:
 
 @pytest.fixture(scope="module")
 def index(tiny_encoder):
-    from index.records import FaqRecord
+    from medfaq.index.records import FaqRecord
     from tests.conftest import FAQ_ROWS
 
     return FaqIndex.build([FaqRecord.from_dict(row) for row in FAQ_ROWS], tiny_encoder, progress=False)
@@ -253,7 +253,7 @@ def test_eval_retrieval_one_line_errors(bench_dir, tmp_path):
 
 
 def test_search_uses_pipeline_json_and_flags_override(bench_dir, monkeypatch):
-    import retriever.pipeline as pipeline_module
+    import medfaq.retriever.pipeline as pipeline_module
 
     directory = bench_dir / "index"
     PipelineConfig(mode="bm25", top_k=2, entities=False).save(directory)
@@ -288,7 +288,7 @@ def test_bench_json_has_stage_percentiles(bench_dir):
 def test_eval_retrieval_loads_the_real_stages_in_a_fresh_process(bench_dir, tmp_path):
     """The stage loaders register on import: a fresh `medfaq eval retrieval` must import them itself."""
     args = bench_args(bench_dir)
-    command = [sys.executable, "-m", "app", "eval", "retrieval", *map(str, args), "--mode", "bm25"]
+    command = [sys.executable, "-m", "medfaq.app", "eval", "retrieval", *map(str, args), "--mode", "bm25"]
     missing = tmp_path / "no-such-summarizer"
     result = subprocess.run([*command, "--summarize", "--summarizer", str(missing)], capture_output=True, text=True)
     assert result.returncode == 2 and "no rewrite stage" not in result.stderr

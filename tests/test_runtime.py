@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from index import runtime
-from index.runtime import MedfaqError, ModelNotFoundError, models_dir, resolve_model, seed_everything
+from medfaq.common import runtime
+from medfaq.common.runtime import MedfaqError, ModelNotFoundError, models_dir, resolve_model, seed_everything
 
 
 def test_minilm_name_resolves_to_bundled_weights():
@@ -125,25 +125,25 @@ def test_make_once_makes_in_a_temporary_sibling_and_only_once(tmp_path):
 @pytest.mark.parametrize(
     "module, args",
     [
-        ("eval.keep_ratio_sweep", ["--ratios", "0"]),
-        ("eval.keep_ratio_sweep", ["--ratios", "1.5"]),
-        ("eval.keep_ratio_sweep", ["--ratios", "x"]),
-        ("eval.keep_ratio_sweep", ["--seeds", "a"]),
-        ("eval.keep_ratio_sweep", ["--dev-groups", "0"]),
-        ("eval.keep_ratio_sweep", ["--folds", "1"]),
-        ("eval.keep_ratio_sweep", ["--epochs", "0"]),
-        ("eval.summarizer_speed", ["--questions", "0"]),
-        ("eval.summarizer_speed", ["--max-source-len", "x"]),
-        ("eval.summarizer_speed", ["--threads", "-1"]),
-        ("eval.summarizer_speed", ["--onnx", "missing.onnx"]),
-        ("eval.precision_speed", ["--repeats", "0"]),
-        ("eval.precision_speed", ["--threads", "x"]),
-        ("eval.ann_bench", ["--queries", "0"]),
-        ("eval.load_test", ["--queries", "q.jsonl", "--clients", "1,0"]),
-        ("eval.load_test", ["--queries", "q.jsonl", "--limit", "x"]),
-        ("eval.plots", ["history.json", "--out"]),
-        ("eval.paired_summaries", ["--a", "a.jsonl", "--b", "b.jsonl", "--resamples", "0"]),
-        ("eval.paired_summaries", ["--a", "a.jsonl", "--b", "b.jsonl", "--metric", "bleu"]),
+        ("medfaq.eval.keep_ratio_sweep", ["--ratios", "0"]),
+        ("medfaq.eval.keep_ratio_sweep", ["--ratios", "1.5"]),
+        ("medfaq.eval.keep_ratio_sweep", ["--ratios", "x"]),
+        ("medfaq.eval.keep_ratio_sweep", ["--seeds", "a"]),
+        ("medfaq.eval.keep_ratio_sweep", ["--dev-groups", "0"]),
+        ("medfaq.eval.keep_ratio_sweep", ["--folds", "1"]),
+        ("medfaq.eval.keep_ratio_sweep", ["--epochs", "0"]),
+        ("medfaq.eval.summarizer_speed", ["--questions", "0"]),
+        ("medfaq.eval.summarizer_speed", ["--max-source-len", "x"]),
+        ("medfaq.eval.summarizer_speed", ["--threads", "-1"]),
+        ("medfaq.eval.summarizer_speed", ["--onnx", "missing.onnx"]),
+        ("medfaq.eval.precision_speed", ["--repeats", "0"]),
+        ("medfaq.eval.precision_speed", ["--threads", "x"]),
+        ("medfaq.eval.ann_bench", ["--queries", "0"]),
+        ("medfaq.eval.load_test", ["--queries", "q.jsonl", "--clients", "1,0"]),
+        ("medfaq.eval.load_test", ["--queries", "q.jsonl", "--limit", "x"]),
+        ("medfaq.eval.plots", ["history.json", "--out"]),
+        ("medfaq.eval.paired_summaries", ["--a", "a.jsonl", "--b", "b.jsonl", "--resamples", "0"]),
+        ("medfaq.eval.paired_summaries", ["--a", "a.jsonl", "--b", "b.jsonl", "--metric", "bleu"]),
     ],
 )
 def test_eval_scripts_reject_bad_arguments_with_one_line_naming_themselves(module, args, capsys):
@@ -170,7 +170,7 @@ def test_precision_resolves_to_fp32_or_bf16_and_auto_is_measured_once(monkeypatc
 
 @pytest.mark.parametrize(("precision", "dtype"), [("fp32", torch.float32), ("bf16", torch.bfloat16)])
 def test_autocast_runs_matrix_products_in_the_resolved_precision(precision, dtype):
-    from index.runtime import autocast
+    from medfaq.common.runtime import autocast
 
     with autocast(precision):
         product = torch.ones(2, 3) @ torch.ones(3, 2)
@@ -178,10 +178,10 @@ def test_autocast_runs_matrix_products_in_the_resolved_precision(precision, dtyp
 
 
 def test_training_configs_refuse_an_unknown_precision_and_record_the_resolved_one(tiny_bert_dir):
-    from retriever.crossencoder import train_crossencoder
-    from retriever.encoder_training import make_config
-    from retriever.pair_data import Pair
-    from summarizer.trainer import SummarizerTrainConfig
+    from medfaq.retriever.crossencoder import train_crossencoder
+    from medfaq.retriever.encoder_training import make_config
+    from medfaq.retriever.pair_data import Pair
+    from medfaq.summarizer.trainer import SummarizerTrainConfig
 
     with pytest.raises(MedfaqError, match="unknown precision"):
         make_config("crossencoder", "mqp", "quick", precision="half")
@@ -196,7 +196,7 @@ def test_training_configs_refuse_an_unknown_precision_and_record_the_resolved_on
 
 
 def test_precision_speed_times_training_steps_and_inference_in_both_precisions(tiny_bert_dir, tmp_path, capsys):
-    from eval.precision_speed import main
+    from medfaq.eval.precision_speed import main
 
     out = tmp_path / "speed.json"
     assert (
@@ -224,12 +224,12 @@ def test_bm25s_never_initialises_jax_and_leaves_it_importable(tmp_path):
     called = tmp_path / "called"
     code = (
         "import jax.lax as mine\n"  # a program that imported JAX before medfaq keeps its module
-        "from summarizer.entities import _stopwords\n"
-        "import index.bm25_store, bm25s.selection, jax.lax\n"
+        "from medfaq.summarizer.entities import _stopwords\n"
+        "import medfaq.index.bm25_store, bm25s.selection, jax.lax\n"
         "assert _stopwords() and not bm25s.selection.JAX_IS_AVAILABLE and jax.lax is mine\n"
     )
-    repo = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "PYTHONPATH": f"{tmp_path}:{repo}", "JAX_CALLED": str(called)}
+    path = os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "PYTHONPATH": path, "JAX_CALLED": str(called)}
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert not called.exists()

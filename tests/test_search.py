@@ -4,11 +4,11 @@ import logging
 
 import pytest
 
-from app.cmd_search import StageFlags
-from index.faq_index import FaqIndex
-from index.runtime import MedfaqError
-from retriever.pipeline import Pipeline, PipelineConfig, SearchResponse, register_stage_loader
-from retriever.search import Retriever, clean_queries, reciprocal_rank_fusion
+from medfaq.app.cmd_search import StageFlags
+from medfaq.common.runtime import MedfaqError
+from medfaq.index.faq_index import FaqIndex
+from medfaq.retriever.pipeline import Pipeline, PipelineConfig, SearchResponse, register_stage_loader
+from medfaq.retriever.search import Retriever, clean_queries, reciprocal_rank_fusion
 
 
 @pytest.fixture
@@ -116,7 +116,7 @@ def test_pipeline_config_round_trip_and_validation(tmp_path, index):
 
 
 def test_stage_loaders_build_stages_from_config(monkeypatch, index):
-    import retriever.pipeline as pipeline_module
+    import medfaq.retriever.pipeline as pipeline_module
 
     monkeypatch.setattr(pipeline_module, "_STAGE_LOADERS", {})
     with pytest.raises(MedfaqError, match="no rerank stage is available"):

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 from fastapi.testclient import TestClient
 
-from app.server import ServerLimits, create_app
-from app.service import SearchService
-from eval.load_test import run_load, serial_answers
-from index.faq_index import FaqIndex
-from index.records import FaqRecord
+from medfaq.app.server import ServerLimits, create_app
+from medfaq.app.service import SearchService
+from medfaq.eval.load_test import run_load, serial_answers
+from medfaq.index.faq_index import FaqIndex
+from medfaq.index.records import FaqRecord
 from tests.conftest import FAQ_ROWS
 from tests.servers import serving
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typer.testing import CliRunner
 
-from app.cli import app
-from index.runtime import models_dir
+from medfaq.app.cli import app
+from medfaq.common.runtime import models_dir
 
 
 def dry_run(*flags: str) -> str:
@@ -38,9 +38,9 @@ def test_present_models_are_skipped_and_fast_leaves_out_gemma():
 
 
 def test_the_demo_serves_the_fine_tuned_index_once_it_is_built(monkeypatch):
-    from app.setup_state import DemoSettings
-    from index.faq_index import MANIFEST
-    from index.runtime import indexes_dir
+    from medfaq.app.setup_state import DemoSettings
+    from medfaq.common.runtime import indexes_dir
+    from medfaq.index.faq_index import MANIFEST
 
     monkeypatch.delenv("MEDFAQ_DEMO_INDEX", raising=False)
     settings = DemoSettings.from_env()

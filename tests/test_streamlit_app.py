@@ -11,9 +11,9 @@ import streamlit as st
 from streamlit.testing.v1 import AppTest
 from typer.testing import CliRunner
 
-from app.feedback import Feedback, FeedbackStore
-from app.setup_state import EXAMPLE_QUESTIONS, DemoSettings, SetupRunner, SetupStep, default_steps
-from retriever.unanswered import UnansweredLog
+from medfaq.app.feedback import Feedback, FeedbackStore
+from medfaq.app.setup_state import EXAMPLE_QUESTIONS, DemoSettings, SetupRunner, SetupStep, default_steps
+from medfaq.retriever.unanswered import UnansweredLog
 
 APP = str(Path(__file__).resolve().parents[1] / "app" / "streamlit_app.py")
 QUESTION = "I started amoxicillin on Monday for a chest infection. Can I drink alcohol while taking amoxicillin?"
@@ -78,7 +78,7 @@ def test_controls_switch_stages_and_mode(demo_env):
 
 
 def test_stages_start_as_the_index_pipeline_json_says(demo_env):
-    from retriever.pipeline import PipelineConfig
+    from medfaq.retriever.pipeline import PipelineConfig
 
     index = demo_env["MEDFAQ_DEMO_INDEX"]
     PipelineConfig.load(index).updated(summarize=False, query_source="raw", rerank=False).save(index)
@@ -91,7 +91,7 @@ def test_stages_start_as_the_index_pipeline_json_says(demo_env):
 
 
 def test_the_page_applies_the_threshold_of_the_configuration_that_ran(demo_env):
-    from retriever.pipeline import PipelineConfig
+    from medfaq.retriever.pipeline import PipelineConfig
 
     saved = PipelineConfig.load(demo_env["MEDFAQ_DEMO_INDEX"])
     assert list(saved.thresholds) == [demo_fakes.page_default_config().threshold_key]
@@ -116,7 +116,9 @@ def test_abstained_question_is_recorded_and_listed_in_the_expert_queue(demo_env)
     [entry] = UnansweredLog().read()
     assert entry["query"] == "Xylophone lessons near Zanzibar?"
 
-    queue = AppTest.from_string("from app.ui import queue_page\nqueue_page.render()", default_timeout=TIMEOUT_S).run()
+    queue = AppTest.from_string(
+        "from medfaq.app.ui import queue_page\nqueue_page.render()", default_timeout=TIMEOUT_S
+    ).run()
     assert not queue.exception
     assert list(queue.dataframe[0].value["query"]) == ["Xylophone lessons near Zanzibar?"]
     assert [button.proto.label for button in queue.get("download_button")] == ["Export CSV", "Export JSONL"]
@@ -179,7 +181,7 @@ def test_default_steps_skip_what_exists_and_respect_no_train(demo_env, monkeypat
 
 
 def test_demo_uses_the_best_summarizer_on_disk_while_a_better_one_trains(demo_env, monkeypatch):
-    from index.runtime import models_dir
+    from medfaq.common.runtime import models_dir
 
     monkeypatch.delenv("MEDFAQ_DEMO_SUMMARIZER")
     monkeypatch.setenv("MEDFAQ_DEMO_NO_TRAIN", "0")
@@ -231,7 +233,7 @@ def test_feedback_store_is_safe_with_concurrent_writers_and_survives_reopening(t
 
 
 def test_results_page_plots_tables_of_results_md(tmp_path, monkeypatch):
-    from app.ui import results_page
+    from medfaq.app.ui import results_page
 
     results = tmp_path / "results.md"
     results.write_text(
@@ -242,7 +244,9 @@ def test_results_page_plots_tables_of_results_md(tmp_path, monkeypatch):
     monkeypatch.setattr(results_page, "RESULTS_MD", results)
     [frame] = results_page.tables(results_page.sections(results.read_text())[0][1])
     assert frame.loc["bm25", "p95 ms"] == 4.57
-    app = AppTest.from_string("from app.ui import results_page\nresults_page.render()", default_timeout=TIMEOUT_S)
+    app = AppTest.from_string(
+        "from medfaq.app.ui import results_page\nresults_page.render()", default_timeout=TIMEOUT_S
+    )
     app.run()
     assert not app.exception
     assert [tab.label for tab in app.tabs] == ["Search latency", "Notes"]
@@ -250,8 +254,8 @@ def test_results_page_plots_tables_of_results_md(tmp_path, monkeypatch):
 
 
 def test_medfaq_demo_serves_streamlit_on_port_8501(monkeypatch):
-    from app import cmd_demo
-    from app.cli import app as cli
+    from medfaq.app import cmd_demo
+    from medfaq.app.cli import app as cli
 
     calls = []
     monkeypatch.setattr(cmd_demo.subprocess, "run", lambda command, env: calls.append((command, env)) or _Done())

@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from eval.summarization_data import load_pairs
-from index.datasets import build_rqe, fetch_dataset, get_dataset, rqe_rows_from_xml
-from index.runtime import MedfaqError
+from medfaq.common.runtime import MedfaqError
+from medfaq.eval.summarization_data import load_pairs
+from medfaq.index.datasets import build_rqe, fetch_dataset, get_dataset, rqe_rows_from_xml
 
 RQE_XML = """<?xml version="1.0" encoding="UTF-8"?>
 <Set>

@@ -6,11 +6,16 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from app import cmd_summaries
-from app.cli import app
-from eval.summarization import SummarizationEvaluator, entity_consistency, focus_identification_rate, rouge_scores
-from summarizer.entities import DictionaryRecognizer
-from summarizer.generation import consensus
+from medfaq.app import cmd_summaries
+from medfaq.app.cli import app
+from medfaq.eval.summarization import (
+    SummarizationEvaluator,
+    entity_consistency,
+    focus_identification_rate,
+    rouge_scores,
+)
+from medfaq.summarizer.entities import DictionaryRecognizer
+from medfaq.summarizer.generation import consensus
 
 TERMS = {"aspirin": "drug", "migraine": "disease", "flu": "disease", "asthma": "disease", "ibuprofen": "drug"}
 
@@ -155,8 +160,8 @@ def test_eval_summarizer_cli_errors(tmp_path, meqsum_root):
 
 def test_eval_summarizer_with_a_tiny_real_summarizer(tmp_path, meqsum_root, tiny_bert_dir):
     """End to end with `summarizer.generation.Summarizer` on a tiny random encoder-decoder saved like a trained one."""
-    from summarizer.generation import CONFIG_FILE
-    from summarizer.modeling import load_backbone
+    from medfaq.summarizer.generation import CONFIG_FILE
+    from medfaq.summarizer.modeling import load_backbone
 
     model, tokenizer = load_backbone(tiny_bert_dir)
     model_dir = tmp_path / "tiny-summarizer"
@@ -183,7 +188,7 @@ def _write_predictions(path, predictions, references=("the cat ran", "is flu con
 
 
 def test_paired_summaries_average_each_side_over_its_files_and_count_wins(tmp_path):
-    from eval.paired_summaries import compare, main
+    from medfaq.eval.paired_summaries import compare, main
 
     # per question ROUGE-1 of side A: file 1 (200/3, 100, 0) and file 2 (200/3, 0, 0) -> mean (200/3, 50, 0)
     a1 = _write_predictions(tmp_path / "a1.jsonl", ["the cat sat", "is flu contagious", "nothing"])
@@ -201,7 +206,7 @@ def test_paired_summaries_average_each_side_over_its_files_and_count_wins(tmp_pa
 
 
 def test_paired_summaries_refuse_files_of_other_questions_with_one_line(tmp_path, capsys):
-    from eval.paired_summaries import main
+    from medfaq.eval.paired_summaries import main
 
     a = _write_predictions(tmp_path / "a.jsonl", ["x", "y", "z"])
     other = _write_predictions(tmp_path / "other.jsonl", ["x", "y", "z"], references=("a", "b", "c"))

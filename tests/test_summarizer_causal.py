@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 import torch
 
-from index.runtime import MedfaqError
-from summarizer.decoding import Decoding
-from summarizer.generation import ContextGuidance, Summarizer
-from summarizer.modeling import SEPARATOR, backbone_is_causal, load_backbone
-from summarizer.trainer import (
+from medfaq.common.runtime import MedfaqError
+from medfaq.summarizer.decoding import Decoding
+from medfaq.summarizer.generation import ContextGuidance, Summarizer
+from medfaq.summarizer.modeling import SEPARATOR, backbone_is_causal, load_backbone
+from medfaq.summarizer.trainer import (
     CONFIG_FILE,
     LAST_DIR,
     VARIANTS,
@@ -167,7 +167,7 @@ def test_any_causal_lm_id_or_path_works(tiny_llama_dir, tmp_path):
     assert torch_int8.fast is None and len(torch_int8.summarize([PAIRS[0][0]], short)) == 1
     with pytest.raises(MedfaqError, match="unknown int8 backend 'onnx'"):
         Summarizer.load(out, quantize=True, int8_backend="onnx")
-    from eval.summarizer_speed import ct2_generator
+    from medfaq.eval.summarizer_speed import ct2_generator
 
     generate, generate_batch = ct2_generator(str(out), 4, int8.max_source_len, threads=1)
     text, new_tokens = generate(PAIRS[0][0])
@@ -270,7 +270,7 @@ def test_learned_negatives_gradients_are_separated(tiny_gemma_dir, tmp_path):
 
 
 def test_speed_benchmark_measures_fp32_and_int8(tiny_gemma_dir):
-    from eval.summarizer_speed import latency, throughput, torch_generator
+    from medfaq.eval.summarizer_speed import latency, throughput, torch_generator
 
     texts = [chq for chq, _ in PAIRS[:3]]
     for quantize in (False, True):
@@ -313,7 +313,7 @@ def test_lora_needs_a_decoder_only_backbone(tiny_bert_dir, tmp_path):
 
 
 def test_average_of_seeds_is_the_parameter_mean_and_generates(tiny_gemma_dir, tiny_bert_dir, tmp_path):
-    from summarizer.averaging import average_summarizers
+    from medfaq.summarizer.averaging import average_summarizers
 
     runs = [tmp_path / f"seed{seed}" for seed in (0, 1)]
     for seed, run in enumerate(runs):
@@ -372,7 +372,7 @@ class ScriptedDecoder:
 
 
 def test_onnx_greedy_decoding_feeds_the_cache_back_and_stops_each_row_at_its_stop_id():
-    from eval.summarizer_speed import greedy_with_cache
+    from medfaq.eval.summarizer_speed import greedy_with_cache
 
     session = ScriptedDecoder([[5, 6, 1, 7], [4, 1, 8, 8]])
     prompt, mask = np.array([[3, 3, 3], [0, 3, 3]]), np.array([[1, 1, 1], [0, 1, 1]])
@@ -383,7 +383,7 @@ def test_onnx_greedy_decoding_feeds_the_cache_back_and_stops_each_row_at_its_sto
 
 
 def test_context_guidance_follows_the_beams_and_equals_a_full_recomputation(tiny_gemma_dir, tiny_bert_dir, monkeypatch):
-    import summarizer.generation as generation
+    import medfaq.summarizer.generation as generation
 
     checked_steps = []
 

@@ -6,7 +6,7 @@ import json
 
 from typer.testing import CliRunner
 
-from app.cli import app
+from medfaq.app.cli import app
 from tests.test_summarizer_training import PAIRS
 
 runner = CliRunner()

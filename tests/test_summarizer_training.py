@@ -7,10 +7,10 @@ import json
 import pytest
 import torch
 
-from index.runtime import MedfaqError
-from summarizer.decoding import Decoding
-from summarizer.generation import Summarizer
-from summarizer.trainer import (
+from medfaq.common.runtime import MedfaqError
+from medfaq.summarizer.decoding import Decoding
+from medfaq.summarizer.generation import Summarizer
+from medfaq.summarizer.trainer import (
     CONFIG_FILE,
     LAST_DIR,
     VARIANTS,

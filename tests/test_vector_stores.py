@@ -9,14 +9,14 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-import index.faq_index as faq_index_module
-from app.cli import app
-from eval.ann_bench import ann_comparison, index_vectors, synthetic_vectors
-from index.faiss_store import FaissStore
-from index.faq_index import FaqIndex, staging_dir
-from index.records import FaqRecord
-from index.runtime import MedfaqError, choose_device
-from index.vector_store import VectorStore, backend_class
+import medfaq.index.faq_index as faq_index_module
+from medfaq.app.cli import app
+from medfaq.common.runtime import MedfaqError, choose_device
+from medfaq.eval.ann_bench import ann_comparison, index_vectors, synthetic_vectors
+from medfaq.index.faiss_store import FaissStore
+from medfaq.index.faq_index import FaqIndex, staging_dir
+from medfaq.index.records import FaqRecord
+from medfaq.index.vector_store import VectorStore, backend_class
 
 BACKENDS = ["faiss", "milvus"]
 DIM = 16
@@ -169,7 +169,7 @@ def test_killed_build_resumes_where_it_stopped(tmp_path, monkeypatch, backend, t
 
 def test_cli_resume_and_milvus_search(tmp_path, monkeypatch, faq_jsonl, tiny_encoder_dir):
     """`index build --resume` encodes only what a killed run left; `search` works unchanged on Milvus; `migrate`."""
-    from index.encoder import Encoder
+    from medfaq.index.encoder import Encoder
 
     monkeypatch.setattr(faq_index_module, "ENCODE_CHUNK", 2)
     calls: list[int] = []
@@ -236,7 +236,7 @@ def test_faiss_shards_match_one_index(tmp_path, kind):
 
 
 def test_ivf_trains_on_a_sample_of_a_large_first_batch(monkeypatch):
-    import index.faiss_store as faiss_store_module
+    import medfaq.index.faiss_store as faiss_store_module
 
     monkeypatch.setattr(faiss_store_module, "TRAIN_SAMPLE", 200)
     data = synthetic_vectors(1000, DIM, seed=2, clusters=5)

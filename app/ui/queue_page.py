@@ -7,8 +7,8 @@ import json
 import pandas as pd
 import streamlit as st
 
-from app.ui import common, resources
-from retriever.unanswered import UnansweredLog
+from medfaq.app.ui import common, resources
+from medfaq.retriever.unanswered import UnansweredLog
 
 QUEUE_COLUMNS = ["time", "query", "summary", "best_score", "best_question", "best_id"]
 

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import streamlit as st
 
-from app.feedback import FeedbackStore
-from app.setup_state import DemoSettings, SetupRunner, model_ready, model_stamp
-from index.faq_index import FaqIndex
-from retriever.pipeline import EntityFinder, PipelineConfig, QueryRewriter, Reranker
-from retriever.stages import load_entities, load_reranker, load_rewriter
+from medfaq.app.feedback import FeedbackStore
+from medfaq.app.setup_state import DemoSettings, SetupRunner, model_ready, model_stamp
+from medfaq.index.faq_index import FaqIndex
+from medfaq.retriever.pipeline import EntityFinder, PipelineConfig, QueryRewriter, Reranker
+from medfaq.retriever.stages import load_entities, load_reranker, load_rewriter
 
 
 @st.cache_resource

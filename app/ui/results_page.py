@@ -9,9 +9,9 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from app.setup_state import REPO_ROOT
-from app.ui import common
-from index.runtime import medfaq_home
+from medfaq.app.setup_state import REPO_ROOT
+from medfaq.app.ui import common
+from medfaq.common.runtime import medfaq_home
 
 RESULTS_MD = REPO_ROOT / "docs" / "results.md"
 CHART_HEIGHT = 240

@@ -10,11 +10,11 @@ from typing import Any
 
 import streamlit as st
 
-from app.feedback import Feedback
-from app.setup_state import EXAMPLE_LABELS, EXAMPLE_QUESTIONS
-from app.ui import common, resources
-from retriever.pipeline import Pipeline, PipelineConfig, SearchResponse
-from retriever.search import MODES, Hit
+from medfaq.app.feedback import Feedback
+from medfaq.app.setup_state import EXAMPLE_LABELS, EXAMPLE_QUESTIONS
+from medfaq.app.ui import common, resources
+from medfaq.retriever.pipeline import Pipeline, PipelineConfig, SearchResponse
+from medfaq.retriever.search import MODES, Hit
 
 MAX_PASTE_CHARS = 20_000
 MIN_TEXT_SHARE = 0.85

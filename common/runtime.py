@@ -6,9 +6,7 @@ This module sits at the bottom of the dependency graph (it imports no other medf
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import json
 import logging
 import os
 import random
@@ -278,39 +276,6 @@ class _StderrHandler(logging.StreamHandler):
     @stream.setter
     def stream(self, value: Any) -> None:
         """Ignored: the stream is always the current `sys.stderr`."""
-
-
-def int_at_least(minimum: int) -> Callable[[str], int]:
-    """argparse type of the `python -m eval.*` scripts: an integer of at least `minimum`."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"{value} is not at least {minimum}")
-        return value
-
-    return parse
-
-
-positive_int = int_at_least(1)
-
-
-def existing_file(text: str) -> Path:
-    """argparse type of the `python -m eval.*` scripts: the path of a file that exists."""
-    if not Path(text).is_file():
-        raise argparse.ArgumentTypeError(f"{text!r}: no such file")
-    return Path(text)
-
-
-def print_report(report: dict[str, Any], out: Path | None = None) -> None:
-    """Print a `python -m eval.*` script's report as indented JSON, and write it to `out` when given."""
-    text = json.dumps(report, indent=2)
-    print(text)
-    if out is not None:
-        out.write_text(text + "\n", encoding="utf-8")
 
 
 def one_line(message: str) -> str:
