@@ -29,8 +29,8 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from medfaq.common.runtime import MedfaqError
+from medfaq.eval.latency import measure
 from medfaq.eval.script_args import positive_int
-from medfaq.eval.speed import measure
 from medfaq.index.faiss_store import TRAIN_SAMPLE, FaissStore, default_nlist, gpu_count
 
 logger = logging.getLogger("medfaq.ann_bench")

@@ -15,13 +15,14 @@ import resource
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from tqdm.auto import tqdm
 
+from medfaq.eval.latency import LatencyStats, format_table, measure, percentiles, timed_loop
 from medfaq.retriever.search import Retriever
 
 if TYPE_CHECKING:
@@ -42,64 +43,10 @@ def _mode(mode: str) -> StageFactory:
 STAGES: dict[str, StageFactory] = {"dense": _mode("dense"), "bm25": _mode("bm25"), "hybrid": _mode("hybrid")}
 
 
-@dataclass
-class LatencyStats:
-    stage: str
-    queries: int
-    p50_ms: float
-    p95_ms: float
-    mean_ms: float
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-def _timed_loop(
-    fn: Callable[[str], Any],
-    queries: list[str],
-    times: list[float],
-    warmup: int = 3,
-    bar: tqdm | None = None,
-    on_result: Callable[[Any], None] | None = None,
-) -> None:
-    """Call `fn` on `warmup` untimed queries, then on each query, appending its milliseconds to `times` as it goes
-    (so an interrupted loop keeps what it measured); `on_result` sees each timed call's result."""
-    for query in queries[:warmup]:
-        fn(query)
-        if bar is not None:
-            bar.update()
-    for query in queries:
-        start = time.perf_counter()
-        result = fn(query)
-        times.append((time.perf_counter() - start) * 1000.0)
-        if on_result is not None:
-            on_result(result)
-        if bar is not None:
-            bar.update()
-
-
-def measure(stage: str, fn: Callable[[str], Any], queries: list[str], warmup: int = 3) -> LatencyStats:
-    """Time `fn` on each query, one at a time, after `warmup` untimed calls."""
-    times: list[float] = []
-    _timed_loop(fn, queries, times, warmup)
-    return percentiles(stage, times)
-
-
 def sample_queries(index: FaqIndex, n: int = 100, seed: int = 0) -> list[str]:
     """`n` FAQ questions of the index, lower-cased, chosen with a fixed seed (latency barely depends on wording)."""
     questions = [record.question.lower() for record in index.records()]
     return random.Random(seed).sample(questions, min(n, len(questions)))
-
-
-def format_table(stats: list[LatencyStats]) -> str:
-    lines = [f"{'stage':<10} {'queries':>8} {'p50 ms':>9} {'p95 ms':>9} {'mean ms':>9}"]
-    lines += [f"{s.stage:<10} {s.queries:>8} {s.p50_ms:>9.2f} {s.p95_ms:>9.2f} {s.mean_ms:>9.2f}" for s in stats]
-    return "\n".join(lines)
-
-
-def percentiles(stage: str, times_ms: list[float]) -> LatencyStats:
-    values = np.array(times_ms, dtype=np.float64)
-    return LatencyStats(stage, len(values), *np.percentile(values, [50, 95]).tolist(), float(values.mean()))
 
 
 @dataclass
@@ -139,10 +86,10 @@ def run_bench(
 
     try:
         bar.set_description("bench pipeline")
-        _timed_loop(pipeline.run, queries, run.total_ms, warmup, bar, record_stages)
+        timed_loop(pipeline.run, queries, run.total_ms, warmup, bar, record_stages)
         for name, factory in STAGES.items():
             bar.set_description(f"bench {name}")
-            _timed_loop(factory(index, top_k), queries, run.mode_ms.setdefault(name, []), warmup, bar)
+            timed_loop(factory(index, top_k), queries, run.mode_ms.setdefault(name, []), warmup, bar)
         bar.set_description("bench batches")
         run.throughput = batch_throughput(pipeline, queries, batch_size, bar)
         bar.close()

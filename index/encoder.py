@@ -3,12 +3,10 @@ batches."""
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -20,14 +18,12 @@ from medfaq.common.runtime import (
     choose_device,
     resolve_model,
 )
+from medfaq.index.model_files import check_model_directory, model_fingerprint
 
 if TYPE_CHECKING:
     from medfaq.index.onnx_encoder import OnnxEncoder
 
 logger = logging.getLogger("medfaq.encoder")
-
-FULL_HASH_PARAMETERS = 500_000_000  # above this many parameters the fingerprint hashes the configuration only
-MODEL_MARKERS = ("modules.json", "config.json")  # a sentence-transformers or Hugging Face model directory has one
 
 
 class SentenceEncoder(Protocol):
@@ -103,25 +99,6 @@ class Encoder:
         return np.ascontiguousarray(vectors, dtype=np.float32)
 
 
-def model_fingerprint(model: Any) -> str:
-    """sha256 of a SentenceTransformer's weights (every tensor, in order), or of its configuration when the model is
-    huge: two encoders with the same fingerprint give the same vectors."""
-    import torch
-
-    digest = hashlib.sha256()
-    state = model.state_dict()
-    full = sum(tensor.numel() for tensor in state.values()) <= FULL_HASH_PARAMETERS
-    for name, tensor in state.items():
-        digest.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype}".encode())
-        if full:
-            digest.update(tensor.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-    if not full:
-        for module in model:
-            config = getattr(getattr(module, "auto_model", None), "config", None)
-            digest.update(json.dumps(config.to_dict() if config else {}, sort_keys=True, default=str).encode())
-    return digest.hexdigest()
-
-
 def resolve_backend(backend: str = "auto", device: str | None = None) -> str:
     """The encoder backend `backend` (one of `ENCODER_BACKENDS`) means here: ``auto`` is PyTorch on a GPU (a
     `device` other than ``cpu``, or a visible CUDA GPU when no device is given) and `CPU_BACKEND` on the CPU."""
@@ -155,39 +132,3 @@ def load_encoder(
     from medfaq.index.onnx_encoder import OnnxEncoder
 
     return OnnxEncoder(name, precision="int8" if chosen == "onnx-int8" else "fp32", batch_size=batch_size)
-
-
-def check_model_directory(location: str, name: str) -> None:
-    """A one-line error when `location` is a local directory that holds no sentence-transformers or HF model."""
-    path = Path(location)
-    if path.is_dir() and not any((path / marker).is_file() for marker in MODEL_MARKERS):
-        raise MedfaqError(
-            f"{name!r} is not a sentence-transformers or Hugging Face model directory (it has no "
-            f"{' or '.join(MODEL_MARKERS)}); pass 'minilm', a trained model directory, or a hub id"
-        )
-
-
-def declared_dimension(location: str) -> int | None:
-    """The embedding dimension a local model directory declares in its files (the last Dense layer's output, else
-    the pooling's single mode, else a plain Hugging Face model's hidden size), read without loading the model;
-    None when it cannot be told that way (a hub id, an unusual module chain)."""
-    path = Path(location)
-    try:
-        if (path / "modules.json").is_file():
-            dimension = None
-            for module in json.loads((path / "modules.json").read_text(encoding="utf-8")):
-                config_file = path / module.get("path", "") / "config.json"
-                kind = str(module.get("type", ""))
-                if kind.endswith(("Dense", "Pooling")) and config_file.is_file():
-                    config = json.loads(config_file.read_text(encoding="utf-8"))
-                    if kind.endswith("Dense"):
-                        dimension = config.get("out_features")
-                    elif sum(bool(value) for key, value in config.items() if key.startswith("pooling_mode_")) == 1:
-                        dimension = config.get("word_embedding_dimension")
-            return dimension if isinstance(dimension, int) else None
-        if (path / "config.json").is_file():
-            hidden = json.loads((path / "config.json").read_text(encoding="utf-8")).get("hidden_size")
-            return hidden if isinstance(hidden, int) else None
-    except (OSError, ValueError, AttributeError, TypeError):
-        return None
-    return None

@@ -869,7 +869,8 @@ def verify_checksums(path: Path, manifest: IndexManifest) -> None:
 def load_manifest_encoder(manifest: IndexManifest, backend: str = "auto", where: str | None = None) -> SentenceEncoder:
     """Load the manifest's encoder on `backend` (:func:`index.encoder.load_encoder`); a model whose files declare
     another dimension than the index's vectors is refused before it loads (seconds saved on a one-line error)."""
-    from medfaq.index.encoder import declared_dimension, load_encoder
+    from medfaq.index.encoder import load_encoder
+    from medfaq.index.model_files import declared_dimension
 
     declared = declared_dimension(resolve_model(manifest.encoder))
     if declared is not None and declared != manifest.dimension:

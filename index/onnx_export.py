@@ -1,4 +1,4 @@
-"""Exports a sentence-transformers model for :mod:`index.onnx_encoder` (needs torch; runs once per model).
+"""Exports a sentence-transformers model for :mod:`medfaq.index.onnx_encoder` (needs torch; runs once per model).
 
 The whole module chain becomes one ONNX graph (TorchScript exporter, eager attention so ONNX Runtime's transformer
 optimizer can fuse it), written as ``model.onnx`` after fusion, and ``model_int8.onnx``, its dynamic int8
@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from medfaq.common.runtime import MedfaqError
-from medfaq.index.onnx_encoder import GRAPHS, TOKENIZER_FILE, ExportInfo, OnnxGraph, source_signature
+from medfaq.index.onnx_graph import GRAPHS, TOKENIZER_FILE, ExportInfo, OnnxGraph, source_signature
 
 logger = logging.getLogger("medfaq.encoder")
 
@@ -102,7 +102,7 @@ def trace_export(
 ) -> tuple[Path, ExportInfo]:
     """Trace `model` (from the model directory `location`) into ``raw.onnx`` in the new directory `out`, save its
     fast tokenizer there (neither cutting nor padding), and return that graph and the export's :class:`ExportInfo`."""
-    from medfaq.index.encoder import model_fingerprint
+    from medfaq.index.model_files import model_fingerprint
 
     inputs = [name for name in ("input_ids", "attention_mask", "token_type_ids") if name in features]
     out.mkdir(parents=True)

@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 
 from medfaq.common.runtime import MedfaqError
-from medfaq.index.onnx_encoder import ExportInfo
 from medfaq.index.onnx_export import finish_export, trace_export
+from medfaq.index.onnx_graph import ExportInfo
 
 logger = logging.getLogger("medfaq.crossencoder")
 

@@ -16,7 +16,8 @@ from pathlib import Path
 import numpy as np
 
 from medfaq.common.runtime import resolve_model
-from medfaq.index.onnx_encoder import TOKENIZER_FILE, OnnxEncoder, OnnxGraph, ensure_export
+from medfaq.index.onnx_encoder import OnnxEncoder, ensure_export
+from medfaq.index.onnx_graph import TOKENIZER_FILE, OnnxGraph
 from medfaq.retriever.reranker import PRIOR_DIR, PairReranker, cut_first, decision_boundary
 
 
