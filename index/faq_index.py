@@ -9,6 +9,7 @@ Directory layout::
     vectors/         the vector backend's files
     bm25/            bm25s files + keys.npy
     concepts.jsonl   the concept lexicon FAQs are encoded with, when the index has one (index/concepts.py)
+    phrasings.jsonl  other wordings of FAQ questions, each searched as its FAQ (index/phrasings.py), when any
     *.json           sidecar settings of other packages (e.g. pipeline.json); kept across saves
 
 Saves write everything into a temporary directory beside the target and swap it in with renames, so a crash or
@@ -59,6 +60,7 @@ from medfaq.common.runtime import MedfaqError, resolve_model
 from medfaq.index import verified
 from medfaq.index.collections import check_records, read_records
 from medfaq.index.concepts import CONCEPTS_FILE, ConceptLexicon, combined_vectors, read_with_concepts
+from medfaq.index.phrasings import Phrasing, PhrasingTable
 from medfaq.index.record_table import KEYS as KEYS  # the index's layout, named here too
 from medfaq.index.record_table import RECORDS, RecordTable
 from medfaq.index.records import FIELDS, FaqRecord, record_text
@@ -132,11 +134,13 @@ class FaqIndex:
         bm25: Bm25Index | dict[str, bytes],
         encoder: SentenceEncoder | None = None,
         concepts: ConceptLexicon | bytes | None = None,
+        phrasings: PhrasingTable | None = None,
     ) -> None:
         """`bm25`: the index, or its saved files (name -> bytes), loaded on first use; `concepts`: the lexicon, or
         its saved bytes, parsed on first use (a search that does not rerank never needs it)."""
         self.manifest = manifest
         self.store = store
+        self._phrasings = phrasings or PhrasingTable()
         self._concepts = concepts
         self._bm25 = bm25
         self._encoder = encoder
@@ -217,7 +221,9 @@ class FaqIndex:
         manifest = IndexManifest.from_dict(
             {**self.manifest.to_dict(), "kind": kind, "backend": backend_section, "updated": _now()}
         )
-        moved = FaqIndex(manifest, self._records.copy(), store, self._bm25, self._encoder, self._concepts)
+        moved = FaqIndex(
+            manifest, self._records.copy(), store, self._bm25, self._encoder, self._concepts, self._phrasings.copy()
+        )
         moved._origin, moved._version = self._origin, self._version  # saving it in place checks for other writes
         return moved
 
@@ -332,8 +338,6 @@ class FaqIndex:
         Everything is computed before the index changes, so a failure part-way leaves it as it was; with `staging`
         the encoded chunks survive a failure and a repeated call encodes only the missing ones.
         """
-        from medfaq.index.bm25_store import Bm25Index
-
         self.check_new(records)
         if not records:
             return 0
@@ -351,13 +355,66 @@ class FaqIndex:
             vectors[rows] = combined_vectors(vectors[rows], encoded[len(texts) :])
         all_records = self._records.copy()
         all_records.add(keys.tolist(), records)
-        bm25 = Bm25Index.build([record_text(r, self.manifest.fields) for r in all_records.values()], all_records.keys())
+        bm25 = self._bm25_over(all_records, self._phrasings)
         self.store.add(keys, vectors)
         self._bm25 = bm25
         self._records = all_records
         self.manifest.next_key = int(keys[-1]) + 1
         self.manifest.updated = _now()
         return len(records)
+
+    def _bm25_over(self, records: RecordTable, phrasings: PhrasingTable) -> Bm25Index:
+        """BM25 over every record's text and every phrasing, each under its row key."""
+        from medfaq.index.bm25_store import Bm25Index
+
+        texts = [record_text(record, self.manifest.fields) for record in records.values()]
+        texts += [phrasing.text for phrasing in phrasings]
+        keys = np.concatenate([records.keys(), np.array([p.key for p in phrasings], dtype=np.int64)])
+        return Bm25Index.build(texts, keys)
+
+    def phrasings(self, faq_ids: Iterable[str] | None = None) -> list[Phrasing]:
+        """The other wordings searched as FAQs (of `faq_ids` only, when given)."""
+        return list(self._phrasings) if faq_ids is None else self._phrasings.of_faqs(faq_ids)
+
+    def add_phrasings(self, faq_id: str, texts: list[str], by: str = "", origin: str = "") -> list[Phrasing]:
+        """Search each of `texts` as FAQ `faq_id` from now on: encoded as the FAQ's questions are (with the concept
+        lexicon's synonyms), one vector and one BM25 row each. Blank texts, the FAQ's own question and wordings it
+        already has are skipped. Returns the phrasings added."""
+        record = self.get(faq_id)
+        known = {_folded(record.question), *(_folded(p.text) for p in self._phrasings.of_faqs([faq_id]))}
+        new_texts: list[str] = []
+        for text in (" ".join(text.split()) for text in texts):
+            if text and _folded(text) not in known:
+                known.add(_folded(text))
+                new_texts.append(text)
+        if not new_texts:
+            return []
+        first = self.manifest.next_key
+        as_records = [FaqRecord(id=faq_id, question=text) for text in new_texts]
+        vectors = self.encoder.encode(new_texts)
+        expanded = self._expanded(as_records, new_texts)
+        if expanded:
+            rows = [row for row, _ in expanded]
+            vectors[rows] = combined_vectors(vectors[rows], self.encoder.encode([text for _, text in expanded]))
+        added = [Phrasing(first + number, faq_id, text, _now(), by, origin) for number, text in enumerate(new_texts)]
+        phrasings = self._phrasings.copy()
+        phrasings.add(added)
+        bm25 = self._bm25_over(self._records, phrasings)
+        self.store.add(np.array([p.key for p in added], dtype=np.int64), np.asarray(vectors, dtype=np.float32))
+        self._bm25, self._phrasings = bm25, phrasings
+        self.manifest.next_key = first + len(added)
+        self.manifest.updated = _now()
+        return added
+
+    def remove_phrasings(self, keys: list[int]) -> list[Phrasing]:
+        """Stop searching the phrasings under `keys` (unknown keys: a one-line error, nothing removed)."""
+        removed = self._phrasings.get(keys)
+        dropped = np.array(keys, dtype=np.int64)
+        self.store.delete(dropped)
+        self.bm25.delete(dropped)
+        self._phrasings.remove(keys)
+        self.manifest.updated = _now()
+        return removed
 
     def check_new(self, records: list[FaqRecord]) -> None:
         """A one-line error when `records` cannot be added: a record that cannot be indexed, or an id already in the
@@ -434,9 +491,12 @@ class FaqIndex:
         if unknown:
             raise MedfaqError(f"unknown FAQ id(s): {', '.join(repr(u) for u in unknown[:5])}")
         keys = np.array(sorted({self._records.key_of(faq_id) for faq_id in faq_ids}), dtype=np.int64)
-        self.store.delete(keys)
-        self.bm25.delete(keys)
+        phrasing_keys = [phrasing.key for phrasing in self._phrasings.of_faqs(faq_ids)]
+        every_key = np.concatenate([keys, np.array(phrasing_keys, dtype=np.int64)])
+        self.store.delete(every_key)
+        self.bm25.delete(every_key)
         self._records.delete(keys.tolist())
+        self._phrasings.remove(phrasing_keys)
         self.manifest.updated = _now()
         return len(keys)
 
@@ -445,20 +505,32 @@ class FaqIndex:
     def _allowed_keys(self, allowed_ids: list[str] | None) -> np.ndarray | None:
         if allowed_ids is None:
             return None
-        keys = (self._records.key_of(faq_id) for faq_id in allowed_ids)
+        keys = [self._records.key_of(faq_id) for faq_id in allowed_ids]
+        keys += [phrasing.key for phrasing in self._phrasings.of_faqs(allowed_ids)]
         return np.array([key for key in keys if key is not None], dtype=np.int64)
 
-    def _to_ids(self, scores: np.ndarray, keys: np.ndarray) -> ScoredIds:
-        id_of = self._records.id_of
-        return [
-            [(id_of(key), float(score)) for score, key in zip(row_s.tolist(), row_k.tolist()) if key in self._records]
-            for row_s, row_k in zip(scores, keys)
-        ]
+    def _depth(self, k: int) -> int:
+        """How many rows to ask a search for so that `k` distinct FAQs come back however many phrasings match."""
+        return k + len(self._phrasings)
+
+    def _to_ids(self, scores: np.ndarray, keys: np.ndarray, k: int) -> ScoredIds:
+        """Each row's FAQ ids with their scores, best first: a phrasing counts as its FAQ, and an FAQ found through
+        several of its rows keeps its best score; at most `k` per row."""
+        id_of, faq_of = self._records.id_of, self._phrasings.faq_of
+        rows: ScoredIds = []
+        for row_scores, row_keys in zip(scores.tolist(), keys.tolist()):
+            found: dict[str, float] = {}
+            for score, key in zip(row_scores, row_keys):
+                faq_id = id_of(key) if key in self._records else faq_of(key)
+                if faq_id is not None and faq_id not in found:
+                    found[faq_id] = float(score)
+            rows.append(list(found.items())[:k])
+        return rows
 
     def search_vectors(self, vectors: np.ndarray, k: int, allowed_ids: list[str] | None = None) -> ScoredIds:
         """Dense search with query vectors already encoded by this index's encoder."""
-        scores, keys = self.store.search(vectors, k, allowed=self._allowed_keys(allowed_ids))
-        return self._to_ids(scores, keys)
+        scores, keys = self.store.search(vectors, self._depth(k), allowed=self._allowed_keys(allowed_ids))
+        return self._to_ids(scores, keys, k)
 
     def search_dense(self, queries: list[str], k: int, allowed_ids: list[str] | None = None) -> ScoredIds:
         """Cosine similarity between the encoded queries and the FAQ texts, best first."""
@@ -466,8 +538,8 @@ class FaqIndex:
 
     def search_bm25(self, queries: list[str], k: int, allowed_ids: list[str] | None = None) -> ScoredIds:
         """BM25 scores (only FAQs sharing at least one non-stopword term), best first."""
-        scores, keys = self.bm25.search(list(queries), k, allowed=self._allowed_keys(allowed_ids))
-        return self._to_ids(scores, keys)
+        scores, keys = self.bm25.search(list(queries), self._depth(k), allowed=self._allowed_keys(allowed_ids))
+        return self._to_ids(scores, keys, k)
 
     # ---- persistence ----------------------------------------------------------------------------------------------
 
@@ -496,6 +568,7 @@ class FaqIndex:
         staging.chmod(0o777 & ~_umask())  # mkdtemp makes it private; the index gets normal permissions
         try:
             self._records.save(staging)
+            self._phrasings.save(staging)
             self.store.save(staging / VECTORS_DIR)
             if isinstance(self._bm25, dict):
                 _write_files(self._bm25, staging / BM25_DIR)
@@ -511,6 +584,7 @@ class FaqIndex:
                         shutil.copy2(sidecar, staging / sidecar.name)
             self.manifest.backend = {**self.manifest.backend, **self.store.backend_config()}
             counts = {"records": len(self._records), "vectors": len(self.store), "bm25": self._bm25_rows()}
+            counts["phrasings"] = len(self._phrasings)
             self.manifest.counts = counts
             self.manifest.sources = _source_counts(self._records.values())
             self.manifest.checksums = _checksums(staging)
@@ -560,12 +634,25 @@ class FaqIndex:
     ) -> tuple[FaqIndex, int]:
         """Delete FAQs by id from the index saved in `directory` and save it: (the new index, how many were
         removed). Like :meth:`add_to`, the index is read inside the write lock."""
-        read_manifest(Path(directory).expanduser())
+        return cls.edit(directory, lambda index: index.delete(faq_ids), timeout=timeout)
+
+    @classmethod
+    def edit(
+        cls,
+        directory: str | Path,
+        change: Callable[[FaqIndex], Any],
+        encoder: SentenceEncoder | None = None,
+        timeout: float | None = None,
+    ) -> tuple[FaqIndex, Any]:
+        """Apply ``change(index)`` to the index saved in `directory` and save it: (the new index, what `change`
+        returned). The index is read inside the write lock, so changes saved meanwhile by other processes are kept;
+        pass the `encoder` when `change` encodes (loaded before the lock)."""
+        read_manifest(Path(directory).expanduser())  # no lock file beside a directory that is no index
         with write_lock(directory, timeout):
-            index = cls.load(directory)
-            removed = index.delete(faq_ids)
+            index = cls.load(directory, encoder)
+            outcome = change(index)
             index.save(directory)
-        return index, removed
+        return index, outcome
 
     @classmethod
     def load(cls, directory: str | Path, encoder: SentenceEncoder | str | None = None, verify: bool = True) -> FaqIndex:
@@ -607,6 +694,7 @@ class FaqIndex:
             store = backend_class(manifest.backend.get("name", "faiss")).load(path / VECTORS_DIR, manifest.backend)
             bm25 = _read_files(path / BM25_DIR)
             concepts = (path / CONCEPTS_FILE).read_bytes() if manifest.concepts else None
+            phrasings = PhrasingTable.load(path)
         except MedfaqError:
             raise
         except Exception as error:  # any unreadable part means the directory is damaged
@@ -616,7 +704,7 @@ class FaqIndex:
                 f"index {path} is inconsistent: its manifest names {manifest.dimension}-d encoder "
                 f"{manifest.encoder!r} but its vectors are {store.dim}-d; rebuild it"
             )
-        index = cls(manifest, records, store, bm25, concepts=concepts)
+        index = cls(manifest, records, store, bm25, concepts=concepts, phrasings=phrasings)
         index._origin, index._version = path.resolve(), version
         if encoder is not None and not isinstance(encoder, str):
             index.check_encoder(encoder)
@@ -959,6 +1047,11 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+def _folded(text: str) -> str:
+    """`text` compared as a wording: case and runs of whitespace ignored."""
+    return " ".join(text.split()).casefold()
 
 
 def _now() -> str:

@@ -38,7 +38,7 @@ def test_build_add_delete_save_load_round_trip(tmp_path, faq_records, tiny_encod
     for ranking in loaded.search_dense(query, 10)[0], loaded.search_bm25(query, 10)[0]:
         assert "f3" not in {doc for doc, _ in ranking}
     assert loaded.search_dense([NEW[0].question], 1)[0][0][0] == "n1"
-    assert loaded.manifest.counts == {"records": 6, "vectors": 6, "bm25": 6}
+    assert loaded.manifest.counts == {"records": 6, "vectors": 6, "bm25": 6, "phrasings": 0}
     assert loaded.manifest.backend["kind"] == kind
 
 

@@ -1,0 +1,64 @@
+"""Other wordings of an FAQ (index/phrasings.py): searched as the FAQ, saved with the index, removed with it."""
+
+from __future__ import annotations
+
+import pytest
+
+from medfaq.common.runtime import MedfaqError
+from medfaq.index.faq_index import FaqIndex
+from medfaq.index.phrasings import PHRASINGS_FILE
+
+ASKED = ["zzqx blorf wibble glonk", "frumious bandersnatch jubjub?"]
+"""Made-up words: nothing in the index resembles them until they are linked to an FAQ."""
+
+
+@pytest.fixture
+def saved_index(tmp_path, faq_records, tiny_encoder):
+    directory = tmp_path / "idx"
+    FaqIndex.build(faq_records, tiny_encoder, progress=False).save(directory)
+    return directory
+
+
+def top_ids(index: FaqIndex, question: str, k: int = 6) -> tuple[list[str], list[str]]:
+    dense = [faq_id for faq_id, _ in index.search_dense([question], k)[0]]
+    bm25 = [faq_id for faq_id, _ in index.search_bm25([question], k)[0]]
+    return dense, bm25
+
+
+def test_a_linked_wording_finds_its_faq_first_and_each_faq_once(saved_index, tiny_encoder):
+    index, added = FaqIndex.edit(
+        saved_index,
+        lambda index: index.add_phrasings("f4", [*ASKED, "  ", ASKED[0].upper()], by="dr a", origin="g1"),
+        encoder=tiny_encoder,
+    )
+    assert [p.text for p in added] == ASKED  # blank and same-wording texts skipped
+    assert all(p.faq_id == "f4" and p.by == "dr a" and p.origin == "g1" and p.added for p in added)
+    loaded = FaqIndex.load(saved_index, tiny_encoder)
+    assert (saved_index / PHRASINGS_FILE).is_file() and loaded.manifest.counts["phrasings"] == 2
+    for question in ASKED:
+        dense, bm25 = top_ids(loaded, question)
+        assert dense[0] == "f4" and bm25[0] == "f4"
+        assert len(dense) == len(set(dense)) == 6  # the FAQ once, and still six distinct FAQs
+    assert [faq_id for faq_id, _ in loaded.search_dense([ASKED[0]], 3, allowed_ids=["f4", "f1"])[0]][0] == "f4"
+    assert loaded.add_phrasings("f4", [ASKED[1]]) == []  # a wording it has
+
+
+def test_phrasings_are_undone_by_key_and_removed_with_their_faq(saved_index, tiny_encoder):
+    _, added = FaqIndex.edit(saved_index, lambda index: index.add_phrasings("f4", ASKED), encoder=tiny_encoder)
+    index, removed = FaqIndex.edit(saved_index, lambda index: index.remove_phrasings([added[0].key]))
+    assert removed == [added[0]] and [p.text for p in index.phrasings()] == [ASKED[1]]
+    assert "f4" not in top_ids(FaqIndex.load(saved_index, tiny_encoder), ASKED[0])[1]  # BM25 no longer knows it
+    with pytest.raises(MedfaqError, match="no phrasing with key"):
+        index.remove_phrasings([added[0].key])
+    index, _ = FaqIndex.delete_from(saved_index, ["f4"])
+    assert index.phrasings() == [] and len(index.store) == len(index.records())
+    assert not (saved_index / PHRASINGS_FILE).exists()
+    with pytest.raises(MedfaqError, match="no FAQ with id"):
+        FaqIndex.load(saved_index, tiny_encoder).add_phrasings("f4", ASKED)
+
+
+def test_a_corrupt_phrasings_file_is_a_one_line_error(saved_index, tiny_encoder):
+    FaqIndex.edit(saved_index, lambda index: index.add_phrasings("f1", ASKED), encoder=tiny_encoder)
+    (saved_index / PHRASINGS_FILE).write_text('{"key": 1}\n', encoding="utf-8")
+    with pytest.raises(MedfaqError, match="corrupt"):
+        FaqIndex.load(saved_index, verify=False)
