@@ -1,0 +1,150 @@
+"""The experts' queue (retriever/question_queue.py): grouping by the duplicate detector, an expert's edits, and
+answering a group once so that its questions find their FAQ first."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from medfaq.common.runtime import MedfaqError
+from medfaq.index.faq_index import FaqIndex
+from medfaq.retriever.question_queue import GroupingSettings, QuestionQueue
+
+ASKED = {
+    "alcohol": [
+        "can i drink beer on amoxicillin",
+        "is beer ok with amoxicillin",
+        "amoxicillin and beer together ok",
+    ],
+    "knees": ["my knees hurt after running", "running makes my knees hurt"],
+    "zorp": ["what is zorp fever"],
+}
+
+
+class SharedWords:
+    """A duplicate detector for tests: the share of content words two questions have in common."""
+
+    threshold = 0.2
+
+    def score(self, query: str, candidates: list[str]) -> list[float]:
+        words = set(query.lower().replace("?", "").split())
+        return [len(words & set(c.lower().split())) / len(words | set(c.lower().split())) for c in candidates]
+
+
+class FirstWords:
+    """A summarizer for tests: 'Q: ' and the first three words."""
+
+    def rewrite(self, texts: list[str]) -> list[str]:
+        return ["Q: " + " ".join(text.split()[:3]) for text in texts]
+
+
+@pytest.fixture
+def queue(tmp_path, tiny_encoder):
+    settings = GroupingSettings(floor=-1.0)  # the tiny random encoder's cosines mean nothing: the detector decides
+    return QuestionQueue(tmp_path / "queue.sqlite3", tiny_encoder, SharedWords(), FirstWords(), settings)
+
+
+@pytest.fixture
+def index_dir(tmp_path, faq_records, tiny_encoder):
+    FaqIndex.build(faq_records, tiny_encoder, progress=False).save(tmp_path / "idx")
+    return tmp_path / "idx"
+
+
+def fill(queue: QuestionQueue) -> dict[str, int]:
+    """Queue every question of `ASKED`, interleaved; the group of each topic."""
+    groups = {}
+    for round_ in range(3):
+        for topic, questions in ASKED.items():
+            if round_ < len(questions):
+                groups.setdefault(topic, queue.add(questions[round_]).group_id)
+    return groups
+
+
+def test_the_same_question_asked_differently_forms_one_group_titled_by_the_summarizer(queue):
+    groups = fill(queue)
+    waiting = queue.groups()
+    assert [(group.id, group.count) for group in waiting] == [
+        (groups["alcohol"], 3),
+        (groups["knees"], 2),
+        (groups["zorp"], 1),
+    ]
+    assert {q.text for q in waiting[0].questions} == set(ASKED["alcohol"])
+    assert waiting[0].title == "Q: can i drink"
+    shown = waiting[0].to_dict()
+    assert shown["count"] == 3 and shown["first_asked"] <= shown["last_asked"]
+    with pytest.raises(MedfaqError, match="empty question"):
+        queue.add("   ")
+
+
+def test_without_a_detector_the_cosine_decides(tmp_path, tiny_encoder):
+    queue = QuestionQueue(tmp_path / "q.sqlite3", tiny_encoder, settings=GroupingSettings(same_cosine=0.9999))
+    first = queue.add("is beer ok with amoxicillin")
+    assert queue.add("is  beer ok with amoxicillin").group_id == first.group_id  # the same text
+    assert queue.add("what is zorp fever").group_id != first.group_id
+
+
+def test_split_and_merge(queue):
+    groups = fill(queue)
+    alcohol = queue.group(groups["alcohol"])
+    split = queue.split(alcohol.id, [alcohol.questions[-1].id])
+    assert split.count == 1 and queue.group(alcohol.id).count == 2 and split.title.startswith("Q: ")
+    merged = queue.merge([alcohol.id, split.id])
+    assert merged.count == 3 and split.id not in {group.id for group in queue.groups()}
+    with pytest.raises(MedfaqError, match="some, not all"):
+        queue.split(alcohol.id, [q.id for q in merged.questions])
+    with pytest.raises(MedfaqError, match="no group 999"):
+        queue.merge([alcohol.id, 999])
+
+
+def top_hit(index_dir, encoder, question: str) -> str:
+    return FaqIndex.load(index_dir, encoder).search_dense([question], 1)[0][0][0]
+
+
+def test_a_linked_group_finds_its_faq_first_and_can_be_undone(queue, index_dir, tiny_encoder):
+    groups = fill(queue)
+    linked = queue.link(groups["alcohol"], "f1", index_dir, by="dr a")
+    assert (linked.status, linked.faq_id, linked.resolved_by) == ("linked", "f1", "dr a")
+    assert linked.index_version == FaqIndex.load(index_dir).version
+    assert all(top_hit(index_dir, tiny_encoder, q) == "f1" for q in ASKED["alcohol"])
+    assert groups["alcohol"] not in {group.id for group in queue.groups()}
+    assert queue.add(ASKED["alcohol"][0]).group_id != groups["alcohol"]  # a resolved group takes no new questions
+    with pytest.raises(MedfaqError, match="already linked"):
+        queue.link(groups["alcohol"], "f2", index_dir)
+    assert queue.undo(groups["alcohol"], index_dir).status == "waiting"
+    assert FaqIndex.load(index_dir).phrasings() == []
+
+
+def test_an_answered_group_becomes_a_new_faq(queue, index_dir, tiny_encoder):
+    groups = fill(queue)
+    answered = queue.answer(groups["zorp"], "What is zorp fever?", "A made-up illness.", index_dir, by="dr b")
+    assert (answered.status, answered.faq_id) == ("answered", f"expert-{groups['zorp']}")
+    index = FaqIndex.load(index_dir)
+    assert index.get(answered.faq_id).source == "expert"
+    assert top_hit(index_dir, tiny_encoder, ASKED["zorp"][0]) == answered.faq_id
+    with pytest.raises(MedfaqError, match="question and an answer"):
+        queue.answer(groups["knees"], "Why do knees hurt?", " ", index_dir)
+    queue.undo(groups["zorp"], index_dir)
+    assert answered.faq_id not in FaqIndex.load(index_dir)
+    with pytest.raises(MedfaqError, match="nothing to undo"):
+        queue.undo(groups["zorp"], index_dir)
+
+
+def test_two_writers_asking_at_once_open_one_group(tmp_path, tiny_encoder):
+    """Two queue objects on one file, as two processes have: the group is decided inside one write transaction."""
+    path = tmp_path / "queue.sqlite3"
+    writers = [QuestionQueue(path, tiny_encoder, SharedWords(), settings=GroupingSettings(floor=-1.0)) for _ in "ab"]
+    start = threading.Barrier(len(writers))
+    found = []
+
+    def ask(queue: QuestionQueue) -> None:
+        start.wait(timeout=30)
+        found.append(queue.add("is beer ok with amoxicillin").group_id)
+
+    threads = [threading.Thread(target=ask, args=(queue,)) for queue in writers]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert len(found) == 2 and found[0] == found[1]
+    assert [group.count for group in writers[0].groups()] == [2]
