@@ -275,6 +275,46 @@ class QuestionQueue:
                 return title[:TITLE_CHARS]
         return text[:TITLE_CHARS]
 
+    def sync(self, log_path: str | Path) -> int:
+        """Queue the questions the pipeline logged as unanswered (retriever/unanswered.py) since the last sync:
+        returns how many. The log's position is kept in the queue (a log that was replaced is read from its start);
+        one sync at a time per queue file, whatever the process."""
+        from filelock import FileLock
+
+        log = Path(log_path).expanduser()
+        with FileLock(str(self.path) + ".sync.lock"):
+            try:
+                stat = log.stat()
+            except FileNotFoundError:
+                return 0
+            with self._connection() as db:
+                row = db.execute("SELECT value FROM meta WHERE key = 'log'").fetchone()
+            seen = json.loads(row[0]) if row else {}
+            same_file = seen.get("path") == str(log.resolve()) and seen.get("inode") == stat.st_ino
+            offset = seen.get("offset", 0) if same_file and seen.get("offset", 0) <= stat.st_size else 0
+            added = 0
+            with log.open("rb") as handle:
+                handle.seek(offset)
+                for line in handle:
+                    if not line.endswith(b"\n"):
+                        break  # a line still being written: read at the next sync
+                    offset += len(line)
+                    try:
+                        entry = json.loads(line)
+                        query, asked = str(entry["query"]), entry.get("time")
+                    except (ValueError, KeyError, TypeError):
+                        continue  # not an entry of the log: nothing to queue
+                    if query.strip():
+                        self.add(query, "abstained", asked)
+                        added += 1
+                    self._log_position(log, stat.st_ino, offset)
+        return added
+
+    def _log_position(self, log: Path, inode: int, offset: int) -> None:
+        position = json.dumps({"path": str(log.resolve()), "inode": inode, "offset": offset})
+        with self._connection(write=True) as db:
+            db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('log', ?)", (position,))
+
     # ---- reading --------------------------------------------------------------------------------------------------
 
     def groups(self, status: str | None = "waiting") -> list[QuestionGroup]:

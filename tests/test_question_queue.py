@@ -148,3 +148,18 @@ def test_two_writers_asking_at_once_open_one_group(tmp_path, tiny_encoder):
         thread.join(timeout=60)
     assert len(found) == 2 and found[0] == found[1]
     assert [group.count for group in writers[0].groups()] == [2]
+
+
+def test_sync_queues_each_logged_question_once(queue, tmp_path):
+    from medfaq.retriever.unanswered import UnansweredLog
+
+    log = UnansweredLog(tmp_path / "unanswered.jsonl")
+    for question in ASKED["alcohol"][:2]:
+        log.append(question, None, [], 0.1)
+    assert queue.sync(log.path) == 2 and queue.sync(log.path) == 0
+    log.append(ASKED["knees"][0], None, [], 0.2)
+    with log.path.open("a", encoding="utf-8") as handle:
+        handle.write('{"query": "half a line')  # still being written
+    assert queue.sync(log.path) == 1
+    assert sorted(group.count for group in queue.groups()) == [1, 2]
+    assert queue.sync(tmp_path / "absent.jsonl") == 0
