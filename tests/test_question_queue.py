@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 
+import numpy as np
 import pytest
 
 from medfaq.common.runtime import MedfaqError
@@ -163,3 +164,15 @@ def test_sync_queues_each_logged_question_once(queue, tmp_path):
     assert queue.sync(log.path) == 1
     assert sorted(group.count for group in queue.groups()) == [1, 2]
     assert queue.sync(tmp_path / "absent.jsonl") == 0
+
+
+def test_grouping_measures_on_a_known_grouping():
+    from medfaq.eval.queue_grouping import best_threshold, grouping_report
+
+    report = grouping_report(groups=[1, 1, 2, 2, 3], labels=[7, 7, 7, 8, 8])
+    assert report["groups"] == 3 and report["faqs"] == 2
+    assert report["purity"] == pytest.approx(4 / 5) and report["inverse_purity"] == pytest.approx(3 / 5)
+    # same-group pairs: (0,1), (2,3); same-FAQ pairs: (0,1), (0,2), (1,2), (3,4); shared: (0,1)
+    assert report["pairwise_precision"] == pytest.approx(1 / 2) and report["pairwise_recall"] == pytest.approx(1 / 4)
+    scores = np.array([0.9, 0.8, 0.7, 0.2, 0.1])
+    assert best_threshold(scores, np.array([True, True, True, False, False])) == pytest.approx(0.7)

@@ -144,6 +144,8 @@ def test_make_once_makes_in_a_temporary_sibling_and_only_once(tmp_path):
         ("medfaq.eval.plots", ["history.json", "--out"]),
         ("medfaq.eval.paired_summaries", ["--a", "a.jsonl", "--b", "b.jsonl", "--resamples", "0"]),
         ("medfaq.eval.paired_summaries", ["--a", "a.jsonl", "--b", "b.jsonl", "--metric", "bleu"]),
+        ("medfaq.eval.queue_grouping", ["--quebec", "1"]),
+        ("medfaq.eval.queue_grouping", ["--timing-queue", "x"]),
     ],
 )
 def test_eval_scripts_reject_bad_arguments_with_one_line_naming_themselves(module, args, capsys):
