@@ -11,8 +11,8 @@ import numpy as np
 
 from medfaq.common.runtime import choose_device, quantize_linear, resolve_model
 from medfaq.index.concepts import ExpandedText, combined_vectors
-from medfaq.retriever.encoder_training import EncoderTrainConfig, train_loop
-from medfaq.retriever.pair_data import Pair, mnrl_triplets, normalise
+from medfaq.retriever.training.loop import EncoderTrainConfig, train_loop
+from medfaq.retriever.training.pair_data import Pair, mnrl_triplets, normalise
 
 
 def load_biencoder(model: str | Path, device: str | None = None, max_length: int | None = None):

@@ -31,9 +31,9 @@ from medfaq.common.runtime import (
     seed_everything,
 )
 from medfaq.retriever.biencoder import BiEncoderScorer, load_biencoder
-from medfaq.retriever.encoder_training import CONFIG_FILE, HEADS, EncoderTrainConfig, split_dev, train_loop
-from medfaq.retriever.pair_data import Pair, ranking_groups
 from medfaq.retriever.reranker import PRIOR_DIR, PairReranker, cut_first, decision_boundary, has_classifier_head
+from medfaq.retriever.training.loop import CONFIG_FILE, HEADS, EncoderTrainConfig, split_dev, train_loop
+from medfaq.retriever.training.pair_data import Pair, ranking_groups
 
 logger = logging.getLogger("medfaq.crossencoder")
 

@@ -16,7 +16,7 @@ import numpy as np
 
 if TYPE_CHECKING:
     from medfaq.retriever.biencoder import BiEncoderScorer
-    from medfaq.retriever.encoder_training import EncoderTrainConfig
+    from medfaq.retriever.training.loop import EncoderTrainConfig
 
 PRIOR_DIR = "prior"  # a reranker trained as a correction of a bi-encoder keeps that bi-encoder here
 

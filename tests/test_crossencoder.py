@@ -17,9 +17,9 @@ from medfaq.retriever.crossencoder import (
     train_crossencoder,
     truncate_first,
 )
-from medfaq.retriever.encoder_training import EncoderTrainConfig, make_batches, make_config, save_trained, train_loop
-from medfaq.retriever.pair_data import Pair, ranking_groups
 from medfaq.retriever.pipeline import Reranker
+from medfaq.retriever.training.loop import EncoderTrainConfig, make_batches, make_config, save_trained, train_loop
+from medfaq.retriever.training.pair_data import Pair, ranking_groups
 
 PAIRS = [
     Pair("Can I drink alcohol on amoxicillin?", "Is alcohol safe with antibiotics?", 1, "g1"),
@@ -247,7 +247,7 @@ def test_a_duplicate_detector_with_a_prior_learns_a_centred_correction_and_score
 ):
     from medfaq.retriever.biencoder import BiEncoderScorer, load_biencoder
     from medfaq.retriever.crossencoder import training_prior
-    from medfaq.retriever.pair_models import as_scorer, saved_threshold
+    from medfaq.retriever.training.pair_models import as_scorer, saved_threshold
 
     assert make_config("crossencoder", "mqp", "quick").prior_model == "mpnet"  # the quick preset corrects MPNet
     config = _config(tiny_bert_dir, prior_scale=10.0, prior_encoder=str(tiny_bert_dir), precision="fp32")

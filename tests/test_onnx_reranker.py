@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from medfaq.retriever.crossencoder import CrossEncoderReranker, train_crossencoder
-from medfaq.retriever.encoder_training import make_config, save_trained
 from medfaq.retriever.onnx_reranker import OnnxReranker
-from medfaq.retriever.pair_data import Pair
+from medfaq.retriever.training.loop import make_config, save_trained
+from medfaq.retriever.training.pair_data import Pair
 from tests.test_onnx_encoder import HEAVY
 
 PAIRS = [

@@ -28,7 +28,7 @@ LOSSES = ("contrastive", "mnrl", "bce", "listwise")
 CROSSENCODER_LOSSES = ("bce", "listwise")
 HEADS = ("cosine", "mean", "cls", "pooler")
 FAQ_SOURCES = ("meqsum", "healthcaremagic", "chq_summ", "rqe", "mqp", "quebec")
-"""Training sources of the query -> FAQ task (see ``retriever.pair_data``), all on by default."""
+"""Training sources of the query -> FAQ task (see ``retriever.training.pair_data``), all on by default."""
 
 T = TypeVar("T")
 

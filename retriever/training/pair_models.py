@@ -19,8 +19,8 @@ from medfaq.retriever.crossencoder import (
     shared_prior,
     train_crossencoder,
 )
-from medfaq.retriever.encoder_training import CONFIG_FILE, EncoderTrainConfig
-from medfaq.retriever.pair_data import Pair, mqp_sibling_negatives
+from medfaq.retriever.training.loop import CONFIG_FILE, EncoderTrainConfig
+from medfaq.retriever.training.pair_data import Pair, mqp_sibling_negatives
 
 
 class PairScorer(Protocol):

@@ -24,7 +24,7 @@ from medfaq.common.runtime import MedfaqError
 from medfaq.index.collections import iter_jsonl, load_collection
 from medfaq.index.concepts import ConceptLexicon, concept_lexicon, read_with_concepts
 from medfaq.index.pair_sources import dataset_file, load_jsonl_rows, load_mqp
-from medfaq.retriever.encoder_training import FAQ_SOURCES, EncoderTrainConfig, subsample
+from medfaq.retriever.training.loop import FAQ_SOURCES, EncoderTrainConfig, subsample
 
 logger = logging.getLogger("medfaq.training")
 
