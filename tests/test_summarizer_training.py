@@ -10,7 +10,7 @@ import torch
 from medfaq.common.runtime import MedfaqError
 from medfaq.summarizer.decoding import Decoding
 from medfaq.summarizer.generation import Summarizer
-from medfaq.summarizer.trainer import (
+from medfaq.summarizer.training.trainer import (
     CONFIG_FILE,
     LAST_DIR,
     VARIANTS,

@@ -34,8 +34,8 @@ import torch
 import torch.nn.functional as F
 
 from medfaq.common.runtime import PRECISIONS, MedfaqError, autocast, choose_device, resolve_precision, seed_everything
-from medfaq.summarizer.contrastive import MoCo, diversity_loss, info_nce, masked_mean, mean_cosine
 from medfaq.summarizer.modeling import backbone_is_causal, is_causal_lm, load_backbone
+from medfaq.summarizer.training.contrastive import MoCo, diversity_loss, info_nce, masked_mean, mean_cosine
 
 logger = logging.getLogger("medfaq")
 
@@ -340,8 +340,8 @@ def build_examples(pairs: Sequence[tuple[str, str]], config: SummarizerTrainConf
     chqs, faqs = [p[0] for p in pairs], [p[1] for p in pairs]
     groups: list[list[str]] = [[] for _ in pairs]
     if config.uses_hard:
-        from medfaq.summarizer import negatives
         from medfaq.summarizer.entities import load_recognizer
+        from medfaq.summarizer.training import negatives
 
         qfcl = config.variant == "qfcl"
         entities: list = []
