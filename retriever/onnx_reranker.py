@@ -71,7 +71,7 @@ class OnnxReranker(PairReranker):
         `quantize`: the int8 graphs; `max_length`: tokens per pair (None = the trained length)."""
         from medfaq.retriever.biencoder import BiEncoderScorer
         from medfaq.retriever.crossencoder_export import export_crossencoder
-        from medfaq.retriever.training.loop import CONFIG_FILE, EncoderTrainConfig
+        from medfaq.retriever.training.config import CONFIG_FILE, EncoderTrainConfig
 
         path = Path(resolve_model(model))
         config = EncoderTrainConfig.load(path) if (path / CONFIG_FILE).is_file() else EncoderTrainConfig()

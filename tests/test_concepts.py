@@ -154,7 +154,7 @@ def test_a_correction_reranker_corrects_the_cosine_the_index_searched_with(tiny_
 
 
 def test_reranker_training_pairs_read_faqs_as_a_synonym_index_shows_them(lexicon):
-    from medfaq.retriever.training.loop import make_config
+    from medfaq.retriever.training.config import make_config
     from medfaq.retriever.training.pair_data import Pair, with_concepts
 
     pairs = [Pair("menkes?", "How is kinky hair syndrome treated?", 1, "g"), Pair("menkes?", "Is water safe?", 0, "g")]

@@ -8,18 +8,13 @@ import pytest
 import torch
 
 from medfaq.common.runtime import MedfaqError
-from medfaq.retriever.crossencoder import (
-    CrossEncoderReranker,
-    SegmentCosine,
-    both_orders,
-    load_crossencoder,
-    mean_reciprocal_rank,
-    train_crossencoder,
-    truncate_first,
-)
+from medfaq.retriever.crossencoder import CrossEncoderReranker, SegmentCosine, load_crossencoder, truncate_first
 from medfaq.retriever.pipeline import Reranker
-from medfaq.retriever.training.loop import EncoderTrainConfig, make_batches, make_config, save_trained, train_loop
+from medfaq.retriever.training.config import EncoderTrainConfig, make_config
+from medfaq.retriever.training.crossencoder import both_orders, mean_reciprocal_rank, train_crossencoder
+from medfaq.retriever.training.loop import make_batches, train_loop
 from medfaq.retriever.training.pair_data import Pair, ranking_groups
+from medfaq.retriever.training.pair_models import save_trained
 
 PAIRS = [
     Pair("Can I drink alcohol on amoxicillin?", "Is alcohol safe with antibiotics?", 1, "g1"),
@@ -246,7 +241,7 @@ def test_a_duplicate_detector_with_a_prior_learns_a_centred_correction_and_score
     tmp_path, tiny_bert_dir
 ):
     from medfaq.retriever.biencoder import BiEncoderScorer, load_biencoder
-    from medfaq.retriever.crossencoder import training_prior
+    from medfaq.retriever.training.crossencoder import training_prior
     from medfaq.retriever.training.pair_models import as_scorer, saved_threshold
 
     assert make_config("crossencoder", "mqp", "quick").prior_model == "mpnet"  # the quick preset corrects MPNet

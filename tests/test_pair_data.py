@@ -8,7 +8,8 @@ import random
 import numpy as np
 import pytest
 
-from medfaq.retriever.training.loop import make_batches, make_config
+from medfaq.retriever.training.config import make_config
+from medfaq.retriever.training.loop import make_batches
 from medfaq.retriever.training.pair_data import (
     faq_pairs,
     is_heldout,
