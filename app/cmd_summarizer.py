@@ -87,7 +87,8 @@ def train_summarizer(
     """
     from dataclasses import fields
 
-    from medfaq.summarizer.training.trainer import LAST_DIR, SummarizerTrainConfig, preset_config, train_summarizer
+    from medfaq.summarizer.training.config import SummarizerTrainConfig, preset_config
+    from medfaq.summarizer.training.trainer import LAST_DIR, train_summarizer
 
     given = locals()
     tuned = {f.name for f in fields(SummarizerTrainConfig)} - {"variant", "preset", "seed", "pretrain"}

@@ -181,7 +181,7 @@ def test_training_configs_refuse_an_unknown_precision_and_record_the_resolved_on
     from medfaq.retriever.training.config import make_config
     from medfaq.retriever.training.crossencoder import train_crossencoder
     from medfaq.retriever.training.pair_data import Pair
-    from medfaq.summarizer.training.trainer import SummarizerTrainConfig
+    from medfaq.summarizer.training.config import SummarizerTrainConfig
 
     with pytest.raises(MedfaqError, match="unknown precision"):
         make_config("crossencoder", "mqp", "quick", precision="half")

@@ -15,14 +15,9 @@ from medfaq.common.runtime import MedfaqError
 from medfaq.summarizer.decoding import Decoding
 from medfaq.summarizer.generation import ContextGuidance, Summarizer
 from medfaq.summarizer.modeling import SEPARATOR, backbone_is_causal, load_backbone
-from medfaq.summarizer.training.trainer import (
-    CONFIG_FILE,
-    LAST_DIR,
-    VARIANTS,
-    Example,
-    SummarizerTrainer,
-    train_summarizer,
-)
+from medfaq.summarizer.training.config import CONFIG_FILE, VARIANTS
+from medfaq.summarizer.training.examples import Example
+from medfaq.summarizer.training.trainer import LAST_DIR, SummarizerTrainer, train_summarizer
 from tests.conftest import SUMMARY_PAIRS as PAIRS
 from tests.conftest import tiny_summarizer_config
 
