@@ -30,6 +30,10 @@ from medfaq.retriever.biencoder import BiEncoderScorer
 from medfaq.retriever.reranker import PRIOR_DIR, PairReranker, cut_first, decision_boundary, has_classifier_head
 from medfaq.retriever.training.config import CONFIG_FILE, HEADS, EncoderTrainConfig
 
+HEAD_CLASS_NAMES = (f"{__name__}.SegmentCosine", "retriever.crossencoder.SegmentCosine")
+"""What a saved model's ``modules.json`` calls :class:`SegmentCosine`: its class path, or the one it had before the
+packages were installed as one ``medfaq`` namespace."""
+
 
 class SegmentCosine(Module):
     """Score = scale * (cosine(mean token vector of text 1, mean token vector of text 2) - shift); the segments come
@@ -89,8 +93,8 @@ def load_crossencoder(model: str | Path, device: str | None = None, max_length: 
     device = choose_device(device)
     if has_classifier_head(path):
         # our own head class is resolved in memory, not imported by the name stored in the model directory
-        loader = CrossEncoder._load_with_module_classes
-        return loader(path, {f"{__name__}.SegmentCosine": SegmentCosine}, device=device, max_length=max_length)
+        heads = dict.fromkeys(HEAD_CLASS_NAMES, SegmentCosine)
+        return CrossEncoder._load_with_module_classes(path, heads, device=device, max_length=max_length)
     processor = {"model_max_length": max_length} if max_length else None
     if head == "pooler":
         transformer = Transformer(
