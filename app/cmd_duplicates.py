@@ -14,7 +14,7 @@ from medfaq.app.options import finite, positive
 from medfaq.common.runtime import PRECISION_HELP, MedfaqError, resolve_model
 
 if TYPE_CHECKING:
-    from medfaq.retriever.encoder_training import EncoderTrainConfig
+    from medfaq.retriever.training.config import EncoderTrainConfig
 
 TASK_HELP = "mqp (question pairs) | qa (MedQuAD question-answer, intermediate) | faq (query -> FAQ reranker)"
 
@@ -141,9 +141,9 @@ def _train_command(model_type: str) -> Callable[..., None]:
         device: str | None = DEVICE,
         force: bool = typer.Option(False, "--force", help="Overwrite a non-empty --out directory."),
     ) -> None:
-        from medfaq.retriever.encoder_training import make_config, save_trained
-        from medfaq.retriever.pair_data import pair_counts, task_pairs
-        from medfaq.retriever.pair_models import train_pair_model
+        from medfaq.retriever.training.config import make_config
+        from medfaq.retriever.training.pair_data import pair_counts, task_pairs
+        from medfaq.retriever.training.pair_models import save_trained, train_pair_model
 
         tuning = _tuning(epochs, batch_size, lr, max_length, loss, head, keep_ratio, precision, sibling_negatives)
         config = make_config(
@@ -238,10 +238,10 @@ def eval_duplicates(
         check_threshold_rule,
         save_fold,
     )
-    from medfaq.retriever.encoder_training import make_config, subsample
-    from medfaq.retriever.pair_data import mqp_pairs, read_pairs_file
-    from medfaq.retriever.pair_models import as_scorer, load_pair_scorer, saved_threshold, train_pair_model
     from medfaq.retriever.runs import check_output
+    from medfaq.retriever.training.config import make_config
+    from medfaq.retriever.training.pair_data import mqp_pairs, read_pairs_file, subsample
+    from medfaq.retriever.training.pair_models import as_scorer, load_pair_scorer, saved_threshold, train_pair_model
 
     def echo(text: str) -> None:
         typer.echo(text, err=as_json)

@@ -87,7 +87,8 @@ def train_summarizer(
     """
     from dataclasses import fields
 
-    from medfaq.summarizer.trainer import LAST_DIR, SummarizerTrainConfig, preset_config, train_summarizer
+    from medfaq.summarizer.training.config import SummarizerTrainConfig, preset_config
+    from medfaq.summarizer.training.trainer import LAST_DIR, train_summarizer
 
     given = locals()
     tuned = {f.name for f in fields(SummarizerTrainConfig)} - {"variant", "preset", "seed", "pretrain"}
@@ -118,7 +119,7 @@ def average(
     out: Path = typer.Option(..., "--out", help="Output directory for the averaged summarizer."),
 ) -> None:
     """Average the weights of summarizers trained with different seeds (a model soup): one model, as fast as each."""
-    from medfaq.summarizer.averaging import average_summarizers
+    from medfaq.summarizer.training.averaging import average_summarizers
 
     typer.echo(f"averaged {len(runs)} summarizers into {average_summarizers(runs, out)}")
 

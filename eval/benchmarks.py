@@ -10,8 +10,9 @@ score`` with a header), the same judgements as TREC qrels (``qrels.trec``: ``qid
 * ``rqe-valid`` / ``rqe-test``: RQE CHQs of that split; corpus = every entailed FAQ of valid and test; gold = the
   FAQs the CHQ entails.
 * ``quebec``: the Quebec COVID FAQ (313); queries = the held-out part of the train queries
-  (:func:`retriever.pair_data.quebec_query_split`), halved by a second hash into ``dev`` (threshold calibration)
-  and ``test``; the HealthTap questions among them are out of scope (``ood``: no qrels; they test abstention).
+  (:func:`retriever.training.pair_data.quebec_query_split`), halved by a second hash into ``dev`` (threshold
+  calibration) and ``test``; the HealthTap questions among them are out of scope (``ood``: no qrels; they test
+  abstention).
 
 * ``medquad-chq``: long consumer questions against a bank of ~47k FAQs: the test CHQs of ``meqsum``,
   ``rqe-test`` and ``mediqa2021``, their gold FAQs added to the full MedQuAD collection (the bank index, default
@@ -285,7 +286,7 @@ def index_over_bank(benchmark: Benchmark, out: Path, bank_index: Path) -> int:
 
 def _quebec(data_root: Path | None) -> Benchmark:
     from medfaq.index.pair_sources import dataset_file
-    from medfaq.retriever.pair_data import is_heldout, quebec_query_split
+    from medfaq.retriever.training.pair_data import is_heldout, quebec_query_split
 
     records, _ = load_collection(dataset_file("quebec", "faqs.jsonl", data_root), format="quebec")
     corpus = [
@@ -308,8 +309,9 @@ def _quebec(data_root: Path | None) -> Benchmark:
         if not ood:
             qrels[query_id] = {str(row["passage_id"]): 1}
     description = (
-        "Quebec COVID FAQ (313): held-out train queries (retriever.pair_data.quebec_query_split, seed 0), halved "
-        f"into dev/test by a second hash (seed {QUEBEC_DEV_SEED}); HealthTap questions are out of scope (no qrels)"
+        "Quebec COVID FAQ (313): held-out train queries (retriever.training.pair_data.quebec_query_split, seed 0), "
+        f"halved into dev/test by a second hash (seed {QUEBEC_DEV_SEED}); HealthTap questions are out of scope "
+        "(no qrels)"
     )
     return Benchmark("quebec", corpus, queries, qrels, description)
 

@@ -25,9 +25,9 @@ from sklearn.metrics import accuracy_score, precision_recall_fscore_support, roc
 from sklearn.model_selection import GroupKFold, GroupShuffleSplit
 
 from medfaq.common.runtime import MedfaqError
-from medfaq.retriever.encoder_training import EncoderTrainConfig, save_trained
-from medfaq.retriever.pair_data import Pair
-from medfaq.retriever.pair_models import PairScorer
+from medfaq.retriever.training.config import EncoderTrainConfig
+from medfaq.retriever.training.pair_data import Pair
+from medfaq.retriever.training.pair_models import PairScorer, save_trained
 
 SPLITS = ("doctor", "grouped")
 CV_FOLDS = {"quick": 3, "full": 5}

@@ -30,9 +30,10 @@ from medfaq.eval.duplicates import (
     summarise,
 )
 from medfaq.eval.script_args import int_at_least, positive_int
-from medfaq.retriever.encoder_training import copy_weights, interpolate_weights, make_config
-from medfaq.retriever.pair_data import Pair, mqp_pairs
-from medfaq.retriever.pair_models import as_scorer, initial_weights, train_pair_model
+from medfaq.retriever.training.config import make_config
+from medfaq.retriever.training.loop import copy_weights, interpolate_weights
+from medfaq.retriever.training.pair_data import Pair, mqp_pairs
+from medfaq.retriever.training.pair_models import as_scorer, initial_weights, train_pair_model
 
 
 def keep_ratio_sweep(

@@ -129,8 +129,7 @@ class CalibrationSource:
 def calibration_sources(data_root: Path | None = None, seed: int = 0) -> list[CalibrationSource]:
     """The development split of `CALIBRATION_SOURCES` (those fetched; at least one is needed)."""
     from medfaq.index.pair_sources import load_jsonl_rows
-    from medfaq.retriever.encoder_training import subsample
-    from medfaq.retriever.pair_data import normalise
+    from medfaq.retriever.training.pair_data import normalise, subsample
 
     sources = []
     for name in CALIBRATION_SOURCES:
@@ -152,7 +151,7 @@ def calibration_sources(data_root: Path | None = None, seed: int = 0) -> list[Ca
 def without_answers(index: Any, golds: list[str]) -> int:
     """Delete from `index` every FAQ whose question is one of `golds` (normalised) or lies within cosine
     `NEAR_DUPLICATE` of one; returns how many were deleted."""
-    from medfaq.retriever.pair_data import normalise
+    from medfaq.retriever.training.pair_data import normalise
 
     wanted = {normalise(text) for text in golds}
     doomed = {record.id for record in index.records() if normalise(record.question) in wanted}
@@ -163,9 +162,9 @@ def without_answers(index: Any, golds: list[str]) -> int:
 
 def _calibration_config(model_dir: Path) -> tuple[str, Any]:
     """(the encoder the bank is indexed with, the pipeline config whose confidence is calibrated) for a model."""
-    from medfaq.retriever.encoder_training import EncoderTrainConfig
-    from medfaq.retriever.pair_models import model_type_of
     from medfaq.retriever.pipeline import PipelineConfig
+    from medfaq.retriever.training.config import EncoderTrainConfig
+    from medfaq.retriever.training.pair_models import model_type_of
 
     quiet = {"entities": False, "abstain": False, "log_unanswered": False}
     if model_type_of(model_dir) == "biencoder":

@@ -1,6 +1,5 @@
-"""The bi-encoder duplicate detector: a sentence-transformers model fine-tuned on labelled pairs with
-ContrastiveLoss (cosine distance, margin 0.3) or MultipleNegativesRankingLoss over (anchor, positive, hard negative)
-triplets; pairs are scored by the cosine similarity of their embeddings."""
+"""The bi-encoder as a pair scorer: a sentence-transformers model; pairs are scored by the cosine similarity of
+their embeddings."""
 
 from __future__ import annotations
 
@@ -11,8 +10,6 @@ import numpy as np
 
 from medfaq.common.runtime import choose_device, quantize_linear, resolve_model
 from medfaq.index.concepts import ExpandedText, combined_vectors
-from medfaq.retriever.encoder_training import EncoderTrainConfig, train_loop
-from medfaq.retriever.pair_data import Pair, mnrl_triplets, normalise
 
 
 def load_biencoder(model: str | Path, device: str | None = None, max_length: int | None = None):
@@ -80,42 +77,3 @@ class BiEncoderScorer:
         if new:
             self._memory.update(zip(new, self.encode(new, progress), strict=True))
         return np.stack([self._memory[text] for text in texts])
-
-
-def train_biencoder(pairs: Sequence[Pair], config: EncoderTrainConfig, device: str | None = None):
-    """Fine-tune `config.init` on `pairs` with `config.loss` (texts cut at `config.max_length` tokens), keeping
-    `config.keep_ratio` of the change to its weights; returns the SentenceTransformer (eval mode), reading as many
-    tokens as `config.init` did."""
-    import torch
-    from sentence_transformers.sentence_transformer import losses
-    from sentence_transformers.util import batch_to_device
-
-    model = load_biencoder(config.init, device)
-    inference_length = model.max_seq_length  # training truncates at config.max_length; the saved model reads as far
-    model.max_seq_length = config.max_length or inference_length  # as the model it started from
-
-    def features(texts: list[str]) -> dict:
-        return batch_to_device(model.preprocess(texts), model.device)
-
-    if config.loss == "contrastive":
-        loss = losses.ContrastiveLoss(
-            model, distance_metric=losses.SiameseDistanceMetric.COSINE_DISTANCE, margin=config.margin
-        )
-        examples: Sequence = pairs
-
-        def step(batch: list[Pair]):
-            labels = torch.tensor([pair.label for pair in batch], device=model.device)
-            return loss([features([p.text_a for p in batch]), features([p.text_b for p in batch])], labels)
-
-    else:
-        loss = losses.MultipleNegativesRankingLoss(model)
-        examples = mnrl_triplets(pairs, BiEncoderScorer(model).encode)
-
-        def step(batch: list[tuple[str, str, str]]):
-            columns = [features([triplet[i] for triplet in batch]) for i in range(3)]
-            return loss(columns, torch.zeros(len(batch), device=model.device))
-
-    distinct = (lambda triplet: map(normalise, triplet)) if config.loss == "mnrl" else None
-    train_loop(model, step, examples, config, desc=f"bi-encoder ({config.loss})", distinct=distinct)
-    model.max_seq_length = inference_length
-    return model

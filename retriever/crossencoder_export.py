@@ -63,7 +63,7 @@ def _fitted_probes(model) -> list[tuple[str, str]]:
 
 def _drift(directory: Path, info: ExportInfo, expected: np.ndarray) -> float:
     """Largest absolute difference between the fp32 graph's logits of the probes and `expected`."""
-    from medfaq.retriever.onnx_reranker import OnnxPairModel
+    from medfaq.retriever.onnx_pair_model import OnnxPairModel
 
     info.save(directory)
     logits = OnnxPairModel(directory, "fp32").logits(PROBES)

@@ -16,7 +16,7 @@ import numpy as np
 
 if TYPE_CHECKING:
     from medfaq.retriever.biencoder import BiEncoderScorer
-    from medfaq.retriever.encoder_training import EncoderTrainConfig
+    from medfaq.retriever.training.config import EncoderTrainConfig
 
 PRIOR_DIR = "prior"  # a reranker trained as a correction of a bi-encoder keeps that bi-encoder here
 
@@ -38,7 +38,7 @@ def has_classifier_head(path: str) -> bool:
 def decision_boundary(config: EncoderTrainConfig) -> float:
     """The score at which a cross-encoder's trained logit is 0, where it tells a match from a non-match on its own:
     0.5 for a probability; for a correction of a prior, the prior's median training cosine
-    (:func:`retriever.crossencoder.training_prior`)."""
+    (:func:`retriever.training.crossencoder.training_prior`)."""
     return float(config.extra.get("prior_median", 0.5)) if config.prior_scale else 0.5
 
 

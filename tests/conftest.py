@@ -98,7 +98,7 @@ SUMMARY_PAIRS = [
 
 def tiny_summarizer_config(variant: str, **overrides):
     """A quick-preset summarizer config small enough to train in seconds on CPU."""
-    from medfaq.summarizer.trainer import preset_config
+    from medfaq.summarizer.training.config import preset_config
 
     values = dict(
         epochs=1,

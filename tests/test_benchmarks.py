@@ -39,7 +39,7 @@ def test_benchmark_files_are_beir(name, shared_data, tmp_path):
 
 
 def test_quebec_has_dev_test_and_out_of_scope_queries(shared_data):
-    from medfaq.retriever.pair_data import quebec_query_split
+    from medfaq.retriever.training.pair_data import quebec_query_split
 
     benchmark = make_benchmark("quebec", shared_data)
     assert len(benchmark.corpus) == 313

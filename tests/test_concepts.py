@@ -154,8 +154,8 @@ def test_a_correction_reranker_corrects_the_cosine_the_index_searched_with(tiny_
 
 
 def test_reranker_training_pairs_read_faqs_as_a_synonym_index_shows_them(lexicon):
-    from medfaq.retriever.encoder_training import make_config
-    from medfaq.retriever.pair_data import Pair, with_concepts
+    from medfaq.retriever.training.config import make_config
+    from medfaq.retriever.training.pair_data import Pair, with_concepts
 
     pairs = [Pair("menkes?", "How is kinky hair syndrome treated?", 1, "g"), Pair("menkes?", "Is water safe?", 0, "g")]
     read = with_concepts(pairs, lexicon)

@@ -17,10 +17,17 @@ from medfaq.common.runtime import MedfaqError
 from medfaq.eval.duplicates import DuplicateEvaluator, binary_metrics, fold_metrics, make_folds, tune_threshold
 from medfaq.eval.keep_ratio_sweep import keep_ratio_sweep
 from medfaq.index.pair_sources import load_mqp
-from medfaq.retriever.biencoder import BiEncoderScorer, load_biencoder, train_biencoder
-from medfaq.retriever.encoder_training import EncoderTrainConfig, make_config, save_trained
-from medfaq.retriever.pair_data import Pair, mnrl_triplets, mqp_pairs, mqp_sibling_negatives, read_pairs_file
-from medfaq.retriever.pair_models import as_scorer, load_pair_scorer, train_pair_model, training_pairs
+from medfaq.retriever.biencoder import BiEncoderScorer, load_biencoder
+from medfaq.retriever.training.biencoder import train_biencoder
+from medfaq.retriever.training.config import EncoderTrainConfig, make_config
+from medfaq.retriever.training.pair_data import Pair, mnrl_triplets, mqp_pairs, mqp_sibling_negatives, read_pairs_file
+from medfaq.retriever.training.pair_models import (
+    as_scorer,
+    load_pair_scorer,
+    save_trained,
+    train_pair_model,
+    training_pairs,
+)
 
 runner = CliRunner()
 

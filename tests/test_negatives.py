@@ -3,7 +3,7 @@ from __future__ import annotations
 import re
 
 from medfaq.summarizer.entities import DictionaryRecognizer, Entity, term_key
-from medfaq.summarizer.negatives import (
+from medfaq.summarizer.training.negatives import (
     entity_hard_negatives,
     focus_hard_negatives,
     frame_hard_negatives,

@@ -13,10 +13,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from medfaq.retriever.crossencoder import CrossEncoderReranker, train_crossencoder
-from medfaq.retriever.encoder_training import make_config, save_trained
+from medfaq.retriever.crossencoder import CrossEncoderReranker
 from medfaq.retriever.onnx_reranker import OnnxReranker
-from medfaq.retriever.pair_data import Pair
+from medfaq.retriever.training.config import make_config
+from medfaq.retriever.training.crossencoder import train_crossencoder
+from medfaq.retriever.training.pair_data import Pair
+from medfaq.retriever.training.pair_models import save_trained
 from tests.test_onnx_encoder import HEAVY
 
 PAIRS = [

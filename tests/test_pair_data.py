@@ -8,8 +8,9 @@ import random
 import numpy as np
 import pytest
 
-from medfaq.retriever.encoder_training import make_batches, make_config
-from medfaq.retriever.pair_data import (
+from medfaq.retriever.training.config import make_config
+from medfaq.retriever.training.loop import make_batches
+from medfaq.retriever.training.pair_data import (
     faq_pairs,
     is_heldout,
     mine_hard_negatives,
@@ -178,7 +179,7 @@ def test_a_querys_other_positives_are_never_its_mined_negatives(tmp_path):
 
 
 def test_listwise_subsampling_keeps_whole_queries():
-    from medfaq.retriever.pair_data import Pair, subsample_groups
+    from medfaq.retriever.training.pair_data import Pair, subsample_groups
 
     pairs = [Pair(f"q{g}", f"faq{g}-{i}", int(i == 0), f"g{g}") for g in range(10) for i in range(4)]
     kept = subsample_groups(pairs, 10, seed=3)

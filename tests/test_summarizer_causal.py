@@ -15,14 +15,9 @@ from medfaq.common.runtime import MedfaqError
 from medfaq.summarizer.decoding import Decoding
 from medfaq.summarizer.generation import ContextGuidance, Summarizer
 from medfaq.summarizer.modeling import SEPARATOR, backbone_is_causal, load_backbone
-from medfaq.summarizer.trainer import (
-    CONFIG_FILE,
-    LAST_DIR,
-    VARIANTS,
-    Example,
-    SummarizerTrainer,
-    train_summarizer,
-)
+from medfaq.summarizer.training.config import CONFIG_FILE, VARIANTS
+from medfaq.summarizer.training.examples import Example
+from medfaq.summarizer.training.trainer import LAST_DIR, SummarizerTrainer, train_summarizer
 from tests.conftest import SUMMARY_PAIRS as PAIRS
 from tests.conftest import tiny_summarizer_config
 
@@ -313,7 +308,7 @@ def test_lora_needs_a_decoder_only_backbone(tiny_bert_dir, tmp_path):
 
 
 def test_average_of_seeds_is_the_parameter_mean_and_generates(tiny_gemma_dir, tiny_bert_dir, tmp_path):
-    from medfaq.summarizer.averaging import average_summarizers
+    from medfaq.summarizer.training.averaging import average_summarizers
 
     runs = [tmp_path / f"seed{seed}" for seed in (0, 1)]
     for seed, run in enumerate(runs):

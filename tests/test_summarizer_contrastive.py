@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from medfaq.summarizer.contrastive import (
+from medfaq.summarizer.training.contrastive import (
     KeyQueue,
     NegativeGenerator,
     diversity_loss,
@@ -72,7 +72,7 @@ def test_momentum_copy_shares_frozen_parameters_and_updates_only_the_trained_one
 
 
 def test_queue_and_momentum_are_sized_to_the_run():
-    from medfaq.summarizer.trainer import sized_momentum, sized_queue
+    from medfaq.summarizer.training.trainer import sized_momentum, sized_queue
 
     assert sized_queue(400, 8) == 200 and sized_queue(100_000, 8) == 4096 and sized_queue(5, 8) == 8
     assert sized_momentum(100) == pytest.approx(0.9) and sized_momentum(400) == pytest.approx(0.975)

@@ -10,18 +10,10 @@ import torch
 from medfaq.common.runtime import MedfaqError
 from medfaq.summarizer.decoding import Decoding
 from medfaq.summarizer.generation import Summarizer
-from medfaq.summarizer.trainer import (
-    CONFIG_FILE,
-    LAST_DIR,
-    VARIANTS,
-    Collator,
-    Example,
-    SummarizerTrainer,
-    build_examples,
-    epoch_batches,
-    preset_config,
-    train_summarizer,
-)
+from medfaq.summarizer.training.collator import Collator
+from medfaq.summarizer.training.config import CONFIG_FILE, VARIANTS, preset_config
+from medfaq.summarizer.training.examples import Example, build_examples, epoch_batches
+from medfaq.summarizer.training.trainer import LAST_DIR, SummarizerTrainer, train_summarizer
 from tests.conftest import SUMMARY_PAIRS as PAIRS
 from tests.conftest import tiny_summarizer_config
 

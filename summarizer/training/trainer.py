@@ -1,8 +1,8 @@
 """ECL training: label-smoothed cross-entropy + α·L_scl (queue negatives) + β·L_hcl (entity hard negatives).
 
-One trainer runs every variant (`VARIANTS`): ``ecl``, ``mle`` (= ECL−s−h), ``ecl-s`` (no simple negatives), ``ecl-h``
-(no hard negatives), ``qfcl`` (focus hard negatives and a decoder anchor: L = L_ce + ½(α·L_scl + β·L_hcl)_enc +
-½(α·L_scl + β·L_hcl)_dec, with α = 1, β = 0.5) and ``learned`` (queue negatives plus K negatives made by a small
+One trainer runs every variant (`config.VARIANTS`): ``ecl``, ``mle`` (= ECL−s−h), ``ecl-s`` (no simple negatives),
+``ecl-h`` (no hard negatives), ``qfcl`` (focus hard negatives and a decoder anchor: L = L_ce + ½(α·L_scl + β·L_hcl)_enc
++ ½(α·L_scl + β·L_hcl)_dec, with α = 1, β = 0.5) and ``learned`` (queue negatives plus K negatives made by a small
 generator trained adversarially to maximise the contrastive loss at its own temperature, with a diversity loss).
 
 Backbones: seq2seq (anchor = the encoder's CHQ states) or decoder-only causal LMs (input = CHQ + separator + FAQ, loss
@@ -18,7 +18,6 @@ key encoder, queue, RNG states, epoch and step; with LoRA the adapter instead of
 from __future__ import annotations
 
 import copy
-import dataclasses
 import json
 import logging
 import math
@@ -26,139 +25,24 @@ import random
 import shutil
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from medfaq.common.runtime import PRECISIONS, MedfaqError, autocast, choose_device, resolve_precision, seed_everything
-from medfaq.summarizer.contrastive import MoCo, diversity_loss, info_nce, masked_mean, mean_cosine
-from medfaq.summarizer.modeling import backbone_is_causal, is_causal_lm, load_backbone
+from medfaq.common.runtime import MedfaqError, autocast, choose_device, resolve_precision, seed_everything
+from medfaq.summarizer.modeling import is_causal_lm, load_backbone
+from medfaq.summarizer.training.collator import Batch, Collator
+from medfaq.summarizer.training.config import SummarizerTrainConfig
+from medfaq.summarizer.training.contrastive import MoCo, diversity_loss, info_nce, masked_mean, mean_cosine
+from medfaq.summarizer.training.examples import build_examples, epoch_batches
 
 logger = logging.getLogger("medfaq")
 
-VARIANTS = ("ecl", "mle", "ecl-s", "ecl-h", "qfcl", "learned")
-CONFIG_FILE = "train_config.json"
 HISTORY_FILE = "history.json"
 STATE_FILE = "trainer_state.pt"
 LAST_DIR = "last"
-
-
-@dataclass
-class SummarizerTrainConfig:
-    """Everything a training run depends on; saved as ``train_config.json`` beside every checkpoint."""
-
-    backbone: str = "minilm"
-    variant: str = "ecl"
-    preset: str = "quick"
-    alpha: float = 1.0  # weight of L_scl (queue negatives)
-    beta: float = 1.0  # weight of L_hcl (hard or learned negatives)
-    label_smoothing: float = 0.1
-    momentum: float = 0.0  # key-encoder momentum (0: sized to the run, see `sized_momentum`)
-    queue_size: int = 0  # queued FAQ keys (0: sized to the data, see `sized_queue`)
-    temperature: float = 0.07
-    learned_temperature: float = 1.0  # InfoNCE temperature against learned negatives (the paper's 1.0)
-    n_hard_negatives: int = 4
-    n_frame_negatives: int = 0  # extra hard negatives with the FAQ's question frame swapped (see frame_hard_negatives)
-    n_learned_negatives: int = 4
-    diversity_weight: float = 1.0
-    generator_lr: float = 1e-4
-    lr: float = 1e-4
-    freeze_embeddings: bool = True  # decoder-only backbones: keep the (tied) token embedding frozen
-    lora_rank: int = 0  # decoder-only backbones: train rank-r LoRA adapters of every linear layer instead (0: off)
-    weight_decay: float = 0.01
-    warmup_ratio: float = 0.1
-    max_grad_norm: float = 1.0
-    batch_size: int = 8
-    grad_accum: int = 1
-    epochs: int = 2
-    max_source_len: int = 96
-    max_target_len: int = 40
-    eval_beams: int = 1
-    eval_max_length: int = 32
-    eval_examples: int = 30  # validate on the first N validation pairs (0: all)
-    patience: int = 2
-    seed: int = 0
-    train_data: str = ""  # training pairs spec (e.g. meqsum:train+meqsum:valid); empty: the data set's train split
-    pretrain: list[str] = field(default_factory=list)  # CHQ->FAQ data sets trained on before the main data
-    pretrain_epochs: int = 1
-    pretrain_examples: int = 0  # sample this many pre-training pairs (0: all)
-    device: str | None = None
-    threads: int = 0  # torch threads (0: torch's default)
-    precision: str = "auto"  # training forward passes: fp32 | bf16 | auto (bf16 where measured faster; the one used)
-    save_every_steps: int = 0  # also checkpoint every N optimizer steps (0: at epoch ends only)
-    max_steps: int = 0  # stop (with a checkpoint) after N optimizer steps in total (0: no limit)
-    averaged_from: list[str] = field(default_factory=list)  # runs whose weights this model averages (soup)
-
-    def __post_init__(self) -> None:
-        if self.variant not in VARIANTS:
-            raise MedfaqError(f"unknown variant {self.variant!r}; choose one of {', '.join(VARIANTS)}")
-        if self.batch_size < 1 or self.grad_accum < 1 or self.epochs < 1:
-            raise MedfaqError("batch size, gradient accumulation and epochs must be at least 1")
-        if min(self.n_hard_negatives, self.n_frame_negatives, self.n_learned_negatives) < 0:
-            raise MedfaqError("the numbers of hard, frame and learned negatives must be 0 or more")
-        if self.lora_rank < 0:
-            raise MedfaqError(f"--lora-rank must be 0 (off) or positive, got {self.lora_rank}")
-        if self.precision not in PRECISIONS:
-            raise MedfaqError(f"unknown precision {self.precision!r}; choose one of {', '.join(PRECISIONS)}")
-
-    @property
-    def uses_queue(self) -> bool:
-        return self.variant in {"ecl", "ecl-h", "qfcl", "learned"}
-
-    @property
-    def uses_hard(self) -> bool:
-        return self.variant in {"ecl", "ecl-s", "qfcl"}
-
-    @property
-    def uses_moco(self) -> bool:
-        return self.variant != "mle"
-
-    def save(self, directory: Path) -> None:
-        (directory / CONFIG_FILE).write_text(json.dumps(dataclasses.asdict(self), indent=2) + "\n", encoding="utf-8")
-
-    @classmethod
-    def unknown_keys(cls, values: dict) -> list[str]:
-        """The keys of `values` that name no setting of this config, sorted."""
-        return sorted(set(values) - {f.name for f in dataclasses.fields(cls)})
-
-    @classmethod
-    def load(cls, directory: Path) -> SummarizerTrainConfig:
-        values = json.loads((Path(directory) / CONFIG_FILE).read_text(encoding="utf-8"))
-        unknown = cls.unknown_keys(values)
-        if unknown:
-            raise MedfaqError(f"{directory} is not a trained summarizer (its {CONFIG_FILE} has {', '.join(unknown)})")
-        return cls(**values)
-
-
-PRESETS: dict[str, dict] = {
-    # Up to 8 epochs over MeQSum train (400 pairs), 96 source tokens, validation on 50 pairs, early stopping after
-    # 3 epochs without gain: about 12 CPU-core minutes for an ECL run with the MiniLM backbone. With 2 epochs (the
-    # dataclass default) every variant wrote a few generic questions; with 8 the contrastive ones do not
-    # (docs/results.md).
-    "quick": {"epochs": 8, "patience": 3, "eval_examples": 50},
-    # The paper's setting for a GPU: longer inputs, more epochs, beam search for validation.
-    "full": {
-        "lr": 3e-5,
-        "epochs": 20,
-        "eval_examples": 0,
-        "batch_size": 16,
-        "max_source_len": 512,
-        "max_target_len": 64,
-        "eval_beams": 4,
-        "eval_max_length": 64,
-        "patience": 4,
-    },
-}
-QFCL_DEFAULTS = {"alpha": 1.0, "beta": 0.5}
-# Decoder-only backbones (Gemma 3 270M): the plain fine-tune recipe that scored ROUGE-1 50.5 on all 500 MeQSum test
-# pairs; about 7-8 times the step cost of the MiniLM encoder-decoder, so 2 epochs and a short validation.
-CAUSAL_PRESETS: dict[str, dict] = {
-    "quick": {"epochs": 2, "lr": 5e-5, "max_source_len": 120, "eval_examples": 20, "eval_max_length": 40},
-    "full": {"lr": 2e-5, "epochs": 6, "max_source_len": 256},
-}
 
 
 def sized_queue(n_examples: int, batch_size: int, limit: int = 4096) -> int:
@@ -170,192 +54,6 @@ def sized_momentum(steps_total: int) -> float:
     """Key-encoder momentum for a run of `steps_total` optimizer steps: 1 − 10/steps, within [0.9, 0.999], so the
     key encoder follows the query encoder within about a tenth of the run (0.999 suits 10,000+ steps)."""
     return min(0.999, max(0.9, 1.0 - 10.0 / max(steps_total, 1)))
-
-
-def preset_config(preset: str = "quick", variant: str = "ecl", **overrides) -> SummarizerTrainConfig:
-    """The preset's config for `variant`, with every override that is not None applied."""
-    if preset not in PRESETS:
-        raise MedfaqError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
-    values = {"preset": preset, "variant": variant, **PRESETS[preset]}
-    if backbone_is_causal(overrides.get("backbone") or "minilm"):
-        values.update(CAUSAL_PRESETS[preset])
-    if variant == "qfcl":
-        values.update(QFCL_DEFAULTS)
-    values.update({key: value for key, value in overrides.items() if value is not None})
-    unknown = SummarizerTrainConfig.unknown_keys(values)
-    if unknown:
-        raise MedfaqError(f"unknown training options: {', '.join(unknown)}")
-    return SummarizerTrainConfig(**values)
-
-
-@dataclass(frozen=True)
-class Example:
-    """One training pair with its own hard negatives (kept together through batching)."""
-
-    id: int
-    chq: str
-    faq: str
-    negatives: tuple[str, ...] = ()
-
-
-@dataclass
-class Batch:
-    """One micro-batch. Seq2seq: `source` is the CHQ, `labels` the FAQ. Decoder-only: `source` is CHQ + separator +
-    FAQ + EOS and `labels` is -100 except on the FAQ and EOS. `keys` holds the FAQs (B rows) followed by the valid
-    hard negatives, for one batched key-encoder pass; `negative_mask` (B, n_h) marks which slots those fill."""
-
-    ids: torch.Tensor
-    source: dict[str, torch.Tensor]
-    anchor_mask: torch.Tensor  # (B, T_source): the CHQ tokens the anchor is pooled over
-    labels: torch.Tensor
-    keys: dict[str, torch.Tensor]  # input_ids, attention_mask, pool_mask: (B + valid negatives, T)
-    negative_mask: torch.Tensor
-
-    def to(self, device: str) -> Batch:
-        def move(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-            return {key: value.to(device) for key, value in tensors.items()}
-
-        return Batch(
-            self.ids.to(device),
-            move(self.source),
-            self.anchor_mask.to(device),
-            self.labels.to(device),
-            move(self.keys),
-            self.negative_mask.to(device),
-        )
-
-
-@dataclass(frozen=True)
-class EncodedExample:
-    """An example's token ids, computed once per run."""
-
-    source: list[int]
-    anchor: list[int]  # 1 where `source` holds a CHQ token the anchor pools over
-    labels: list[int]
-    keys: list[list[int]]  # the FAQ, then its hard negatives
-    key_pools: list[list[int]]
-
-
-def pad(rows: Sequence[Sequence[int]], value: int) -> torch.Tensor:
-    """Right-pad integer rows to one (N, T) tensor."""
-    width = max((len(row) for row in rows), default=1) or 1
-    return torch.tensor([list(row) + [value] * (width - len(row)) for row in rows], dtype=torch.long)
-
-
-class Collator:
-    """Tokenizes each example once (cached by id) and pads batches; hard negatives fill up to `n_hard` slots.
-
-    `causal`: the decoder-only layout (see :class:`Batch`). `strip_start`: a token id dropped from the front of the
-    labels (BERT2BERT: its decoder starts from [CLS], so [CLS] is no target).
-    """
-
-    def __init__(
-        self,
-        tokenizer,
-        max_source_len: int,
-        max_target_len: int,
-        n_hard: int,
-        causal: bool = False,
-        strip_start: int | None = None,
-    ):
-        self.tokenizer, self.n_hard, self.causal, self.strip_start = tokenizer, n_hard, causal, strip_start
-        self.max_source_len, self.max_target_len = max_source_len, max_target_len
-        self.special = set(tokenizer.all_special_ids)
-        self._cache: dict[int, EncodedExample] = {}
-
-    def _ids(self, text: str, max_len: int, special: bool = True) -> list[int]:
-        return self.tokenizer(text, max_length=max_len, truncation=True, add_special_tokens=special)["input_ids"]
-
-    def _pool(self, ids: list[int]) -> list[int]:
-        """Decoder-only keys pool over text tokens only (Gemma's BOS state is huge and the same for every input)."""
-        return [int(not self.causal or token not in self.special) for token in ids]
-
-    def encode(self, example: Example) -> EncodedExample:
-        cached = self._cache.get(example.id)
-        if cached is not None:
-            return cached
-        keys = [self._ids(text, self.max_target_len) for text in (example.faq, *example.negatives[: self.n_hard])]
-        if self.causal:
-            from medfaq.summarizer.modeling import clean_question, prompt_ids
-
-            prompt, n_question = prompt_ids(self.tokenizer, example.chq, self.max_source_len)
-            answer = self._ids(" " + clean_question(example.faq), self.max_target_len, special=False)
-            answer.append(self.tokenizer.eos_token_id)
-            source, labels = prompt + answer, [-100] * len(prompt) + answer
-            anchor = [int(i < n_question and token not in self.special) for i, token in enumerate(source)]
-        else:
-            source = self._ids(example.chq, self.max_source_len)
-            anchor = [1] * len(source)
-            labels = keys[0][1:] if self.strip_start is not None and keys[0][:1] == [self.strip_start] else keys[0]
-        encoded = EncodedExample(source, anchor, labels, keys, [self._pool(ids) for ids in keys])
-        self._cache[example.id] = encoded
-        return encoded
-
-    def __call__(self, examples: Sequence[Example]) -> Batch:
-        encoded = [self.encode(e) for e in examples]
-        pad_id = self.tokenizer.pad_token_id
-        sources = [e.source for e in encoded]
-        source = {"input_ids": pad(sources, pad_id), "attention_mask": pad([[1] * len(x) for x in sources], 0)}
-        negatives = [e.keys[1:] for e in encoded]
-        key_ids = [e.keys[0] for e in encoded] + [ids for e in encoded for ids in e.keys[1:]]
-        key_pools = [e.key_pools[0] for e in encoded] + [p for e in encoded for p in e.key_pools[1:]]
-        keys = {
-            "input_ids": pad(key_ids, pad_id),
-            "attention_mask": pad([[1] * len(x) for x in key_ids], 0),
-            "pool_mask": pad(key_pools, 0),
-        }
-        mask = torch.tensor([[slot < len(g) for slot in range(self.n_hard)] for g in negatives], dtype=torch.bool)
-        return Batch(
-            torch.tensor([e.id for e in examples], dtype=torch.long),
-            source,
-            pad([e.anchor for e in encoded], 0),
-            pad([e.labels for e in encoded], -100),
-            keys,
-            mask.view(len(examples), self.n_hard),
-        )
-
-
-def epoch_batches(
-    examples: Sequence[Example], batch_size: int, seed: int, epoch: int, bucket: int = 8
-) -> list[list[Example]]:
-    """The epoch's shuffled batches; the order depends only on (seed, epoch), so a resumed run sees the same.
-
-    Within each shuffled window of `bucket` batches, examples are sorted by CHQ length before they are cut into
-    batches (less padding, so faster steps); the batches are then shuffled again.
-    """
-    generator = torch.Generator().manual_seed(seed * 100_003 + epoch)
-    order = torch.randperm(len(examples), generator=generator).tolist()
-    window = batch_size * max(bucket, 1)
-    batches = []
-    for start in range(0, len(order), window):
-        chunk = sorted(order[start : start + window], key=lambda i: len(examples[i].chq))
-        batches += [chunk[i : i + batch_size] for i in range(0, len(chunk), batch_size)]
-    shuffled = torch.randperm(len(batches), generator=generator).tolist()
-    return [[examples[i] for i in batches[b]] for b in shuffled]
-
-
-def build_examples(pairs: Sequence[tuple[str, str]], config: SummarizerTrainConfig, start_id: int = 0) -> list[Example]:
-    """Attach each pair's hard negatives as its own group: entity swaps (ECL) or focus swaps (QFCL), then
-    `n_frame_negatives` question-frame swaps."""
-    chqs, faqs = [p[0] for p in pairs], [p[1] for p in pairs]
-    groups: list[list[str]] = [[] for _ in pairs]
-    if config.uses_hard:
-        from medfaq.summarizer import negatives
-        from medfaq.summarizer.entities import load_recognizer
-
-        qfcl = config.variant == "qfcl"
-        entities: list = []
-        if (not qfcl and config.n_hard_negatives > 0) or config.n_frame_negatives > 0:
-            recognizer = load_recognizer()
-            entities = [recognizer.find(faq) for faq in faqs]
-        if config.n_hard_negatives > 0 and qfcl:
-            groups = negatives.focus_hard_negatives(chqs, faqs, config.n_hard_negatives, config.seed)
-        elif config.n_hard_negatives > 0:
-            groups = negatives.entity_hard_negatives(faqs, config.n_hard_negatives, config.seed, entities=entities)
-        if config.n_frame_negatives > 0:
-            frames = negatives.frame_hard_negatives(faqs, config.n_frame_negatives, config.seed, entities)
-            groups = [group + frame for group, frame in zip(groups, frames, strict=True)]
-    return [Example(start_id + i, c, f, tuple(g)) for i, (c, f, g) in enumerate(zip(chqs, faqs, groups, strict=True))]
 
 
 def rouge_l(predictions: Sequence[str], references: Sequence[str]) -> float:

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -24,9 +24,11 @@ from medfaq.common.runtime import MedfaqError
 from medfaq.index.collections import iter_jsonl, load_collection
 from medfaq.index.concepts import ConceptLexicon, concept_lexicon, read_with_concepts
 from medfaq.index.pair_sources import dataset_file, load_jsonl_rows, load_mqp
-from medfaq.retriever.encoder_training import FAQ_SOURCES, EncoderTrainConfig, subsample
+from medfaq.retriever.training.config import FAQ_SOURCES, EncoderTrainConfig
 
 logger = logging.getLogger("medfaq.training")
+
+T = TypeVar("T")
 
 Encode = Callable[[list[str]], np.ndarray]
 """Texts -> (n, dim) unit-norm vectors, e.g. ``index.encoder.Encoder(name).encode``."""
@@ -52,6 +54,13 @@ class Pair:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def subsample(items: Sequence[T], limit: int | None, seed: int) -> list[T]:
+    """`items` in a seeded random order, at most `limit` of them."""
+    order = list(items)
+    random.Random(seed).shuffle(order)
+    return order[:limit] if limit else order
 
 
 def normalise(text: str) -> str:

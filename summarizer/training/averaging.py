@@ -16,7 +16,7 @@ import torch
 
 from medfaq.common.runtime import MedfaqError, make_once, resolve_model
 from medfaq.summarizer.modeling import load_backbone
-from medfaq.summarizer.trainer import CONFIG_FILE, SummarizerTrainConfig
+from medfaq.summarizer.training.config import CONFIG_FILE, SummarizerTrainConfig
 
 # settings averaged runs may differ in: the seed, where and how they ran, checkpointing, and validation (which only
 # decides the epoch a run's best model holds and when it stops early)

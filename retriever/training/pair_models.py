@@ -1,26 +1,25 @@
-"""One entry point for both duplicate-detector kinds: train a model from an :class:`EncoderTrainConfig`, load a
-trained one as a pair scorer (``score_pairs(pairs) -> np.ndarray``, higher = more likely the same question)."""
+"""One entry point for both duplicate-detector kinds: train a model from an :class:`EncoderTrainConfig`, save it,
+load a trained one as a pair scorer (``score_pairs(pairs) -> np.ndarray``, higher = more likely the same question)."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
 from medfaq.common.runtime import resolve_model
-from medfaq.retriever.biencoder import BiEncoderScorer, load_biencoder, train_biencoder
-from medfaq.retriever.crossencoder import (
-    CrossEncoderReranker,
-    decision_boundary,
-    has_classifier_head,
-    initial_crossencoder,
-    shared_prior,
-    train_crossencoder,
-)
-from medfaq.retriever.encoder_training import CONFIG_FILE, EncoderTrainConfig
-from medfaq.retriever.pair_data import Pair, mqp_sibling_negatives
+from medfaq.retriever.biencoder import BiEncoderScorer, load_biencoder
+from medfaq.retriever.crossencoder import CrossEncoderReranker
+from medfaq.retriever.reranker import decision_boundary, has_classifier_head
+from medfaq.retriever.training.biencoder import train_biencoder
+from medfaq.retriever.training.config import CONFIG_FILE, EncoderTrainConfig
+from medfaq.retriever.training.crossencoder import initial_crossencoder, save_prior, shared_prior, train_crossencoder
+from medfaq.retriever.training.pair_data import Pair, mqp_sibling_negatives
+
+logger = logging.getLogger("medfaq.training")
 
 
 class PairScorer(Protocol):
@@ -80,7 +79,7 @@ def load_pair_scorer(model: str | Path, device: str | None = None, quantize: boo
 
 def saved_threshold(model: str | Path, default: float = 0.5) -> float:
     """The best-accuracy threshold saved with a cross-validation fold model; else a cross-encoder's own decision
-    boundary (:func:`retriever.crossencoder.decision_boundary`); else `default`."""
+    boundary (:func:`retriever.reranker.decision_boundary`); else `default`."""
     path = Path(resolve_model(model))
     if not (path / CONFIG_FILE).is_file():
         return default
@@ -88,3 +87,15 @@ def saved_threshold(model: str | Path, default: float = 0.5) -> float:
     if "threshold_accuracy" in config.extra:
         return float(config.extra["threshold_accuracy"])
     return decision_boundary(config) if config.model_type == "crossencoder" else default
+
+
+def save_trained(model: Any, config: EncoderTrainConfig, out: str | Path) -> Path:
+    """Save a trained model (safetensors + tokenizer), its config and (a reranker trained as a correction of a
+    bi-encoder) that bi-encoder into `out`."""
+    out = Path(out).expanduser()
+    out.mkdir(parents=True, exist_ok=True)
+    model.save(str(out))
+    save_prior(config, out)
+    config.save(out)
+    logger.info("saved %s to %s", config.model_type, out)
+    return out

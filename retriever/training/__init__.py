@@ -1,0 +1,1 @@
+"""medfaq: training the retriever's bi-encoder and cross-encoder."""

@@ -1,0 +1,1 @@
+"""medfaq: training the summarizer."""
