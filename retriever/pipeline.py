@@ -239,13 +239,31 @@ class PipelineConfig:
     @classmethod
     def load(cls, directory: str | Path) -> PipelineConfig:
         """``pipeline.json`` of `directory`, or the defaults when there is none."""
-        path = Path(directory) / PIPELINE_FILE
-        if not path.is_file():
+        return cls.parse(saved_config(directory), Path(directory) / PIPELINE_FILE)
+
+    @classmethod
+    def parse(cls, saved: bytes | None, path: str | Path) -> PipelineConfig:
+        """The settings of the ``pipeline.json`` at `path` read as `saved` (None: there is none, the defaults)."""
+        if saved is None:
             return cls()
         try:
-            return cls.from_dict(json.loads(path.read_text(encoding="utf-8")))
-        except (json.JSONDecodeError, TypeError, MedfaqError) as error:
+            data = json.loads(saved.decode("utf-8"))
+            if not isinstance(data, dict):
+                raise MedfaqError(f"expected a JSON object of settings, got {type(data).__name__}")
+            return cls.from_dict(data)
+        except (UnicodeDecodeError, json.JSONDecodeError, TypeError, MedfaqError) as error:
             raise MedfaqError(f"{path} is not a valid pipeline config: {error}") from None
+
+
+def saved_config(directory: str | Path) -> bytes | None:
+    """The bytes of `directory`'s ``pipeline.json`` (None when it has none): cheap to compare with what was loaded."""
+    path = Path(directory) / PIPELINE_FILE
+    if not path.is_file():
+        return None
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:  # removed since
+        return None
 
 
 def store_threshold(directory: str | Path, config: PipelineConfig, value: float) -> Path:
