@@ -20,8 +20,66 @@ from medfaq.retriever.model_cache import StageCache, StageLoader, register_stage
 from medfaq.retriever.pipeline import PIPELINE_FILE, PipelineConfig
 from tests.conftest import FAQ_ROWS
 from tests.servers import serving
+from tests.test_onnx_reranker import trained
 
 QUESTION = FAQ_ROWS[2]["question"]
+
+
+@pytest.fixture(scope="module")
+def reranker_dir(tmp_path_factory, tiny_bert_dir):
+    """A tiny cross-encoder, as `medfaq train crossencoder` saves one."""
+    return trained(tmp_path_factory.mktemp("cache"), tiny_bert_dir)
+
+
+@pytest.fixture
+def demo_page(monkeypatch):
+    """The demo's resources and search page, called as functions (no browser, no Streamlit server)."""
+    import streamlit as st
+
+    from medfaq.app.ui import resources, search_page
+
+    monkeypatch.setenv("MEDFAQ_DEMO_SUMMARIZER", "none")
+    monkeypatch.setenv("MEDFAQ_DEMO_NO_TRAIN", "1")
+    st.cache_resource.clear()
+    yield resources, search_page
+    st.cache_resource.clear()
+
+
+def test_server_demo_and_cli_take_the_same_stages_for_one_config(index_dir, reranker_dir, demo_page, monkeypatch):
+    from medfaq.app.cmd_search import StageFlags, open_pipeline
+
+    resources, search_page = demo_page
+    PipelineConfig(rerank=True, reranker=str(reranker_dir), encoder_backend="torch", top_k=3).save(index_dir)
+    monkeypatch.setenv("MEDFAQ_DEMO_INDEX", str(index_dir))
+    monkeypatch.setenv("MEDFAQ_DEMO_RERANKER", str(reranker_dir))
+
+    served = SearchService(index_dir, feedback_path=index_dir.parent / "feedback.sqlite3").pipeline()
+    cli = open_pipeline(index_dir, StageFlags())  # the path `medfaq search` takes
+    demo = resources.settings()
+    stages = resources.ready_stages(demo)
+    controls = search_page.Controls(summarize=False, rerank=True, mode="dense", top_k=3)
+    page = search_page.build_pipeline(stages, controls, resources.base_config(demo))
+
+    assert served.reranker is not None and served.entity_finder is not None
+    assert served.reranker is cli.reranker is stages.reranker is page.reranker
+    assert served.entity_finder is cli.entity_finder is stages.entity_finder is page.entity_finder
+    assert served.run(QUESTION).to_dict()["hits"] == cli.run(QUESTION).to_dict()["hits"]
+    [key] = [key for key in shared_cache().loaded() if key.kind == "rerank"]
+    assert key.model == str(reranker_dir.resolve()) and key.stamp
+    assert dict(key.settings) == {
+        "quantize": False,
+        "rerank_max_length": None,
+        "rerank_precision": "fp32",
+        "encoder_backend": "torch",
+    }
+
+    for change in ({"rerank_max_length": 16}, {"rerank_precision": "bf16"}):
+        flagged = open_pipeline(index_dir, StageFlags(**change)).reranker
+        assert flagged is not served.reranker
+        PipelineConfig.load(index_dir).replace(**change).save(index_dir)
+        assert open_pipeline(index_dir, StageFlags()).reranker is flagged  # the same setting, the same stage
+        PipelineConfig.load(index_dir).replace(rerank_max_length=None, rerank_precision="fp32").save(index_dir)
+    assert open_pipeline(index_dir, StageFlags()).reranker is served.reranker
 
 
 def test_a_retrained_model_is_a_new_stage_and_the_old_one_is_dropped(tmp_path):
