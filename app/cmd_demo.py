@@ -77,7 +77,8 @@ def answer_examples(top_k: int, mode: str | None) -> None:
         records, report = load_collection("medquad")
         typer.echo(report.summary(), err=True)
         FaqIndex.build(records, load_encoder(DEFAULT_ENCODER)).save(directory)
-    config = PipelineConfig.load(directory).updated(mode=mode, top_k=top_k, summarize=False, rerank=False)
-    pipeline = Pipeline(FaqIndex.load(directory), config)
+    stages_off = {"summarize": False, "rerank": False, "entities": False}  # the table shows the hits alone
+    config = PipelineConfig.load(directory).updated(mode=mode, top_k=top_k, **stages_off)
+    pipeline = Pipeline.from_config(FaqIndex.load(directory), config)
     for question in EXAMPLE_QUESTIONS:
         typer.echo(hits_table(pipeline.run(question)) + "\n")

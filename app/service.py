@@ -1,9 +1,11 @@
-"""A long-running search service over one index: the pipeline's stage models loaded once and shared, a Pipeline
-built per request from the index's ``pipeline.json`` and the request's overrides, the index reloaded when a newer
-version appears on disk, the feedback store and the experts' queue. `medfaq serve` puts it behind HTTP.
+"""A long-running search service over one index: the pipeline's stage models taken from the process's stage cache
+(loaded once, shared), a Pipeline built per request from the index's ``pipeline.json`` and the request's overrides,
+the index reloaded when a newer version appears on disk and the config when its ``pipeline.json`` changes, the
+feedback store and the experts' queue. `medfaq serve` puts it behind HTTP.
 
-A newer index on disk that cannot be loaded (corrupted files, a half-copied directory) never takes the service down:
-the version already loaded goes on serving and the fault is reported in :meth:`SearchService.status` and the log."""
+A newer index or an edited ``pipeline.json`` on disk that cannot be loaded (corrupted files, a half-copied
+directory, an invalid setting) never takes the service down: what is loaded goes on serving and the fault is
+reported in :meth:`SearchService.status` and the log."""
 
 from __future__ import annotations
 
@@ -19,7 +21,8 @@ from medfaq.app.feedback import Feedback, FeedbackStore
 from medfaq.common.runtime import MedfaqError
 from medfaq.index.faq_index import FaqIndex, disk_version
 from medfaq.index.records import FaqRecord
-from medfaq.retriever.pipeline import Pipeline, PipelineConfig, load_stage
+from medfaq.retriever.model_cache import StageError, shared_cache, wanted_stages
+from medfaq.retriever.pipeline import PIPELINE_FILE, Pipeline, PipelineConfig, saved_config
 from medfaq.retriever.unanswered import UnansweredLog
 
 OVERRIDABLE = (
@@ -44,8 +47,8 @@ class ServiceUnavailable(MedfaqError):
 
 @dataclass
 class ServiceStatus:
-    """What ``GET /health`` answers: `status` is ``ok``, or ``degraded`` with the `fault` while a newer index on disk
-    cannot be loaded."""
+    """What ``GET /health`` answers: `status` is ``ok``, or ``degraded`` with the `fault` while a newer index or the
+    ``pipeline.json`` on disk cannot be loaded."""
 
     status: Literal["ok", "degraded"]
     index: str
@@ -74,42 +77,53 @@ class SearchService:
     ) -> None:
         self.index_dir = Path(index_dir)
         self.feedback = FeedbackStore(feedback_path)
+        self.stages = shared_cache()
         self._guard = threading.Lock()
-        self._stages: dict[tuple, Any] = {}
         self.batching = batching or BatchSettings()
         self._batcher: MicroBatcher[tuple[str, Settings], dict[str, Any]] = MicroBatcher(
             self._search_grouped, self.batching
         )
-        self._failed_version: str | None = None
+        self._failed: tuple[str, bytes | None] | None = None  # the index version and pipeline.json tried in vain
         self.fault: str | None = None
-        self._load_index()
+        self._load(FaqIndex.load(self.index_dir), saved_config(self.index_dir))
 
-    def _load_index(self) -> None:
-        index = FaqIndex.load(self.index_dir)
-        config = PipelineConfig.load(self.index_dir)
-        if config.mode != "bm25":
-            index.open_encoder(config.encoder_backend)  # loaded now, never inside a request's timings
-        self.index, self.config = index, config
+    def _load(self, index: FaqIndex | None, saved: bytes | None) -> None:
+        """Serve the pipeline.json read as `saved` over `index` (None: the loaded one, opened again when the config
+        asks for another encoder backend); the query encoder is loaded now, never inside a request's timings."""
+        config = PipelineConfig.parse(saved, self.index_dir / PIPELINE_FILE)
+        if index is None:
+            same_backend = config.encoder_backend == self.config.encoder_backend
+            index = self.index if same_backend else FaqIndex.load(self.index_dir)
+        self.stages.open_encoder(index, config)
+        self.index, self.config, self._serving = index, config, (index.version, saved)
 
     def refresh(self) -> bool:
-        """Reload the index and its pipeline.json when a newer version is on disk; True when it reloaded. A version
-        that cannot be loaded is tried once: the loaded one goes on serving, with the fault in `fault`."""
+        """Reload what changed on disk: the index when a newer version is there, the config when its pipeline.json
+        changed (the stage models come from the cache); True when it reloaded. A version or a pipeline.json that
+        cannot be loaded is tried once: what is loaded goes on serving, with the fault in `fault`."""
         with self._guard:
             version = disk_version(self.index_dir)
             if version is None:
                 self._report(f"no index at {self.index_dir} any more; serving version {self.index.version}")
                 return False
-            if version in (self.index.version, self._failed_version):
-                if version == self.index.version:
-                    self.fault = None
+            on_disk = (version, saved_config(self.index_dir))
+            if on_disk == self._serving:
+                self.fault = None
                 return False
+            if on_disk == self._failed:
+                return False
+            newer = version != self.index.version
             try:
-                self._load_index()
+                self._load(FaqIndex.load(self.index_dir) if newer else None, on_disk[1])
             except MedfaqError as error:
-                self._failed_version = version
-                self._report(f"the index on disk cannot be loaded ({error}); serving version {self.index.version}")
+                self._failed = on_disk
+                what = "index" if newer else "pipeline config"
+                self._report(
+                    f"the {what} on disk cannot be loaded ({error}); serving version {self.index.version} "
+                    "with the config loaded before"
+                )
                 return False
-            self._failed_version, self.fault = None, None
+            self._failed, self.fault = None, None
             return True
 
     def _report(self, fault: str) -> None:
@@ -119,42 +133,20 @@ class SearchService:
 
     def pipeline(self, overrides: dict[str, Any] | None = None, exact_batches: bool = False) -> Pipeline:
         """A Pipeline for one request: the index's config with `overrides` applied as the command line's flags are
-        (None values ignored; ``summarize`` alone searches with the summary); `exact_batches` as in Pipeline."""
+        (None values ignored; ``summarize`` alone searches with the summary); `exact_batches` as in Pipeline. A
+        stage that cannot load is the server's fault (:class:`ServiceUnavailable`) when the index's pipeline.json
+        runs it, else a refusal of the request that asked for it."""
         self.refresh()
-        changes = dict(overrides or {})
-        config = self.config.with_flags(changes.pop("summarize", None), changes.pop("query_source", None), **changes)
-        served = {"rewrite": self.config.summarize, "rerank": self.config.rerank, "entities": self.config.entities}
-        stages = {
-            kind: self._stage(kind, name, config, served[kind])
-            for kind, name, wanted in [
-                ("rewrite", config.summarizer, config.summarize),
-                ("rerank", config.reranker, config.rerank),
-                ("entities", None, config.entities),
-            ]
-            if wanted
-        }
-        return Pipeline(
-            self.index,
-            config,
-            rewriter=stages.get("rewrite"),
-            reranker=stages.get("rerank"),
-            entity_finder=stages.get("entities"),
-            unanswered=UnansweredLog(config.unanswered_log),
-            exact_batches=exact_batches,
-        )
-
-    def _stage(self, kind: str, name: str | None, config: PipelineConfig, served: bool) -> Any:
-        """The cached stage object; one that cannot load is the server's fault (:class:`ServiceUnavailable`) when its
-        index's pipeline.json runs it (`served`), else a refusal of the request that asked for it."""
-        key = (kind, name, config.quantize, config.summary_beams, config.summary_max_length)
         with self._guard:
-            if key not in self._stages:
-                try:
-                    self._stages[key] = load_stage(kind, name, config)
-                except MedfaqError as error:
-                    fault = ServiceUnavailable if served else MedfaqError
-                    raise fault(f"the {kind} stage is not available on this server: {error}") from None
-            return self._stages[key]
+            index, served = self.index, self.config
+        changes = dict(overrides or {})
+        config = served.with_flags(changes.pop("summarize", None), changes.pop("query_source", None), **changes)
+        unanswered = UnansweredLog(config.unanswered_log)
+        try:
+            return self.stages.pipeline(index, config, unanswered=unanswered, exact_batches=exact_batches)
+        except StageError as error:
+            fault = ServiceUnavailable if error.kind in wanted_stages(served) else MedfaqError
+            raise fault(f"the {error.kind} stage is not available on this server: {error}") from None
 
     def search(self, questions: list[str], overrides: dict[str, Any] | None = None) -> list[dict[str, Any]]:
         """One answer per question; a single question joins the batch of those asked at the same moment."""
@@ -212,9 +204,7 @@ class SearchService:
 
     def status(self) -> ServiceStatus:
         self.refresh()
-        loaded = {
-            f"{kind}:{name or 'default'}": type(stage).__name__ for (kind, name, *_), stage in self._stages.items()
-        }
+        loaded = {key.label: type(stage).__name__ for key, stage in self.stages.loaded().items()}
         return ServiceStatus(
             status="degraded" if self.fault else "ok",
             index=str(self.index_dir),

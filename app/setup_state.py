@@ -121,10 +121,6 @@ def _model_path(value: str) -> Path | None:
     return path if path.is_absolute() or path.exists() else models_dir() / value
 
 
-def model_stamp(path: Path) -> float:
-    return (path / "config.json").stat().st_mtime
-
-
 @dataclass
 class SetupStep:
     """One set-up step: `medfaq` commands run in order, and what the page shows about them."""

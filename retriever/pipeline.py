@@ -1,9 +1,9 @@
 """The search pipeline: summarize -> retrieve (raw, summary or both fused) -> rerank the top N -> filter -> abstain.
 
 Stages are small protocols, so the components (the ECL summarizer, the cross-encoder, the NER) plug in without
-callers changing: build a :class:`Pipeline` with the stage objects, or register a loader by name with
-:func:`register_stage_loader` (``retriever.stages`` registers the real ones) and let :meth:`Pipeline.from_config`
-build them from a saved :class:`PipelineConfig`.
+callers changing: build a :class:`Pipeline` with the stage objects, or let :meth:`Pipeline.from_config` take them
+for a saved :class:`PipelineConfig` from the process's stage cache (:mod:`retriever.model_cache`, whose registered
+loaders build them; ``retriever.stages`` registers the real ones).
 
 A Pipeline may be shared between threads: each stage runs under a lock belonging to its stage object (tokenizers and
 some models are not re-entrant), so concurrent searches return exactly what serial ones do while different stages
@@ -16,7 +16,6 @@ import json
 import math
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -240,13 +239,31 @@ class PipelineConfig:
     @classmethod
     def load(cls, directory: str | Path) -> PipelineConfig:
         """``pipeline.json`` of `directory`, or the defaults when there is none."""
-        path = Path(directory) / PIPELINE_FILE
-        if not path.is_file():
+        return cls.parse(saved_config(directory), Path(directory) / PIPELINE_FILE)
+
+    @classmethod
+    def parse(cls, saved: bytes | None, path: str | Path) -> PipelineConfig:
+        """The settings of the ``pipeline.json`` at `path` read as `saved` (None: there is none, the defaults)."""
+        if saved is None:
             return cls()
         try:
-            return cls.from_dict(json.loads(path.read_text(encoding="utf-8")))
-        except (json.JSONDecodeError, TypeError, MedfaqError) as error:
+            data = json.loads(saved.decode("utf-8"))
+            if not isinstance(data, dict):
+                raise MedfaqError(f"expected a JSON object of settings, got {type(data).__name__}")
+            return cls.from_dict(data)
+        except (UnicodeDecodeError, json.JSONDecodeError, TypeError, MedfaqError) as error:
             raise MedfaqError(f"{path} is not a valid pipeline config: {error}") from None
+
+
+def saved_config(directory: str | Path) -> bytes | None:
+    """The bytes of `directory`'s ``pipeline.json`` (None when it has none): cheap to compare with what was loaded."""
+    path = Path(directory) / PIPELINE_FILE
+    if not path.is_file():
+        return None
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:  # removed since
+        return None
 
 
 def store_threshold(directory: str | Path, config: PipelineConfig, value: float) -> Path:
@@ -283,19 +300,6 @@ class SearchResponse:
         return data
 
 
-StageLoader = Callable[..., Any]
-_STAGE_LOADERS: dict[str, tuple[StageLoader, bool]] = {}
-
-
-def register_stage_loader(kind: str, loader: StageLoader, *, takes_config: bool = False) -> None:
-    """Let :meth:`Pipeline.from_config` build a stage from its configured name: `kind` is one of `STAGE_KINDS`;
-    `loader(name)` (or ``loader(name, config)`` with `takes_config`) returns the stage object (``rewrite`` from
-    `summarizer`, ``rerank`` from `reranker`, ``entities`` with name None)."""
-    if kind not in STAGE_KINDS:
-        raise ValueError(f"unknown stage kind {kind!r}")
-    _STAGE_LOADERS[kind] = (loader, takes_config)
-
-
 _STAGE_LOCKS: dict[int, threading.Lock] = {}
 _STAGE_LOCKS_GUARD = threading.Lock()
 
@@ -308,11 +312,11 @@ def _lock_for(stage: Any) -> threading.Lock:
 
 
 def load_stage(kind: str, name: str | None, config: PipelineConfig) -> Any:
-    """The stage object of `kind` built by its registered loader; a one-line error when none is registered."""
-    if kind not in _STAGE_LOADERS:
-        raise MedfaqError(f"no {kind} stage is available in this installation")
-    loader, takes_config = _STAGE_LOADERS[kind]
-    return loader(name, config) if takes_config else loader(name)
+    """The `kind` stage with the model `name` for `config`, from the process's stage cache
+    (:meth:`retriever.model_cache.StageCache.stage`); a one-line error when it cannot be loaded."""
+    from medfaq.retriever.model_cache import shared_cache
+
+    return shared_cache().stage(kind, name, config)
 
 
 def threshold_key(mode: str, rerank: bool, query_source: str) -> str:
@@ -387,17 +391,12 @@ class Pipeline:
 
     @classmethod
     def from_config(cls, index: FaqIndex, config: PipelineConfig | None = None) -> Pipeline:
-        """Build the stages the config names through the registered stage loaders, then load the index's encoder
-        when the mode searches vectors, so no search's `timings_ms` counts loading a model (the stages first: a
-        wrong model path fails before the encoder loads)."""
-        config = config or PipelineConfig()
-        rewriter = load_stage("rewrite", config.summarizer, config) if config.summarize else None
-        reranker = load_stage("rerank", config.reranker, config) if config.rerank else None
-        entities = "entities" in _STAGE_LOADERS and config.entities
-        entity_finder = load_stage("entities", None, config) if entities else None
-        if config.mode != "bm25":
-            index.open_encoder(config.encoder_backend)
-        return cls(index, config, rewriter=rewriter, reranker=reranker, entity_finder=entity_finder)
+        """A pipeline running `config` over `index` with the stages it names, from the process's stage cache
+        (:meth:`retriever.model_cache.StageCache.pipeline`: the stages load first, then the index's encoder when
+        the mode searches vectors, so that no search's `timings_ms` counts loading a model)."""
+        from medfaq.retriever.model_cache import shared_cache
+
+        return shared_cache().pipeline(index, config or PipelineConfig())
 
     @classmethod
     def from_index_dir(cls, directory: str | Path, config: PipelineConfig | None = None) -> Pipeline:

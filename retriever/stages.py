@@ -1,4 +1,4 @@
-"""The real pipeline stages, registered with :func:`retriever.pipeline.register_stage_loader` on import.
+"""The real pipeline stages, registered with :func:`retriever.model_cache.register_stage_loader` on import.
 
 * ``rewrite``: :class:`summarizer.generation.Summarizer` (default: the best summarizer `medfaq setup` trained
   under ``$MEDFAQ_HOME/models``, see :mod:`retriever.setup_plan`), generating with the config's beams and length;
@@ -8,11 +8,12 @@
 * ``entities``: :func:`summarizer.entities.load_recognizer` (stanza when its models are on disk, else the
   offline dictionaries).
 
-A set-up model that is not trained yet is a one-line error naming `medfaq setup` and the exact train command.
+Each loader declares the config fields it reads (the stage cache keys the stage by them) and locates its model
+first: a set-up model that is not trained yet is a one-line error naming `medfaq setup` and the exact train command.
 
 With ``quantize`` in the config, the summarizer's and the reranker's linear layers are converted to int8 with
 PyTorch dynamic quantisation (CPU only, `common.runtime.quantize_linear`); an ONNX reranker runs its int8 graph.
-Import this module (the CLI does) before :meth:`Pipeline.from_config`.
+Import this module (the CLI, the server and the demo do) before :meth:`Pipeline.from_config`.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from medfaq.common.runtime import MedfaqError
-from medfaq.retriever.pipeline import PipelineConfig, register_stage_loader
+from medfaq.common.runtime import MedfaqError, resolve_model
+from medfaq.retriever.model_cache import StageSettings, register_stage_loader
 from medfaq.retriever.setup_plan import RERANKER, SUMMARIZER_ECL, best_summarizer, missing_model_hint, trained
 
 DEFAULT_RERANKER = RERANKER.model
@@ -52,18 +53,26 @@ class SummarizerRewriter:
         return self.summarizer.summarize(list(texts), self.decoding)
 
 
-def load_rewriter(name: str | None, config: PipelineConfig) -> SummarizerRewriter:
+def locate_summarizer(name: str | None) -> str:
+    """The summarizer directory `name` means (None: the best one trained under the models directory)."""
+    return resolve_model(set_up_model(name, "summarizer", best_summarizer()))
+
+
+def load_rewriter(model: str, settings: StageSettings) -> SummarizerRewriter:
     from medfaq.summarizer.generation import Summarizer
 
-    summarizer = Summarizer.load(set_up_model(name, "summarizer", best_summarizer()), quantize=config.quantize)
-    return SummarizerRewriter(summarizer, config.summary_beams, config.summary_max_length)
+    summarizer = Summarizer.load(model, quantize=settings.quantize)
+    return SummarizerRewriter(summarizer, settings.summary_beams, settings.summary_max_length)
 
 
-def load_reranker(name: str | None, config: PipelineConfig) -> Any:
-    from medfaq.common.runtime import resolve_model
+def locate_reranker(name: str | None) -> str:
+    """The cross-encoder `name` means (None: the one `medfaq setup` trains); a wrong name or path fails here,
+    before the model libraries load."""
+    return resolve_model(set_up_model(name, "reranker", DEFAULT_RERANKER))
 
-    name = set_up_model(name, "reranker", DEFAULT_RERANKER)
-    path = Path(resolve_model(name))  # a wrong name or path fails before the model libraries load
+
+def load_reranker(model: str, settings: StageSettings) -> Any:
+    path = Path(model)
     if path.is_dir() and not (path / "config.json").is_file():
         raise MedfaqError(f"reranker {path} is not a model directory (no config.json)")
     from medfaq.retriever.reranker import has_classifier_head
@@ -73,18 +82,18 @@ def load_reranker(name: str | None, config: PipelineConfig) -> Any:
             f"reranker {path} has no classification head (a bi-encoder or plain encoder?); "
             "pass a cross-encoder, e.g. one trained with `medfaq train crossencoder --task faq`"
         )
-    if rerank_backend(config) == "onnx":
+    if rerank_backend(settings) == "onnx":
         from medfaq.retriever.onnx_reranker import OnnxReranker
 
-        return OnnxReranker.load(name, quantize=config.quantize, max_length=config.rerank_max_length)
+        return OnnxReranker.load(model, quantize=settings.quantize, max_length=settings.rerank_max_length)
     from medfaq.retriever.crossencoder import CrossEncoderReranker
 
     return CrossEncoderReranker.load(
-        name, quantize=config.quantize, max_length=config.rerank_max_length, precision=config.rerank_precision
+        model, quantize=settings.quantize, max_length=settings.rerank_max_length, precision=settings.rerank_precision
     )
 
 
-def rerank_backend(config: PipelineConfig) -> str:
+def rerank_backend(config: StageSettings) -> str:
     """``onnx`` or ``torch``: the reranker runs where the query encoder does (`config.encoder_backend`, ``auto``:
     ONNX Runtime on the CPU), on PyTorch when its products are asked in bf16 (`config.rerank_precision`)."""
     from medfaq.index.encoder import resolve_backend
@@ -100,6 +109,13 @@ def load_entities(name: str | None) -> Any:
     return load_recognizer(name or "auto")
 
 
-register_stage_loader("rewrite", load_rewriter, takes_config=True)
-register_stage_loader("rerank", load_reranker, takes_config=True)
+register_stage_loader(
+    "rewrite", load_rewriter, reads=("quantize", "summary_beams", "summary_max_length"), locate=locate_summarizer
+)
+register_stage_loader(
+    "rerank",
+    load_reranker,
+    reads=("quantize", "rerank_max_length", "rerank_precision", "encoder_backend"),
+    locate=locate_reranker,
+)
 register_stage_loader("entities", load_entities)

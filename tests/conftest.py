@@ -20,6 +20,15 @@ def _isolated_home(tmp_path, monkeypatch):
     monkeypatch.setenv("MEDFAQ_HOME", str(tmp_path / "medfaq_home"))
 
 
+@pytest.fixture(autouse=True)
+def _fresh_stage_cache():
+    """Every test loads its own pipeline stages: none that an earlier test cached is reused (or kept in memory)."""
+    yield
+    from medfaq.retriever.model_cache import shared_cache
+
+    shared_cache().clear()
+
+
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
     """`../shared/data`; tests that need it are skipped where it is absent."""

@@ -96,8 +96,9 @@ def build_demo_home(home: Path, encoder) -> dict[str, str]:
 
 def install(set_attribute=setattr) -> None:
     """Make the demo load the stand-ins instead of real models (`set_attribute`: e.g. ``monkeypatch.setattr``)."""
-    from medfaq.app.ui import resources
+    import medfaq.retriever.stages  # noqa: F401  (the real loaders register on import; the stand-ins replace them)
+    from medfaq.retriever import model_cache
 
-    set_attribute(resources, "rewriter", lambda path, stamp, config: FakeSummarizer())
-    set_attribute(resources, "reranker", lambda path, stamp, config: FakeReranker())
-    set_attribute(resources, "entity_finder", lambda: FakeEntities())
+    stand_ins = {"rewrite": FakeSummarizer, "rerank": FakeReranker, "entities": FakeEntities}
+    loaders = {kind: model_cache.StageLoader(lambda model, make=make: make()) for kind, make in stand_ins.items()}
+    set_attribute(model_cache, "_STAGE_LOADERS", {**model_cache._STAGE_LOADERS, **loaders})

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -275,7 +276,7 @@ def test_real_stage_loaders_are_registered_and_pass_settings(monkeypatch, index)
     import medfaq.retriever.stages  # noqa: F401  (registers the real loaders)
     import medfaq.summarizer.generation as generation
     from medfaq.common.runtime import models_dir, quantize_linear
-    from medfaq.retriever.pipeline import _STAGE_LOADERS
+    from medfaq.retriever.model_cache import _STAGE_LOADERS
     from medfaq.summarizer.decoding import Decoding
 
     assert {"rewrite", "rerank", "entities"} <= set(_STAGE_LOADERS)
@@ -290,7 +291,7 @@ def test_real_stage_loaders_are_registered_and_pass_settings(monkeypatch, index)
 
         @classmethod
         def load(cls, name, device=None, quantize=False):
-            assert name == "summarizer-ecl-quick"  # the best (only) summarizer on disk
+            assert Path(name).name == "summarizer-ecl-quick"  # the best (only) summarizer on disk
             return cls(quantize)
 
         def summarize(self, texts, decoding):

@@ -253,7 +253,7 @@ def test_eval_retrieval_one_line_errors(bench_dir, tmp_path):
 
 
 def test_search_uses_pipeline_json_and_flags_override(bench_dir, monkeypatch):
-    import medfaq.retriever.pipeline as pipeline_module
+    import medfaq.retriever.model_cache as model_cache
 
     directory = bench_dir / "index"
     PipelineConfig(mode="bm25", top_k=2, entities=False).save(directory)
@@ -262,7 +262,7 @@ def test_search_uses_pipeline_json_and_flags_override(bench_dir, monkeypatch):
     assert {"summary", "entities", "abstained", "timings_ms", "confidence"} <= set(saved)
     dense = json.loads(medfaq("search", "--index", directory, "--json", "--mode", "dense", "shingles").stdout)
     assert set(dense["hits"][0]["stage_scores"]) == {"dense"}
-    monkeypatch.setitem(pipeline_module._STAGE_LOADERS, "rewrite", (lambda name, config: Echo(), True))
+    monkeypatch.setitem(model_cache._STAGE_LOADERS, "rewrite", model_cache.StageLoader(lambda name: Echo()))
     summarized = json.loads(medfaq("search", "--index", directory, "--json", "--summarize", "shingles, itchy").stdout)
     assert summarized["summary"] == "shingles" and summarized["query"] == "shingles, itchy"
     abstained = json.loads(

@@ -7,7 +7,8 @@ import pytest
 from medfaq.app.cmd_search import StageFlags
 from medfaq.common.runtime import MedfaqError
 from medfaq.index.faq_index import FaqIndex
-from medfaq.retriever.pipeline import Pipeline, PipelineConfig, SearchResponse, register_stage_loader
+from medfaq.retriever.model_cache import register_stage_loader
+from medfaq.retriever.pipeline import Pipeline, PipelineConfig, SearchResponse
 from medfaq.retriever.search import Retriever, clean_queries, reciprocal_rank_fusion
 
 
@@ -116,9 +117,9 @@ def test_pipeline_config_round_trip_and_validation(tmp_path, index):
 
 
 def test_stage_loaders_build_stages_from_config(monkeypatch, index):
-    import medfaq.retriever.pipeline as pipeline_module
+    import medfaq.retriever.model_cache as model_cache
 
-    monkeypatch.setattr(pipeline_module, "_STAGE_LOADERS", {})
+    monkeypatch.setattr(model_cache, "_STAGE_LOADERS", {})
     with pytest.raises(MedfaqError, match="no rerank stage is available"):
         Pipeline.from_config(index, PipelineConfig(rerank=True, reranker="cross"))
     register_stage_loader("rerank", lambda name: PreferMigraine())

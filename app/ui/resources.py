@@ -1,23 +1,30 @@
 """What every page shares, created once per Streamlit server: settings, set-up runner, index, models, stores.
 
-Each loader is cached with `st.cache_resource` under its path and file time, so a rebuilt index or a newly
-trained model is picked up without restarting the server. Pipelines are cheap objects built per search around
-these shared stages; the stage objects carry their own locks, so concurrent sessions search safely.
+The index is cached with `st.cache_resource` under its path and file time, the stage models in the process's stage
+cache (:mod:`retriever.model_cache`) under their files, so a rebuilt index or a newly trained model is picked up
+without restarting the server. Pipelines are cheap objects built per search around these shared stages; the stage
+objects carry their own locks, so concurrent sessions search safely.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import streamlit as st
 
+import medfaq.retriever.stages  # noqa: F401  (registers the summarizer, reranker and NER stage loaders)
 from medfaq.app.feedback import FeedbackStore
-from medfaq.app.setup_state import DemoSettings, SetupRunner, model_ready, model_stamp
+from medfaq.app.setup_state import DemoSettings, SetupRunner, model_ready
 from medfaq.index.faq_index import FaqIndex
+from medfaq.retriever.model_cache import shared_cache
 from medfaq.retriever.pipeline import EntityFinder, PipelineConfig, QueryRewriter, Reranker
-from medfaq.retriever.stages import load_entities, load_reranker, load_rewriter
+
+LOADING = {
+    "rewrite": "Loading the question summarizer…",
+    "rerank": "Loading the reranker…",
+    "entities": "Loading the medical entity recogniser…",
+}
 
 
 @st.cache_resource
@@ -34,31 +41,19 @@ def setup_runner(demo: DemoSettings) -> SetupRunner:
 
 
 @st.cache_resource(show_spinner="Loading the FAQ index…")
-def faq_index(directory: str, stamp: float) -> FaqIndex:
-    """The index with its query encoder loaded and warmed up, so the first search is as fast as the next."""
+def faq_index(directory: str, stamp: float, backend: str) -> FaqIndex:
+    """The index with its query encoder loaded on `backend` and warmed up, so the first search is as fast as the
+    next."""
     index = FaqIndex.load(directory)
-    index.encoder.encode(["warm-up"])
+    index.open_encoder(backend).encode(["warm-up"])
     return index
 
 
 def base_config(demo: DemoSettings) -> PipelineConfig:
-    """The index's saved ``pipeline.json`` (or the defaults): thresholds, depths, generation settings."""
-    return PipelineConfig.load(demo.index_dir)
-
-
-@st.cache_resource(show_spinner="Loading the question summarizer…")
-def rewriter(path: str, stamp: float, config: str) -> QueryRewriter:
-    return load_rewriter(path, PipelineConfig.from_dict(json.loads(config)))
-
-
-@st.cache_resource(show_spinner="Loading the reranker…")
-def reranker(path: str, stamp: float, config: str) -> Reranker:
-    return load_reranker(path, PipelineConfig.from_dict(json.loads(config)))
-
-
-@st.cache_resource(show_spinner="Loading the medical entity recogniser…")
-def entity_finder() -> EntityFinder:
-    return load_entities(None)
+    """The index's saved ``pipeline.json`` (or the defaults): thresholds, depths, generation settings; with the
+    demo's summarizer and reranker as its models."""
+    models = {"summarizer": demo.summarizer, "reranker": demo.reranker}
+    return PipelineConfig.load(demo.index_dir).updated(**{k: str(v) for k, v in models.items() if v is not None})
 
 
 @st.cache_resource
@@ -76,24 +71,26 @@ class Stages:
     notes: dict[str, str]
 
 
-def _model(path: Path | None, loader, config: str) -> tuple[object | None, str]:
+def _stage(kind: str, path: Path | None, config: PipelineConfig) -> tuple[object | None, str]:
     if path is None:
         return None, "switched off"
     if not model_ready(path):
         return None, f"not available yet ({path.name})"
     try:
-        return loader(str(path), model_stamp(path), config), path.name
+        with st.spinner(LOADING[kind]):
+            return shared_cache().stage(kind, str(path), config), path.name
     except Exception as error:  # a broken model must not take the page down; the stage is shown as failed
         return None, f"failed to load {path.name}: {error}"
 
 
 def ready_stages(demo: DemoSettings) -> Stages:
     """Load whatever stages are ready now."""
-    config = json.dumps(base_config(demo).to_dict(), sort_keys=True)
-    summary, summary_note = _model(demo.summarizer, rewriter, config)
-    rerank, rerank_note = _model(demo.reranker, reranker, config)
+    config = base_config(demo)
+    summary, summary_note = _stage("rewrite", demo.summarizer, config)
+    rerank, rerank_note = _stage("rerank", demo.reranker, config)
     try:
-        finder = entity_finder()
+        with st.spinner(LOADING["entities"]):
+            finder = shared_cache().stage("entities", None, config)
         finder_note = type(finder).__name__
     except Exception as error:  # entities only decorate the summary; search works without them
         finder, finder_note = None, f"unavailable: {error}"

@@ -13,6 +13,7 @@ import streamlit as st
 from medfaq.app.feedback import Feedback
 from medfaq.app.setup_state import EXAMPLE_LABELS, EXAMPLE_QUESTIONS
 from medfaq.app.ui import common, resources
+from medfaq.retriever.model_cache import shared_cache
 from medfaq.retriever.pipeline import Pipeline, PipelineConfig, SearchResponse
 from medfaq.retriever.search import MODES, Hit
 
@@ -107,7 +108,8 @@ def controls(notes: dict[str, str], ready: dict[str, bool], base: PipelineConfig
 
 
 def build_pipeline(stages: resources.Stages, chosen: Controls, base: PipelineConfig) -> Pipeline:
-    """A pipeline over the shared index and stages with the page's settings; abstention always on."""
+    """A pipeline over the shared index with the page's settings, its stages from the stage cache (those
+    `ready_stages` loaded); abstention always on."""
     demo = resources.settings()
     config = base.updated(
         mode=chosen.mode,
@@ -118,10 +120,11 @@ def build_pipeline(stages: resources.Stages, chosen: Controls, base: PipelineCon
         # The cross-encoder reads the question itself: with the quick-preset summarizer, reranking against its
         # summary lowers Recall@1 (docs/results.md, "Retrieval pipeline").
         rerank_query="raw",
+        entities=stages.entity_finder is not None,
         abstain=True,
     )
-    index = resources.faq_index(str(demo.index_dir), demo.index_stamp())
-    return Pipeline(index, config, stages.rewriter, stages.reranker, stages.entity_finder)
+    index = resources.faq_index(str(demo.index_dir), demo.index_stamp(), config.encoder_backend)
+    return shared_cache().pipeline(index, config)
 
 
 def _use_example() -> None:
