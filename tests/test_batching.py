@@ -128,9 +128,8 @@ def test_exact_batches_answer_bit_for_bit_as_questions_alone(index_dir):
 
 
 def test_concurrent_requests_on_a_real_server_are_batched_and_each_gets_its_serial_answer(index_dir, tmp_path):
-    service = SearchService(
-        index_dir, tmp_path / "feedback.sqlite3", BatchSettings(max_size=8, max_wait_ms=50, parallel=2)
-    )
+    settings = BatchSettings(max_size=8, max_wait_ms=50)  # one batch at a time: the others wait and join the next
+    service = SearchService(index_dir, tmp_path / "feedback.sqlite3", settings)
     batch_sizes: list[int] = []
     search_grouped = service._batcher.run
 
