@@ -16,10 +16,11 @@ import math
 import os
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import anyio
 from fastapi import Depends, FastAPI, Header, HTTPException, Request
+from fastapi import Path as PathParameter
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
@@ -186,6 +187,61 @@ class QueueOut(BaseModel):
     questions: list[dict[str, Any]]
 
 
+class QueuedOut(BaseModel):
+    id: int
+    text: str
+    asked: str
+    source: str
+
+
+class GroupOut(BaseModel):
+    """A group of the experts' queue: its questions, how often and when they were asked, and how it was answered."""
+
+    id: int
+    title: str
+    status: Literal["waiting", "linked", "answered"]
+    count: int
+    first_asked: str | None
+    last_asked: str | None
+    questions: list[QueuedOut]
+    faq_id: str | None
+    resolved_by: str | None
+    resolved_at: str | None
+    index_version: str | None
+
+
+class GroupsOut(BaseModel):
+    groups: list[GroupOut]
+
+
+class LinkRequest(StrictModel):
+    faq_id: str = Field(min_length=1)
+    by: str = ""
+
+    _valid_text = field_validator("faq_id", "by")(_utf8)
+
+
+class AnswerRequest(StrictModel):
+    question: str = Field(min_length=1)
+    answer: str = Field(min_length=1)
+    by: str = ""
+
+    _valid_text = field_validator("question", "answer", "by")(_utf8)
+
+
+RowId = Annotated[int, Field(ge=1, le=2**63 - 1)]
+"""A queue group's or question's id: a positive SQLite integer."""
+GroupId = Annotated[int, PathParameter(ge=1, le=2**63 - 1)]
+
+
+class SplitRequest(StrictModel):
+    question_ids: list[RowId] = Field(min_length=1)
+
+
+class MergeRequest(StrictModel):
+    group_ids: list[RowId] = Field(min_length=2)
+
+
 class AddOut(BaseModel):
     added: int
 
@@ -344,6 +400,35 @@ def create_app(
     @app.get("/unanswered", dependencies=[Depends(may_read_queue)], response_model=QueueOut, responses=errors(401, 403))
     async def unanswered():
         return {"questions": await run_in_threadpool(service.unanswered)}
+
+    @app.get(
+        "/queue", dependencies=[Depends(may_read_queue)], response_model=GroupsOut, responses=errors(400, 401, 403)
+    )
+    async def queue(status: Literal["waiting", "linked", "answered", "all"] = "waiting"):
+        groups = await run_in_threadpool(service.queue_groups, None if status == "all" else status)
+        return {"groups": groups}
+
+    QUEUE_WRITE = dict(dependencies=WRITE, response_model=GroupOut, responses=errors(400, 401, 403, 413, 422))
+
+    @app.post("/queue/{group_id}/link", **QUEUE_WRITE)
+    async def link(group_id: GroupId, body: LinkRequest):
+        return await run_in_threadpool(partial(service.resolve_group, "link", group_id, **body.model_dump()))
+
+    @app.post("/queue/{group_id}/answer", **QUEUE_WRITE)
+    async def answer(group_id: GroupId, body: AnswerRequest):
+        return await run_in_threadpool(partial(service.resolve_group, "answer", group_id, **body.model_dump()))
+
+    @app.post("/queue/{group_id}/split", **QUEUE_WRITE)
+    async def split(group_id: GroupId, body: SplitRequest):
+        return await run_in_threadpool(partial(service.resolve_group, "split", group_id, **body.model_dump()))
+
+    @app.post("/queue/{group_id}/undo", **QUEUE_WRITE)
+    async def undo(group_id: GroupId):
+        return await run_in_threadpool(service.resolve_group, "undo", group_id)
+
+    @app.post("/queue/merge", **QUEUE_WRITE)
+    async def merge(body: MergeRequest):
+        return await run_in_threadpool(service.merge_groups, body.group_ids)
 
     @app.get("/health", response_model=ServiceStatus)
     async def health():

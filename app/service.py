@@ -23,6 +23,7 @@ from medfaq.index.faq_index import FaqIndex, disk_version
 from medfaq.index.records import FaqRecord
 from medfaq.retriever.model_cache import StageError, shared_cache, wanted_stages
 from medfaq.retriever.pipeline import PIPELINE_FILE, Pipeline, PipelineConfig, saved_config
+from medfaq.retriever.question_queue import QuestionQueue, open_queue
 from medfaq.retriever.unanswered import UnansweredLog
 
 OVERRIDABLE = (
@@ -84,6 +85,7 @@ class SearchService:
             self._search_grouped, self.batching
         )
         self._failed: tuple[str, bytes | None] | None = None  # the index version and pipeline.json tried in vain
+        self._queue: tuple[FaqIndex, QuestionQueue] | None = None  # opened for that index on first use
         self.fault: str | None = None
         self._load(FaqIndex.load(self.index_dir), saved_config(self.index_dir))
 
@@ -201,6 +203,34 @@ class SearchService:
 
     def unanswered(self) -> list[dict[str, Any]]:
         return UnansweredLog(self.config.unanswered_log).read()
+
+    def queue(self) -> QuestionQueue:
+        """The experts' queue of the served index, with the questions logged since it was last read."""
+        self.refresh()
+        with self._guard:
+            if self._queue is None or self._queue[0] is not self.index:
+                self._queue = (self.index, open_queue(self.index, self.config))
+            queue = self._queue[1]
+        queue.sync(UnansweredLog(self.config.unanswered_log).path)
+        return queue
+
+    def queue_groups(self, status: str | None = "waiting") -> list[dict[str, Any]]:
+        return [group.to_dict() for group in self.queue().groups(status)]
+
+    def resolve_group(self, action: str, group_id: int, **values: Any) -> dict[str, Any]:
+        """An expert's `action` on a group: ``link`` (faq_id, by), ``answer`` (question, answer, by), ``undo``,
+        ``split`` (question_ids), ``retitle`` (title); the index changes under its write lock and is served at
+        once."""
+        queue = self.queue()
+        if action in ("link", "answer", "undo"):
+            group = getattr(queue, action)(group_id, index_dir=self.index_dir, **values)
+            self.refresh()
+        else:
+            group = getattr(queue, action)(group_id, **values)
+        return group.to_dict()
+
+    def merge_groups(self, group_ids: list[int]) -> dict[str, Any]:
+        return self.queue().merge(group_ids).to_dict()
 
     def status(self) -> ServiceStatus:
         self.refresh()

@@ -32,7 +32,7 @@ from medfaq.common.runtime import MedfaqError, medfaq_home
 from medfaq.index.encoder import SentenceEncoder
 from medfaq.index.faq_index import FaqIndex
 from medfaq.index.records import FaqRecord
-from medfaq.retriever.pipeline import QueryRewriter, Reranker
+from medfaq.retriever.pipeline import PipelineConfig, QueryRewriter, Reranker
 
 QUEUE_FILE = "queue.sqlite3"
 BUSY_TIMEOUT_S = 30.0
@@ -476,3 +476,24 @@ def _free_id(index: FaqIndex, wanted: str) -> str:
 
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def queue_beside(log_path: str | Path) -> Path:
+    """The queue that groups the questions of the unanswered log at `log_path`: ``queue.sqlite3`` beside it."""
+    return Path(log_path).expanduser().parent / QUEUE_FILE
+
+
+def open_queue(index: FaqIndex, config: PipelineConfig) -> QuestionQueue:
+    """The experts' queue for `index` searched with the pipeline `config`: beside the config's
+    unanswered log, its questions embedded with the index's encoder, its groups titled by the summarizer the config
+    names (else the best one trained, when there is one; else the first question)."""
+    import medfaq.retriever.stages  # noqa: F401  (registers the summarizer loader)
+    from medfaq.retriever.model_cache import shared_cache
+    from medfaq.retriever.unanswered import UnansweredLog
+
+    cache = shared_cache()
+    try:
+        titler = cache.stage("rewrite", config.summarizer, config)
+    except MedfaqError:
+        titler = None
+    return QuestionQueue(queue_beside(UnansweredLog(config.unanswered_log).path), index.encoder, titler=titler)
