@@ -230,7 +230,7 @@ def eval_duplicates(
     """Cross-validate a duplicate detector on MQP (one model per fold), or score a trained model on a labelled pairs
     file."""
     from medfaq.common.runtime import quantize_linear
-    from medfaq.eval.duplicates import (
+    from medfaq.eval.duplicate_detection import (
         CV_FOLDS,
         MIN_DEV_GROUPS,
         DuplicateEvaluator,

@@ -27,7 +27,7 @@ def dedup(
     level: str = typer.Option("normalised", "--level", help="What --resplit drops: exact|normalised|contained."),
 ) -> None:
     """Find exact, normalised and near-duplicate samples within and across splits and datasets; optionally re-split."""
-    from medfaq.eval.dedup import LEVELS, collect_samples, find_duplicates, resplit
+    from medfaq.eval.summarization_dedup import LEVELS, collect_samples, find_duplicates, resplit
 
     if do_resplit and out is None:
         raise MedfaqError("--resplit needs --out DIR")

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from medfaq.app.cli import app
 from medfaq.common.runtime import MedfaqError
-from medfaq.eval.duplicates import DuplicateEvaluator, binary_metrics, fold_metrics, make_folds, tune_threshold
+from medfaq.eval.duplicate_detection import DuplicateEvaluator, binary_metrics, fold_metrics, make_folds, tune_threshold
 from medfaq.eval.keep_ratio_sweep import keep_ratio_sweep
 from medfaq.index.pair_sources import load_mqp
 from medfaq.retriever.biencoder import BiEncoderScorer, load_biencoder, train_biencoder
