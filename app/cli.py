@@ -74,14 +74,14 @@ app.add_typer(eval_app, name="eval")
 from medfaq.app import (  # noqa: E402  (after the sub-apps they join)
     cmd_data,
     cmd_demo,
-    cmd_duplicates,
+    cmd_eval,
     cmd_index,
-    cmd_retrieval,
     cmd_search,
     cmd_serve,
     cmd_setup,
     cmd_summaries,
-    cmd_summarizer,
+    cmd_summarize,
+    cmd_train,
 )
 
 data_app.command("fetch")(cmd_data.fetch)
@@ -96,7 +96,7 @@ app.command("bench")(cmd_search.bench)
 app.command("demo")(cmd_demo.demo)
 app.command("setup")(cmd_setup.setup)
 app.command("serve")(cmd_serve.serve)
-for module in (cmd_summaries, cmd_summarizer, cmd_duplicates, cmd_retrieval):
+for module in (cmd_summaries, cmd_summarize, cmd_train, cmd_eval):
     module.register(app, data_app=data_app, train_app=train_app, eval_app=eval_app)
 
 

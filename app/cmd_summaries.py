@@ -11,7 +11,7 @@ from pathlib import Path
 
 import typer
 
-from medfaq.app.cmd_summarizer import GUIDANCE, LENGTH_PENALTY, MBR
+from medfaq.app.cmd_summarize import GUIDANCE, LENGTH_PENALTY, MBR
 from medfaq.common.runtime import MedfaqError, resolve_model
 
 

@@ -182,7 +182,7 @@ def eval_retrieval(
 def read_summaries(path: Path) -> dict[str, str]:
     """question -> summary from a JSONL file of `medfaq summarize --input ... --output` rows (``summary``, or the
     ``prediction`` of `medfaq eval summarizer --output`)."""
-    from medfaq.app.cmd_summarizer import read_texts
+    from medfaq.app.cmd_summarize import read_texts
 
     rows, texts = read_texts(path)
     known = {}
