@@ -1,14 +1,17 @@
-"""`medfaq data make-benchmark` and `medfaq eval retrieval`: BEIR benchmarks and retrieval evaluation."""
+"""`medfaq eval summarizer|duplicates|retrieval`: the summarizer, the duplicate detector and retrieval."""
 
 from __future__ import annotations
 
 import json
+import re
+import sys
+import time
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 import typer
 
-from medfaq.app.cmd_index import ENCODER_OPTION, SYNONYMS_OPTION, inherit_threshold, open_encoder
 from medfaq.app.cmd_search import (
     ABSTAIN,
     BEAMS,
@@ -27,51 +30,239 @@ from medfaq.app.cmd_search import (
     THRESHOLD,
     StageFlags,
 )
-from medfaq.common.runtime import MedfaqError, indexes_dir
+from medfaq.app.cmd_train import check_out_dir, preset_tuning, resolve_training_models
+from medfaq.app.options import (
+    BATCH_SIZE,
+    DEVICE,
+    EPOCHS,
+    GUIDANCE,
+    HEAD,
+    KEEP_RATIO,
+    LENGTH_PENALTY,
+    LOSS,
+    LR,
+    MAX_LENGTH,
+    MBR,
+    PRECISION,
+    PRIOR_ENCODER,
+    PRIOR_SCALE,
+    SIBLING_NEGATIVES,
+    finite,
+)
+from medfaq.common.runtime import MedfaqError, resolve_model
 from medfaq.retriever.pipeline import Pipeline, PipelineConfig, load_stage, store_threshold
 from medfaq.retriever.runs import check_not_an_input, check_output, write_run
 from medfaq.retriever.search import MODES
 
 
-def make_benchmark(
-    name: str = typer.Argument(..., help="meqsum | mediqa2021 | rqe-valid | rqe-test | quebec | medquad-chq"),
-    out: Path = typer.Option(..., "--out", help="Directory for corpus.jsonl, queries.jsonl, qrels.tsv, ..."),
-    data_from: Path | None = typer.Option(
-        None, "--from", help="Read the datasets from DIR (the shared/data layout) instead of `medfaq data fetch`."
+def eval_summarizer(
+    model: str = typer.Option(..., "--model", help="Trained summarizer directory, model name or HF id."),
+    data: str = typer.Option("meqsum:test", "--data", help="<dataset>:<split>, e.g. meqsum:test."),
+    as_json: bool = typer.Option(False, "--json", help="Print only one JSON object of the metrics on stdout."),
+    output: Path | None = typer.Option(
+        None, "--output", help="Predictions JSONL (default predictions_<data>.jsonl; - = stdout, metrics on stderr)."
     ),
-    build_index: bool = typer.Option(True, "--index/--no-index", help="Also index the corpus into OUT/index."),
-    encoder: str = ENCODER_OPTION,
-    bank: Path | None = typer.Option(
-        None, "--bank", help="medquad-chq: the MedQuAD index to add the gold FAQs to (default: indexes/medquad-minilm)."
+    num_beams: int = typer.Option(3, "--num-beams", min=1, help="Beam size (1: greedy)."),
+    max_length: int = typer.Option(64, "--max-length", min=1, help="Maximum generated tokens."),
+    batch_size: int = typer.Option(16, "--batch-size", min=1, help="Generation batch size."),
+    mbr: int = MBR,
+    guidance: float = GUIDANCE,
+    length_penalty: float = LENGTH_PENALTY,
+    data_root: Path | None = typer.Option(None, "--data-root", help="Read data laid out like ../shared/data."),
+    limit: int | None = typer.Option(None, "--limit", min=1, help="Evaluate the first N pairs only."),
+    ner: str = typer.Option("auto", "--ner", help="Entity recogniser for FIR/consistency: auto|dictionary|stanza."),
+    device: str | None = typer.Option(None, "--device", help="cpu or cuda (default: cuda when visible)."),
+    quantize: bool = typer.Option(False, "--quantize", help="int8 dynamic quantisation of the summarizer (CPU)."),
+    int8_backend: str = typer.Option(
+        "auto", "--int8-backend", help="With --quantize: auto, ctranslate2 (decoder-only models) or torch."
     ),
-    synonyms: str = SYNONYMS_OPTION,
 ) -> None:
-    """Write a retrieval benchmark in the BEIR layout (plus TREC qrels, ood.txt, dev.txt) and index its corpus."""
-    from medfaq.eval.benchmarks import BANK_INDEX, CORPUS_FIELDS, index_over_bank
-    from medfaq.eval.benchmarks import make_benchmark as build
-    from medfaq.index.collections import load_collection, read_records
-    from medfaq.index.concepts import concept_lexicon
-    from medfaq.index.faq_index import MANIFEST, RECORDS, FaqIndex, check_index_target
+    """Generate summaries for a summarization split and report ROUGE-1/2/L, FIR and entity consistency (percent)."""
+    from medfaq.eval.summarization import SummarizationEvaluator
+    from medfaq.eval.summarization_data import load_pairs
+    from medfaq.retriever.runs import check_output, is_stdio, write_text_atomic
+    from medfaq.summarizer.decoding import Decoding
+    from medfaq.summarizer.entities import load_recognizer
+    from medfaq.summarizer.generation import consensus
 
-    if build_index:
-        check_index_target(out / "index")
-    concepts = concept_lexicon(synonyms) if build_index and name != "medquad-chq" else None
-    bank = bank or indexes_dir() / BANK_INDEX
-    if name == "medquad-chq" and not (bank / MANIFEST).is_file():
-        raise MedfaqError(f"no MedQuAD index at {bank}; build it with `medfaq index build medquad --out {bank}`")
-    benchmark = build(name, data_from, read_records(bank / RECORDS) if name == "medquad-chq" else None)
-    benchmark.save(out)
-    counts = ", ".join(f"{value} {key.replace('_', ' ')}" for key, value in benchmark.counts().items())
-    typer.echo(f"{name}: {counts} -> {out}")
-    if build_index and name == "medquad-chq":
-        encoded = index_over_bank(benchmark, out / "index", bank)
-        typer.echo(f"copied the index {bank} and added {encoded} FAQs into {out / 'index'}")
-    elif build_index:
-        records, _ = load_collection(out / "corpus.jsonl", "jsonl", CORPUS_FIELDS)
-        sentence_encoder = open_encoder(encoder)
-        FaqIndex.build(records, sentence_encoder, concepts=concepts).save(out / "index")
-        inherit_threshold(out / "index", sentence_encoder.name)
-        typer.echo(f"indexed {len(records)} FAQs into {out / 'index'}")
+    output = output or Path(f"predictions_{re.sub(r'[^A-Za-z0-9_.-]+', '_', data)}.jsonl")
+    check_output(output)
+    pairs = load_pairs(data, data_root)[:limit]
+    if not pairs:
+        raise MedfaqError(f"{data} has no pairs")
+    if guidance and quantize:
+        raise MedfaqError("--guidance runs on the fp32 model; drop --quantize")
+    decoding = Decoding(num_beams, max_length, length_penalty, guidance, mbr)
+    resolve_model(model)  # a missing model fails here, before anything is loaded
+    summarizer = _summarizer_class().load(model, device=device, quantize=quantize, int8_backend=int8_backend)
+    evaluator = SummarizationEvaluator.from_pairs(
+        pairs, recognizer=load_recognizer(ner), name=f"{model} on {data}", stream=sys.stderr if as_json else None
+    )
+    start = time.perf_counter()
+    texts = [pair.chq for pair in pairs]
+    found = summarizer.candidates(texts, decoding, batch_size)
+    predictions = [consensus(beams) for beams in found]
+    seconds = time.perf_counter() - start
+    rows = [
+        json.dumps(
+            {"id": p.id, "chq": p.chq, "reference": p.faq, "prediction": prediction}
+            | ({"candidates": beams} if mbr > 1 else {}),
+            ensure_ascii=False,
+        )
+        + "\n"
+        for p, prediction, beams in zip(pairs, predictions, found, strict=True)
+    ]
+    to_stdout = is_stdio(output)
+    if to_stdout:
+        sys.stdout.writelines(rows)
+    else:
+        write_text_atomic(output, rows)
+    metrics = evaluator(predictions)
+    metrics |= {"seconds": seconds, "questions_per_s": len(pairs) / seconds if seconds else 0.0}
+    where = "stdout" if to_stdout else str(output)
+    if as_json:
+        settings = {"model": model, "data": data, "decoding": asdict(decoding), "predictions": where}
+        typer.echo(json.dumps(metrics | settings), err=to_stdout)
+    else:
+        typer.echo(f"{metrics['questions_per_s']:.1f} questions/s; predictions in {where}", err=to_stdout)
+
+
+def _summarizer_class():
+    """`summarizer.generation.Summarizer` (imported late: loading torch and transformers takes seconds)."""
+    from medfaq.summarizer.generation import Summarizer
+
+    return Summarizer
+
+
+def eval_duplicates(
+    model_type: str | None = typer.Option(None, "--model-type", help="Cross-validate: biencoder | crossencoder."),
+    init: str = typer.Option("minilm", "--init", help="Cross-validation: starting weights of every fold's model."),
+    split: str = typer.Option("doctor", "--split", help="Cross-validation folds: doctor | grouped."),
+    preset: str = typer.Option("quick", "--preset", help="quick | full"),
+    folds: int | None = typer.Option(None, "--folds", min=2, help="Number of folds (default: 3 quick, 5 full)."),
+    seed: int = typer.Option(0, "--seed"),
+    dev_groups: int | None = typer.Option(
+        None, "--dev-groups", min=1, help="Cross-validation: fewest doctors/groups per fold's dev part (default: 1)."
+    ),
+    model: str | None = typer.Option(None, "--model", help="Score a trained model on --pairs instead."),
+    pairs: Path | None = typer.Option(None, "--pairs", help="Labelled pairs JSONL (text_a, text_b, label)."),
+    threshold: float | None = typer.Option(
+        None,
+        "--threshold",
+        callback=finite,
+        help="With --model: decision threshold (default: the one saved with a cross-validation fold model; else a "
+        "cross-encoder's own decision boundary: 0.5, or with a prior its median training cosine).",
+    ),
+    threshold_rule: str = typer.Option(
+        "auto",
+        "--threshold-rule",
+        help="Cross-validation: auto (a cross-encoder's own decision boundary: 0.5, or with a prior its median "
+        "training cosine, as a trained model applies it; a bi-encoder's thresholds tuned on the fold's dev part) | "
+        "dev (tuned on dev) | boundary.",
+    ),
+    quantize: bool = typer.Option(False, "--quantize", help="Score with int8 dynamic quantisation (CPU)."),
+    save_models: Path | None = typer.Option(
+        None, "--save-models", help="Cross-validation: save each fold's model, thresholds and test pairs here."
+    ),
+    scores_out: Path | None = typer.Option(
+        None, "--scores-out", help="Cross-validation: write every dev and test pair's score here (JSONL)."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object (fractions) instead of tables."),
+    epochs: int | None = EPOCHS,
+    batch_size: int | None = BATCH_SIZE,
+    lr: float | None = LR,
+    max_length: int | None = MAX_LENGTH,
+    loss: str | None = LOSS,
+    head: str | None = HEAD,
+    keep_ratio: float | None = KEEP_RATIO,
+    precision: str | None = PRECISION,
+    sibling_negatives: bool | None = SIBLING_NEGATIVES,
+    prior_scale: float | None = PRIOR_SCALE,
+    prior_encoder: str | None = PRIOR_ENCODER,
+    max_pairs: int | None = typer.Option(
+        None, "--max-pairs", min=1, help="Train each fold on at most this many pairs."
+    ),
+    device: str | None = DEVICE,
+) -> None:
+    """Cross-validate a duplicate detector on MQP (one model per fold), or score a trained model on a labelled pairs
+    file."""
+    from medfaq.common.runtime import quantize_linear
+    from medfaq.eval.duplicate_detection import (
+        CV_FOLDS,
+        MIN_DEV_GROUPS,
+        DuplicateEvaluator,
+        PairsEvaluator,
+        check_threshold_rule,
+        save_fold,
+    )
+    from medfaq.retriever.encoder_training import make_config, subsample
+    from medfaq.retriever.pair_data import mqp_pairs, read_pairs_file
+    from medfaq.retriever.pair_models import as_scorer, load_pair_scorer, saved_threshold, train_pair_model
+    from medfaq.retriever.runs import check_output
+
+    def echo(text: str) -> None:
+        typer.echo(text, err=as_json)
+
+    if model is not None or pairs is not None:
+        if model is None or pairs is None or model_type is not None:
+            raise MedfaqError("score a trained model with --model DIR --pairs FILE (without --model-type)")
+        labelled = read_pairs_file(pairs)
+        scorer = load_pair_scorer(model, device=device, quantize=quantize)
+        chosen = threshold if threshold is not None else saved_threshold(model)
+        result = PairsEvaluator(labelled, chosen, print_fn=echo)(scorer)
+    else:
+        if model_type is None:
+            raise MedfaqError("give --model-type biencoder|crossencoder (cross-validation) or --model DIR --pairs FILE")
+        check_threshold_rule(threshold_rule, has_boundary=model_type != "biencoder")
+        tuning = preset_tuning(epochs, batch_size, lr, max_length, loss, head, keep_ratio, precision, sibling_negatives)
+        config = make_config(
+            model_type,
+            "mqp",
+            preset,
+            init=init,
+            seed=seed,
+            prior_scale=prior_scale,
+            prior_encoder=prior_encoder,
+            **tuning,
+        )
+        resolve_training_models(config)
+        if save_models is not None:
+            if quantize:
+                raise MedfaqError("--save-models keeps the full-precision models; drop --quantize")
+            check_out_dir(save_models, force=False)
+        n_folds, min_dev_groups = folds or CV_FOLDS[preset], dev_groups or MIN_DEV_GROUPS
+        if scores_out is not None:
+            check_output(scores_out)
+        evaluator = DuplicateEvaluator(
+            mqp_pairs(),
+            split,
+            n_folds,
+            seed,
+            min_dev_groups=min_dev_groups,
+            print_fn=echo,
+            scores_path=scores_out,
+            threshold_rule=threshold_rule,
+        )
+
+        fold_configs = []
+
+        def fit(train, dev, fold):
+            train = subsample(train, max_pairs, seed)
+            fold_configs.append(replace(config, n_train_pairs=len(train)))
+            trained = train_pair_model(train, fold_configs[-1], device, dev)
+            if quantize:
+                quantize_linear(trained.cpu())
+            return as_scorer(trained, fold_configs[-1])
+
+        def after_fold(fold, scorer, metrics, test_pairs):
+            metrics.update(fold_configs[fold].extra.get("history", {}))
+            if save_models is not None:
+                save_fold(save_models / f"fold-{fold + 1}", scorer.model, fold_configs[fold], metrics, test_pairs)
+
+        result = evaluator(fit, after_fold=after_fold)
+        result.update(model_type=model_type, init=init, preset=preset, quantized=quantize)
+    if as_json:
+        typer.echo(json.dumps(result))
 
 
 def eval_retrieval(
@@ -211,9 +402,3 @@ def _describe(config: PipelineConfig) -> str:
     parts = [config.mode if config.query_source == "raw" else f"{config.mode} on {config.query_source}"]
     parts += ["rerank"] * config.rerank
     return " + ".join(parts)
-
-
-def register(app: typer.Typer, *, data_app: typer.Typer, train_app: typer.Typer, eval_app: typer.Typer) -> None:
-    """Add this module's commands to the `medfaq` command groups."""
-    data_app.command("make-benchmark")(make_benchmark)
-    eval_app.command("retrieval")(eval_retrieval)

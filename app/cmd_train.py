@@ -1,60 +1,148 @@
-"""`medfaq train biencoder|crossencoder` and `medfaq eval duplicates`: the duplicate-question detector."""
+"""`medfaq train summarizer|average|biencoder|crossencoder|calibrate`: the summarizer and the encoders."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
 
-from medfaq.app.options import finite, positive
+from medfaq.app.options import (
+    BATCH_SIZE,
+    DEVICE,
+    EPOCHS,
+    HEAD,
+    KEEP_RATIO,
+    LOSS,
+    LR,
+    MAX_LENGTH,
+    PRECISION,
+    PRIOR_ENCODER,
+    PRIOR_SCALE,
+    SIBLING_NEGATIVES,
+)
 from medfaq.common.runtime import PRECISION_HELP, MedfaqError, resolve_model
 
 if TYPE_CHECKING:
     from medfaq.retriever.encoder_training import EncoderTrainConfig
 
+DEFAULT_PRETRAIN = ["rqe:train", "healthcaremagic:train", "chq_summ:train"]
+
+
+def _pairs(spec: str, data_root: Path | None) -> list[tuple[str, str]]:
+    from medfaq.eval.summarization_data import load_pairs
+
+    return [(pair.chq, pair.faq) for pair in load_pairs(spec, data_root)]
+
+
+def train_summarizer(
+    data: str = typer.Option("meqsum", "--data", help="Data set with train and valid splits (e.g. meqsum)."),
+    train_data: str | None = typer.Option(
+        None,
+        "--train-data",
+        help="Training pairs instead of DATA:train, e.g. meqsum:train+meqsum:valid for a final model (its "
+        "validation then scores pairs it trained on: keep last/, with a recipe chosen on a held-out valid split).",
+    ),
+    variant: str = typer.Option("ecl", "--variant", help="ecl|mle|ecl-s|ecl-h|qfcl|learned."),
+    preset: str = typer.Option(
+        "quick", "--preset", help="quick (MiniLM: ≤ 20 min on 2 CPU cores; Gemma: 2 epochs) | full (GPU)."
+    ),
+    seed: int = typer.Option(0, "--seed", help="Random seed."),
+    out: Path = typer.Option(..., "--out", help="Output directory (the best model; last/ holds the checkpoint)."),
+    resume: bool = typer.Option(False, "--resume", help="Continue an interrupted run in --out from last/."),
+    pretrain: bool = typer.Option(False, "--pretrain", help=f"Pre-train on {', '.join(DEFAULT_PRETRAIN)} first."),
+    pretrain_data: list[str] | None = typer.Option(None, "--pretrain-data", help="Pre-training split (repeatable)."),
+    data_root: Path | None = typer.Option(None, "--data-root", help="Read data laid out like ../shared/data."),
+    backbone: str | None = typer.Option(
+        None, "--backbone", help="minilm, gemma-3-270m, a directory, or a HF seq2seq or causal-LM id."
+    ),
+    freeze_embeddings: bool | None = typer.Option(
+        None, "--freeze-embeddings/--train-embeddings", help="Decoder-only backbones: freeze the token embedding."
+    ),
+    lora_rank: int | None = typer.Option(
+        None, "--lora-rank", min=0, help="Decoder-only backbones: train LoRA adapters of this rank (0: full weights)."
+    ),
+    learned_temperature: float | None = typer.Option(None, "--learned-temperature"),
+    alpha: float | None = typer.Option(None, "--alpha", help="Weight of the simple-negative loss."),
+    beta: float | None = typer.Option(None, "--beta", help="Weight of the hard-negative loss."),
+    label_smoothing: float | None = typer.Option(None, "--label-smoothing"),
+    momentum: float | None = typer.Option(None, "--momentum", help="Key encoder momentum (0: sized to the run)."),
+    queue_size: int | None = typer.Option(None, "--queue-size", help="Queued FAQ keys (0: half the data)."),
+    temperature: float | None = typer.Option(None, "--temperature"),
+    n_hard_negatives: int | None = typer.Option(None, "--n-hard-negatives"),
+    n_frame_negatives: int | None = typer.Option(
+        None, "--n-frame-negatives", help="Extra hard negatives per pair with the FAQ's question frame swapped."
+    ),
+    n_learned_negatives: int | None = typer.Option(None, "--n-learned-negatives"),
+    diversity_weight: float | None = typer.Option(None, "--diversity-weight"),
+    generator_lr: float | None = typer.Option(None, "--generator-lr"),
+    lr: float | None = typer.Option(None, "--lr"),
+    weight_decay: float | None = typer.Option(None, "--weight-decay"),
+    warmup_ratio: float | None = typer.Option(None, "--warmup-ratio"),
+    batch_size: int | None = typer.Option(None, "--batch-size"),
+    grad_accum: int | None = typer.Option(None, "--grad-accum"),
+    epochs: int | None = typer.Option(None, "--epochs"),
+    max_source_len: int | None = typer.Option(None, "--max-source-len"),
+    max_target_len: int | None = typer.Option(None, "--max-target-len"),
+    eval_beams: int | None = typer.Option(None, "--eval-beams"),
+    eval_max_length: int | None = typer.Option(None, "--eval-max-length"),
+    eval_examples: int | None = typer.Option(None, "--eval-examples", help="Validate on the first N pairs."),
+    patience: int | None = typer.Option(None, "--patience", help="Early stopping after N epochs without gain."),
+    pretrain_epochs: int | None = typer.Option(None, "--pretrain-epochs"),
+    pretrain_examples: int | None = typer.Option(None, "--pretrain-examples", help="Sample N pre-training pairs."),
+    device: str | None = typer.Option(None, "--device", help="cpu or cuda (default: cuda when visible)."),
+    threads: int | None = typer.Option(None, "--threads", help="Torch CPU threads."),
+    precision: str | None = typer.Option(None, "--precision", help=PRECISION_HELP),
+    save_every_steps: int | None = typer.Option(None, "--save-every-steps"),
+    max_steps: int | None = typer.Option(None, "--max-steps", help="Stop with a checkpoint after N steps."),
+) -> None:
+    """Train the CHQ→FAQ summarizer with one ECL variant; prints one JSON line per epoch.
+
+    With ``--backbone gemma-3-270m`` the first run de-quantises the bundled Gemma 3 270M once into the models directory.
+    """
+    from dataclasses import fields
+
+    from medfaq.summarizer.trainer import LAST_DIR, SummarizerTrainConfig, preset_config, train_summarizer
+
+    given = locals()
+    tuned = {f.name for f in fields(SummarizerTrainConfig)} - {"variant", "preset", "seed", "pretrain"}
+    options = {key: given[key] for key in tuned if given.get(key) is not None}
+    if pretrain or pretrain_data:
+        options["pretrain"] = list(pretrain_data or DEFAULT_PRETRAIN)
+    if resume:
+        if not (out / LAST_DIR).is_dir():
+            raise MedfaqError(f"nothing to resume in {out} (no {LAST_DIR}/ checkpoint)")
+        saved = SummarizerTrainConfig.load(out / LAST_DIR)
+        options.setdefault("max_steps", 0)  # a stop requested for the interrupted run does not carry over
+        config = SummarizerTrainConfig(**{**saved.__dict__, **options})
+    else:
+        config = preset_config(preset, variant, seed=seed, **options)
+    train = _pairs(config.train_data or f"{data}:train", data_root)
+    valid = _pairs(f"{data}:valid", data_root)
+    extra = [pair for spec in config.pretrain for pair in _pairs(spec, data_root)]
+    history = train_summarizer(config, train, valid, out, resume=resume, pretrain_pairs=extra)
+    best = max((h["valid_rougeL"] for h in history if h.get("stage") == "main"), default=None)
+    typer.echo(
+        f"trained {config.variant} ({config.preset}, seed {config.seed}); best valid ROUGE-L "
+        f"{'n/a' if best is None else f'{best:.2f}'}; model in {out}"
+    )
+
+
+def average(
+    runs: list[str] = typer.Argument(..., help="Trained summarizer directories: one recipe, different seeds."),
+    out: Path = typer.Option(..., "--out", help="Output directory for the averaged summarizer."),
+) -> None:
+    """Average the weights of summarizers trained with different seeds (a model soup): one model, as fast as each."""
+    from medfaq.summarizer.averaging import average_summarizers
+
+    typer.echo(f"averaged {len(runs)} summarizers into {average_summarizers(runs, out)}")
+
+
 TASK_HELP = "mqp (question pairs) | qa (MedQuAD question-answer, intermediate) | faq (query -> FAQ reranker)"
 
 
-EPOCHS = typer.Option(None, "--epochs", min=1, help="Override the preset.")
-BATCH_SIZE = typer.Option(None, "--batch-size", min=1, help="Override the preset.")
-LR = typer.Option(None, "--lr", callback=positive, help="Learning rate (override the preset).")
-MAX_LENGTH = typer.Option(None, "--max-length", min=1, help="Max tokens (override the preset).")
-LOSS = typer.Option(
-    None,
-    "--loss",
-    help="Bi-encoder: contrastive | mnrl; cross-encoder: bce | listwise (task faq: softmax over each query's "
-    "positive and its mined negatives).",
-)
-DEVICE = typer.Option(None, "--device", help="cpu | cuda (default: cuda when available).")
-HEAD = typer.Option(None, "--head", help="Cross-encoder head: cosine (default) | mean | cls | pooler.")
-PRECISION = typer.Option(None, "--precision", help=PRECISION_HELP)
-KEEP_RATIO = typer.Option(
-    None, "--keep-ratio", min=0.01, max=1.0, help="Keep this share of the fine-tuning change (WiSE-FT; override)."
-)
-PRIOR_SCALE = typer.Option(
-    None,
-    "--prior-scale",
-    min=0.0,
-    help="Cross-encoder: add this x the prior encoder's cosine to every logit, so the model learns a correction of "
-    "that bi-encoder (saved with it; 0: off).",
-)
-PRIOR_ENCODER = typer.Option(
-    None,
-    "--prior-encoder",
-    help="With --prior-scale: the bi-encoder corrected, e.g. mpnet (default: --negatives-encoder, the first stage).",
-)
-SIBLING_NEGATIVES = typer.Option(
-    None,
-    "--sibling-negatives/--no-sibling-negatives",
-    help="Task mqp: each training group's similar and dissimilar rewrite as one more negative (override).",
-)
-
-
-def _tuning(
+def preset_tuning(
     epochs: int | None,
     batch_size: int | None,
     lr: float | None,
@@ -90,7 +178,7 @@ def render_pair_counts(counts: dict[str, dict[str, int]]) -> str:
     return "\n".join(lines)
 
 
-def _resolve_models(config: EncoderTrainConfig) -> None:
+def resolve_training_models(config: EncoderTrainConfig) -> None:
     """Resolve every model (and the lexicon) `config` trains from or with, so a missing one fails with its one-line
     error first."""
     from medfaq.index.concepts import concept_lexicon
@@ -100,12 +188,12 @@ def _resolve_models(config: EncoderTrainConfig) -> None:
     concept_lexicon(config.faq_synonyms)
 
 
-def _check_out(out: Path, force: bool) -> None:
+def check_out_dir(out: Path, force: bool) -> None:
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
         raise MedfaqError(f"{out} exists and is not empty; pass --force to overwrite")
 
 
-def _train_command(model_type: str) -> Callable[..., None]:
+def train_command(model_type: str) -> Callable[..., None]:
     def train(
         task: str = typer.Option("mqp", "--task", help=TASK_HELP),
         out: Path = typer.Option(..., "--out", help="Directory to save the model and its train_config.json."),
@@ -145,7 +233,7 @@ def _train_command(model_type: str) -> Callable[..., None]:
         from medfaq.retriever.pair_data import pair_counts, task_pairs
         from medfaq.retriever.pair_models import train_pair_model
 
-        tuning = _tuning(epochs, batch_size, lr, max_length, loss, head, keep_ratio, precision, sibling_negatives)
+        tuning = preset_tuning(epochs, batch_size, lr, max_length, loss, head, keep_ratio, precision, sibling_negatives)
         config = make_config(
             model_type,
             task,
@@ -160,8 +248,8 @@ def _train_command(model_type: str) -> Callable[..., None]:
             prior_encoder=prior_encoder,
             **tuning,
         )
-        _check_out(out, force)
-        _resolve_models(config)  # a bad model or --synonyms fails before the data is built
+        check_out_dir(out, force)
+        resolve_training_models(config)  # a bad model or --synonyms fails before the data is built
         pairs = task_pairs(config)
         config.n_train_pairs = len(pairs)
         typer.echo(f"{model_type} on {task}: {len(pairs)} training pairs", err=True)
@@ -175,137 +263,6 @@ def _train_command(model_type: str) -> Callable[..., None]:
 
     train.__doc__ = f"Train the {model_type} on all training data of a task (mqp, qa or faq)."
     return train
-
-
-def eval_duplicates(
-    model_type: str | None = typer.Option(None, "--model-type", help="Cross-validate: biencoder | crossencoder."),
-    init: str = typer.Option("minilm", "--init", help="Cross-validation: starting weights of every fold's model."),
-    split: str = typer.Option("doctor", "--split", help="Cross-validation folds: doctor | grouped."),
-    preset: str = typer.Option("quick", "--preset", help="quick | full"),
-    folds: int | None = typer.Option(None, "--folds", min=2, help="Number of folds (default: 3 quick, 5 full)."),
-    seed: int = typer.Option(0, "--seed"),
-    dev_groups: int | None = typer.Option(
-        None, "--dev-groups", min=1, help="Cross-validation: fewest doctors/groups per fold's dev part (default: 1)."
-    ),
-    model: str | None = typer.Option(None, "--model", help="Score a trained model on --pairs instead."),
-    pairs: Path | None = typer.Option(None, "--pairs", help="Labelled pairs JSONL (text_a, text_b, label)."),
-    threshold: float | None = typer.Option(
-        None,
-        "--threshold",
-        callback=finite,
-        help="With --model: decision threshold (default: the one saved with a cross-validation fold model; else a "
-        "cross-encoder's own decision boundary: 0.5, or with a prior its median training cosine).",
-    ),
-    threshold_rule: str = typer.Option(
-        "auto",
-        "--threshold-rule",
-        help="Cross-validation: auto (a cross-encoder's own decision boundary: 0.5, or with a prior its median "
-        "training cosine, as a trained model applies it; a bi-encoder's thresholds tuned on the fold's dev part) | "
-        "dev (tuned on dev) | boundary.",
-    ),
-    quantize: bool = typer.Option(False, "--quantize", help="Score with int8 dynamic quantisation (CPU)."),
-    save_models: Path | None = typer.Option(
-        None, "--save-models", help="Cross-validation: save each fold's model, thresholds and test pairs here."
-    ),
-    scores_out: Path | None = typer.Option(
-        None, "--scores-out", help="Cross-validation: write every dev and test pair's score here (JSONL)."
-    ),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON object (fractions) instead of tables."),
-    epochs: int | None = EPOCHS,
-    batch_size: int | None = BATCH_SIZE,
-    lr: float | None = LR,
-    max_length: int | None = MAX_LENGTH,
-    loss: str | None = LOSS,
-    head: str | None = HEAD,
-    keep_ratio: float | None = KEEP_RATIO,
-    precision: str | None = PRECISION,
-    sibling_negatives: bool | None = SIBLING_NEGATIVES,
-    prior_scale: float | None = PRIOR_SCALE,
-    prior_encoder: str | None = PRIOR_ENCODER,
-    max_pairs: int | None = typer.Option(
-        None, "--max-pairs", min=1, help="Train each fold on at most this many pairs."
-    ),
-    device: str | None = DEVICE,
-) -> None:
-    """Cross-validate a duplicate detector on MQP (one model per fold), or score a trained model on a labelled pairs
-    file."""
-    from medfaq.common.runtime import quantize_linear
-    from medfaq.eval.duplicate_detection import (
-        CV_FOLDS,
-        MIN_DEV_GROUPS,
-        DuplicateEvaluator,
-        PairsEvaluator,
-        check_threshold_rule,
-        save_fold,
-    )
-    from medfaq.retriever.encoder_training import make_config, subsample
-    from medfaq.retriever.pair_data import mqp_pairs, read_pairs_file
-    from medfaq.retriever.pair_models import as_scorer, load_pair_scorer, saved_threshold, train_pair_model
-    from medfaq.retriever.runs import check_output
-
-    def echo(text: str) -> None:
-        typer.echo(text, err=as_json)
-
-    if model is not None or pairs is not None:
-        if model is None or pairs is None or model_type is not None:
-            raise MedfaqError("score a trained model with --model DIR --pairs FILE (without --model-type)")
-        labelled = read_pairs_file(pairs)
-        scorer = load_pair_scorer(model, device=device, quantize=quantize)
-        chosen = threshold if threshold is not None else saved_threshold(model)
-        result = PairsEvaluator(labelled, chosen, print_fn=echo)(scorer)
-    else:
-        if model_type is None:
-            raise MedfaqError("give --model-type biencoder|crossencoder (cross-validation) or --model DIR --pairs FILE")
-        check_threshold_rule(threshold_rule, has_boundary=model_type != "biencoder")
-        tuning = _tuning(epochs, batch_size, lr, max_length, loss, head, keep_ratio, precision, sibling_negatives)
-        config = make_config(
-            model_type,
-            "mqp",
-            preset,
-            init=init,
-            seed=seed,
-            prior_scale=prior_scale,
-            prior_encoder=prior_encoder,
-            **tuning,
-        )
-        _resolve_models(config)
-        if save_models is not None:
-            if quantize:
-                raise MedfaqError("--save-models keeps the full-precision models; drop --quantize")
-            _check_out(save_models, force=False)
-        n_folds, min_dev_groups = folds or CV_FOLDS[preset], dev_groups or MIN_DEV_GROUPS
-        if scores_out is not None:
-            check_output(scores_out)
-        evaluator = DuplicateEvaluator(
-            mqp_pairs(),
-            split,
-            n_folds,
-            seed,
-            min_dev_groups=min_dev_groups,
-            print_fn=echo,
-            scores_path=scores_out,
-            threshold_rule=threshold_rule,
-        )
-
-        fold_configs = []
-
-        def fit(train, dev, fold):
-            train = subsample(train, max_pairs, seed)
-            fold_configs.append(replace(config, n_train_pairs=len(train)))
-            trained = train_pair_model(train, fold_configs[-1], device, dev)
-            if quantize:
-                quantize_linear(trained.cpu())
-            return as_scorer(trained, fold_configs[-1])
-
-        def after_fold(fold, scorer, metrics, test_pairs):
-            metrics.update(fold_configs[fold].extra.get("history", {}))
-            if save_models is not None:
-                save_fold(save_models / f"fold-{fold + 1}", scorer.model, fold_configs[fold], metrics, test_pairs)
-
-        result = evaluator(fit, after_fold=after_fold)
-        result.update(model_type=model_type, init=init, preset=preset, quantized=quantize)
-    if as_json:
-        typer.echo(json.dumps(result))
 
 
 def _calibrate_after_training(model: Path) -> None:
@@ -357,11 +314,3 @@ def calibrate(
         if not inherit_threshold(directory, manifest.encoder, Path(resolve_model(model))):
             why = f"encoded by {manifest.encoder}, or a threshold calibrated on it already"
             typer.echo(f"warning: {directory} left as it was ({why})", err=True)
-
-
-def register(app: typer.Typer, *, data_app: typer.Typer, train_app: typer.Typer, eval_app: typer.Typer) -> None:
-    """Add this module's commands to the `medfaq` command groups."""
-    for model_type in ("biencoder", "crossencoder"):
-        train_app.command(model_type)(_train_command(model_type))
-    train_app.command("calibrate")(calibrate)
-    eval_app.command("duplicates")(eval_duplicates)
