@@ -12,24 +12,6 @@ from typing import Any
 
 import typer
 
-from medfaq.app.cmd_search import (
-    ABSTAIN,
-    BEAMS,
-    ENCODER_BACKEND,
-    QUANTIZE,
-    QUERY,
-    RERANK,
-    RERANK_DEPTH,
-    RERANK_FUSION,
-    RERANK_MARGIN,
-    RERANK_MAX_LENGTH,
-    RERANK_PRECISION,
-    RERANKER,
-    SUMMARIZE,
-    SUMMARIZER,
-    THRESHOLD,
-    StageFlags,
-)
 from medfaq.app.cmd_train import check_out_dir, preset_tuning, resolve_training_models
 from medfaq.app.options import (
     BATCH_SIZE,
@@ -43,11 +25,14 @@ from medfaq.app.options import (
     LR,
     MAX_LENGTH,
     MBR,
+    NO_STAGE_FLAGS,
     PRECISION,
     PRIOR_ENCODER,
     PRIOR_SCALE,
     SIBLING_NEGATIVES,
+    StageFlags,
     finite,
+    takes_stage_flags,
 )
 from medfaq.common.runtime import MedfaqError, resolve_model
 from medfaq.retriever.pipeline import Pipeline, PipelineConfig, load_stage, store_threshold
@@ -265,6 +250,7 @@ def eval_duplicates(
         typer.echo(json.dumps(result))
 
 
+@takes_stage_flags()
 def eval_retrieval(
     index: Path = typer.Option(..., "--index", help="Index directory (of the benchmark's corpus)."),
     queries: Path = typer.Option(..., "--queries", help="queries.jsonl (BEIR, or medfaq id/question lines)."),
@@ -281,21 +267,7 @@ def eval_retrieval(
         "--save-threshold",
         help="Store this configuration's dev-calibrated threshold in the index's pipeline.json.",
     ),
-    summarize: bool | None = SUMMARIZE,
-    query: str | None = QUERY,
-    rerank: bool | None = RERANK,
-    abstain: bool | None = ABSTAIN,
-    summarizer: str | None = SUMMARIZER,
-    reranker: str | None = RERANKER,
-    threshold: float | None = THRESHOLD,
-    beams: int | None = BEAMS,
-    quantize: bool | None = QUANTIZE,
-    rerank_fusion: str | None = RERANK_FUSION,
-    rerank_depth: int | None = RERANK_DEPTH,
-    rerank_margin: float | None = RERANK_MARGIN,
-    rerank_max_length: int | None = RERANK_MAX_LENGTH,
-    rerank_precision: str | None = RERANK_PRECISION,
-    encoder_backend: str | None = ENCODER_BACKEND,
+    flags: StageFlags = NO_STAGE_FLAGS,
     min_words: int = typer.Option(0, "--min-words", min=0, help="Evaluate only the questions of at least N words."),
     summaries: Path | None = typer.Option(
         None, "--summaries", help="With --compare: JSONL of questions and their 'summary' (`medfaq summarize --input`)."
@@ -333,7 +305,6 @@ def eval_retrieval(
         ood_ids={r["_id"] for r in rows if r["metadata"].get("ood")},
         dev_ids={r["_id"] for r in rows if r["metadata"].get("split") == "dev"},
     )
-    flags = StageFlags.from_options(locals())
     config = flags.apply(PipelineConfig.load(index), mode=mode, top_k=10)
     faq_index = FaqIndex.load(index)
     result: dict[str, Any] = {"queries": len(texts), "judged_test": len(evaluator.test_qrels())}
