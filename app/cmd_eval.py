@@ -6,33 +6,25 @@ import json
 import re
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 import typer
 
-from medfaq.app.cmd_train import check_out_dir, preset_tuning, resolve_training_models
+from medfaq.app.cmd_train import check_out_dir, resolve_training_models
 from medfaq.app.options import (
-    BATCH_SIZE,
     DEVICE,
-    EPOCHS,
     GUIDANCE,
-    HEAD,
-    KEEP_RATIO,
     LENGTH_PENALTY,
-    LOSS,
-    LR,
-    MAX_LENGTH,
     MBR,
+    NO_OVERRIDES,
     NO_STAGE_FLAGS,
-    PRECISION,
-    PRIOR_ENCODER,
-    PRIOR_SCALE,
-    SIBLING_NEGATIVES,
     StageFlags,
     finite,
     takes_stage_flags,
+    takes_training_overrides,
 )
 from medfaq.common.runtime import MedfaqError, resolve_model
 from medfaq.retriever.pipeline import Pipeline, PipelineConfig, load_stage, store_threshold
@@ -119,6 +111,7 @@ def _summarizer_class():
     return Summarizer
 
 
+@takes_training_overrides()
 def eval_duplicates(
     model_type: str | None = typer.Option(None, "--model-type", help="Cross-validate: biencoder | crossencoder."),
     init: str = typer.Option("minilm", "--init", help="Cross-validation: starting weights of every fold's model."),
@@ -153,17 +146,7 @@ def eval_duplicates(
         None, "--scores-out", help="Cross-validation: write every dev and test pair's score here (JSONL)."
     ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object (fractions) instead of tables."),
-    epochs: int | None = EPOCHS,
-    batch_size: int | None = BATCH_SIZE,
-    lr: float | None = LR,
-    max_length: int | None = MAX_LENGTH,
-    loss: str | None = LOSS,
-    head: str | None = HEAD,
-    keep_ratio: float | None = KEEP_RATIO,
-    precision: str | None = PRECISION,
-    sibling_negatives: bool | None = SIBLING_NEGATIVES,
-    prior_scale: float | None = PRIOR_SCALE,
-    prior_encoder: str | None = PRIOR_ENCODER,
+    overrides: Mapping[str, Any] = NO_OVERRIDES,
     max_pairs: int | None = typer.Option(
         None, "--max-pairs", min=1, help="Train each fold on at most this many pairs."
     ),
@@ -199,17 +182,7 @@ def eval_duplicates(
         if model_type is None:
             raise MedfaqError("give --model-type biencoder|crossencoder (cross-validation) or --model DIR --pairs FILE")
         check_threshold_rule(threshold_rule, has_boundary=model_type != "biencoder")
-        tuning = preset_tuning(epochs, batch_size, lr, max_length, loss, head, keep_ratio, precision, sibling_negatives)
-        config = make_config(
-            model_type,
-            "mqp",
-            preset,
-            init=init,
-            seed=seed,
-            prior_scale=prior_scale,
-            prior_encoder=prior_encoder,
-            **tuning,
-        )
+        config = make_config(model_type, "mqp", preset, init=init, seed=seed, **overrides)
         resolve_training_models(config)
         if save_models is not None:
             if quantize:

@@ -2,26 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import typer
 
-from medfaq.app.options import (
-    BATCH_SIZE,
-    DEVICE,
-    EPOCHS,
-    HEAD,
-    KEEP_RATIO,
-    LOSS,
-    LR,
-    MAX_LENGTH,
-    PRECISION,
-    PRIOR_ENCODER,
-    PRIOR_SCALE,
-    SIBLING_NEGATIVES,
-)
+from medfaq.app.options import DEVICE, NO_OVERRIDES, takes_training_overrides
 from medfaq.common.runtime import PRECISION_HELP, MedfaqError, resolve_model
 
 if TYPE_CHECKING:
@@ -142,31 +129,6 @@ def average(
 TASK_HELP = "mqp (question pairs) | qa (MedQuAD question-answer, intermediate) | faq (query -> FAQ reranker)"
 
 
-def preset_tuning(
-    epochs: int | None,
-    batch_size: int | None,
-    lr: float | None,
-    max_length: int | None,
-    loss: str | None,
-    head: str | None = None,
-    keep_ratio: float | None = None,
-    precision: str | None = None,
-    sibling_negatives: bool | None = None,
-):
-    """The preset overrides both commands share (None = keep the preset)."""
-    return {
-        "epochs": epochs,
-        "batch_size": batch_size,
-        "lr": lr,
-        "max_length": max_length,
-        "loss": loss,
-        "head": head,
-        "keep_ratio": keep_ratio,
-        "precision": precision,
-        "sibling_negatives": sibling_negatives,
-    }
-
-
 def render_pair_counts(counts: dict[str, dict[str, int]]) -> str:
     """The training pairs per source as a table, with a total row."""
     rows = [
@@ -194,18 +156,14 @@ def check_out_dir(out: Path, force: bool) -> None:
 
 
 def train_command(model_type: str) -> Callable[..., None]:
+    @takes_training_overrides()
     def train(
         task: str = typer.Option("mqp", "--task", help=TASK_HELP),
         out: Path = typer.Option(..., "--out", help="Directory to save the model and its train_config.json."),
         init: str = typer.Option("minilm", "--init", help="Starting weights: minilm, a model directory or name."),
         preset: str = typer.Option("quick", "--preset", help="quick | full"),
         seed: int = typer.Option(0, "--seed"),
-        epochs: int | None = EPOCHS,
-        batch_size: int | None = BATCH_SIZE,
-        lr: float | None = LR,
-        max_length: int | None = MAX_LENGTH,
-        loss: str | None = LOSS,
-        head: str | None = HEAD,
+        overrides: Mapping[str, Any] = NO_OVERRIDES,
         max_pairs: int | None = typer.Option(None, "--max-pairs", min=1, help="Train on at most this many pairs."),
         negatives: int | None = typer.Option(
             None, "--negatives", min=1, help="Task faq: hard negatives mined per query (override the preset)."
@@ -221,11 +179,6 @@ def train_command(model_type: str) -> Callable[..., None]:
             help="Task faq: read each FAQ with its concepts' other names, as a reranker over an index built with "
             "the same --synonyms reads it: none (default), medquad or a JSONL file of focus/synonyms rows.",
         ),
-        prior_scale: float | None = PRIOR_SCALE,
-        prior_encoder: str | None = PRIOR_ENCODER,
-        keep_ratio: float | None = KEEP_RATIO,
-        precision: str | None = PRECISION,
-        sibling_negatives: bool | None = SIBLING_NEGATIVES,
         device: str | None = DEVICE,
         force: bool = typer.Option(False, "--force", help="Overwrite a non-empty --out directory."),
     ) -> None:
@@ -233,7 +186,6 @@ def train_command(model_type: str) -> Callable[..., None]:
         from medfaq.retriever.pair_data import pair_counts, task_pairs
         from medfaq.retriever.pair_models import train_pair_model
 
-        tuning = preset_tuning(epochs, batch_size, lr, max_length, loss, head, keep_ratio, precision, sibling_negatives)
         config = make_config(
             model_type,
             task,
@@ -244,9 +196,7 @@ def train_command(model_type: str) -> Callable[..., None]:
             faq_negatives=negatives,
             negatives_encoder=negatives_encoder,
             faq_synonyms=synonyms,
-            prior_scale=prior_scale,
-            prior_encoder=prior_encoder,
-            **tuning,
+            **overrides,
         )
         check_out_dir(out, force)
         resolve_training_models(config)  # a bad model or --synonyms fails before the data is built

@@ -342,3 +342,29 @@ def test_cli_cross_validation_saved_folds_and_pairs_scoring(tmp_path, shared_dat
     assert repeat["threshold"] == summary["per_fold"][0]["threshold_accuracy"]
     assert repeat["accuracy"] == pytest.approx(summary["per_fold"][0]["accuracy"])
     assert repeat["auc"] == pytest.approx(summary["per_fold"][0]["auc"])
+
+
+@pytest.mark.parametrize("command", [("train", "biencoder", "--out", "m"), ("eval", "duplicates", "--model-type", "x")])
+def test_training_overrides_reach_the_config(monkeypatch, command):
+    from medfaq.app.options import TRAINING_OVERRIDES
+    from medfaq.common.runtime import MedfaqError
+    from medfaq.retriever import encoder_training
+
+    seen = {}
+
+    def make_config(model_type, task, preset, **overrides):
+        seen.update(overrides)
+        raise MedfaqError("stop")
+
+    monkeypatch.setattr(encoder_training, "make_config", make_config)
+    given = ("--epochs", "2", "--lr", "0.5", "--keep-ratio", "0.5", "--prior-scale", "3", "--no-sibling-negatives")
+    assert_one_line_error(medfaq(*command, *given), "stop")
+    assert set(TRAINING_OVERRIDES) <= set(seen)
+    assert {k: seen[k] for k in ("epochs", "lr", "keep_ratio", "prior_scale", "sibling_negatives", "loss")} == {
+        "epochs": 2,
+        "lr": 0.5,
+        "keep_ratio": 0.5,
+        "prior_scale": 3.0,
+        "sibling_negatives": False,
+        "loss": None,
+    }
