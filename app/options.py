@@ -1,5 +1,6 @@
-"""Options and option callbacks that several command modules share; each callback turns a bad number into a one-line
-usage error."""
+"""Options that several commands share: single ones, and groups declared once (the pipeline flags, the training
+preset's overrides) that a command takes in place of one parameter; each option callback turns a bad number into a
+one-line usage error."""
 
 from __future__ import annotations
 
