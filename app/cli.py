@@ -74,30 +74,40 @@ app.add_typer(eval_app, name="eval")
 from medfaq.app import (  # noqa: E402  (after the sub-apps they join)
     cmd_data,
     cmd_demo,
-    cmd_duplicates,
+    cmd_eval,
     cmd_index,
-    cmd_retrieval,
     cmd_search,
     cmd_serve,
     cmd_setup,
-    cmd_summaries,
-    cmd_summarizer,
+    cmd_summarize,
+    cmd_train,
 )
 
-data_app.command("fetch")(cmd_data.fetch)
-data_app.command("list")(cmd_data.list_datasets)
-index_app.command("build")(cmd_index.build)
-index_app.command("add")(cmd_index.add)
-index_app.command("delete")(cmd_index.delete)
-index_app.command("info")(cmd_index.info)
-index_app.command("migrate")(cmd_index.migrate)
+# Each group's commands live in the module named after it; this list is the one place they are registered, in the
+# order `--help` shows them.
 app.command("search")(cmd_search.search)
 app.command("bench")(cmd_search.bench)
 app.command("demo")(cmd_demo.demo)
 app.command("setup")(cmd_setup.setup)
 app.command("serve")(cmd_serve.serve)
-for module in (cmd_summaries, cmd_summarizer, cmd_duplicates, cmd_retrieval):
-    module.register(app, data_app=data_app, train_app=train_app, eval_app=eval_app)
+app.command("summarize")(cmd_summarize.summarize)
+data_app.command("fetch")(cmd_data.fetch)
+data_app.command("list")(cmd_data.list_datasets)
+data_app.command("dedup")(cmd_data.dedup)
+data_app.command("make-benchmark")(cmd_data.make_benchmark)
+index_app.command("build")(cmd_index.build)
+index_app.command("add")(cmd_index.add)
+index_app.command("delete")(cmd_index.delete)
+index_app.command("info")(cmd_index.info)
+index_app.command("migrate")(cmd_index.migrate)
+train_app.command("summarizer")(cmd_train.train_summarizer)
+train_app.command("average")(cmd_train.average)
+train_app.command("biencoder")(cmd_train.train_command("biencoder"))
+train_app.command("crossencoder")(cmd_train.train_command("crossencoder"))
+train_app.command("calibrate")(cmd_train.calibrate)
+eval_app.command("summarizer")(cmd_eval.eval_summarizer)
+eval_app.command("duplicates")(cmd_eval.eval_duplicates)
+eval_app.command("retrieval")(cmd_eval.eval_retrieval)
 
 
 @app.callback()

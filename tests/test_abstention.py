@@ -167,7 +167,7 @@ def test_benchmark_index_inherits_and_is_measured_at_that_threshold(tmp_path, ti
 
 
 def test_training_without_development_data_warns_and_keeps_the_model(tiny_encoder_dir, capsys):
-    from medfaq.app.cmd_duplicates import _calibrate_after_training
+    from medfaq.app.cmd_train import _calibrate_after_training
 
     _calibrate_after_training(tiny_encoder_dir)
     assert "warning: no abstention threshold stored" in capsys.readouterr().err

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import inspect
 import json
 import os
 from pathlib import Path
@@ -8,6 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from medfaq.app.cli import app
+from medfaq.app.options import NO_STAGE_FLAGS, STAGE_FLAGS, StageFlags, takes_stage_flags
 
 runner = CliRunner()
 
@@ -178,3 +180,32 @@ def test_search_without_index_uses_the_set_up_index(tmp_path, faq_jsonl, tiny_en
     assert tuned.exit_code == 0, tuned.output
     after = json.loads(medfaq("search", "--json", "--mode", "bm25", "shingles").stdout)
     assert [hit["id"] for hit in after["hits"]] == ["n1"]
+
+
+@takes_stage_flags(without=("threshold",))
+def _flagged(first: int = 1, flags: StageFlags = NO_STAGE_FLAGS, last: str = "x") -> tuple[int, StageFlags, str]:
+    return first, flags, last
+
+
+def test_stage_flags_are_declared_once_and_reach_the_command():
+    from typer.main import get_command
+
+    root = get_command(app)
+    declared = {name for flag in STAGE_FLAGS.values() for name in flag.option.param_decls[0].split("/")}
+
+    def options(*path: str) -> set[str]:
+        command = root
+        for name in path:
+            command = command.commands[name]
+        return {name for param in command.params for name in [*param.opts, *param.secondary_opts]}
+
+    assert declared <= options("search") and declared <= options("eval", "retrieval")
+    assert declared - options("bench") == {"--abstain", "--no-abstain", "--threshold"}
+
+    names = list(inspect.signature(_flagged).parameters)
+    assert names == ["first", *[name for name in STAGE_FLAGS if name != "threshold"], "last"]
+    given = dict.fromkeys(names[1:-1]) | {"rerank": True, "beams": 3}
+    first, flags, last = _flagged(first=2, last="y", **given)
+    assert (first, last) == (2, "y")
+    overrides = flags.overrides()
+    assert overrides["rerank"] is True and overrides["summary_beams"] == 3 and overrides["threshold"] is None

@@ -262,9 +262,9 @@ def test_start_up_imports_no_model_libraries(index_dir):
 
 
 def test_eval_summarizer_predictions_to_stdout(monkeypatch, tmp_path):
-    from medfaq.app import cmd_summaries
+    from medfaq.app import cmd_eval
 
-    monkeypatch.setattr(cmd_summaries, "_summarizer_class", lambda: FakeSummarizer)
+    monkeypatch.setattr(cmd_eval, "_summarizer_class", lambda: FakeSummarizer)
     (tmp_path / "data" / "meqsum").mkdir(parents=True)
     rows = [{"id": n, "chq": f"Is flu {n} contagious. My son has it", "faq": "Is flu contagious?"} for n in (1, 2)]
     (tmp_path / "data" / "meqsum" / "test.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))

@@ -4,7 +4,7 @@ import logging
 
 import pytest
 
-from medfaq.app.cmd_search import StageFlags
+from medfaq.app.options import StageFlags
 from medfaq.common.runtime import MedfaqError
 from medfaq.index.faq_index import FaqIndex
 from medfaq.retriever.model_cache import register_stage_loader

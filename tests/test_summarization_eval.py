@@ -6,7 +6,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from medfaq.app import cmd_summaries
+from medfaq.app import cmd_eval
 from medfaq.app.cli import app
 from medfaq.eval.summarization import (
     SummarizationEvaluator,
@@ -94,7 +94,7 @@ def meqsum_root(tmp_path):
 
 
 def test_eval_summarizer_cli_json_and_predictions(tmp_path, meqsum_root, monkeypatch):
-    monkeypatch.setattr(cmd_summaries, "_summarizer_class", lambda: FakeSummarizer)
+    monkeypatch.setattr(cmd_eval, "_summarizer_class", lambda: FakeSummarizer)
     model = tmp_path / "model"
     model.mkdir()
     predictions = tmp_path / "pred.jsonl"

@@ -7,8 +7,8 @@ from typer.testing import CliRunner
 
 from medfaq.app.cli import app
 from medfaq.common.runtime import MedfaqError
-from medfaq.eval.dedup import collect_samples, find_duplicates, group_keys, normalise, resplit, sample_key
 from medfaq.eval.summarization_data import load_pairs
+from medfaq.eval.summarization_dedup import collect_samples, find_duplicates, group_keys, normalise, resplit, sample_key
 
 
 def write_split(root, subdir: str, split: str, rows: list[dict]) -> None:

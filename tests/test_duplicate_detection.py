@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from medfaq.app.cli import app
 from medfaq.common.runtime import MedfaqError
-from medfaq.eval.duplicates import DuplicateEvaluator, binary_metrics, fold_metrics, make_folds, tune_threshold
+from medfaq.eval.duplicate_detection import DuplicateEvaluator, binary_metrics, fold_metrics, make_folds, tune_threshold
 from medfaq.eval.keep_ratio_sweep import keep_ratio_sweep
 from medfaq.index.pair_sources import load_mqp
 from medfaq.retriever.biencoder import BiEncoderScorer, load_biencoder
@@ -349,3 +349,29 @@ def test_cli_cross_validation_saved_folds_and_pairs_scoring(tmp_path, shared_dat
     assert repeat["threshold"] == summary["per_fold"][0]["threshold_accuracy"]
     assert repeat["accuracy"] == pytest.approx(summary["per_fold"][0]["accuracy"])
     assert repeat["auc"] == pytest.approx(summary["per_fold"][0]["auc"])
+
+
+@pytest.mark.parametrize("command", [("train", "biencoder", "--out", "m"), ("eval", "duplicates", "--model-type", "x")])
+def test_training_overrides_reach_the_config(monkeypatch, command):
+    from medfaq.app.options import TRAINING_OVERRIDES
+    from medfaq.common.runtime import MedfaqError
+    from medfaq.retriever.training import config as training_config
+
+    seen = {}
+
+    def make_config(model_type, task, preset, **overrides):
+        seen.update(overrides)
+        raise MedfaqError("stop")
+
+    monkeypatch.setattr(training_config, "make_config", make_config)
+    given = ("--epochs", "2", "--lr", "0.5", "--keep-ratio", "0.5", "--prior-scale", "3", "--no-sibling-negatives")
+    assert_one_line_error(medfaq(*command, *given), "stop")
+    assert set(TRAINING_OVERRIDES) <= set(seen)
+    assert {k: seen[k] for k in ("epochs", "lr", "keep_ratio", "prior_scale", "sibling_negatives", "loss")} == {
+        "epochs": 2,
+        "lr": 0.5,
+        "keep_ratio": 0.5,
+        "prior_scale": 3.0,
+        "sibling_negatives": False,
+        "loss": None,
+    }

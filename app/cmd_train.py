@@ -1,0 +1,267 @@
+"""`medfaq train summarizer|average|biencoder|crossencoder|calibrate`: the summarizer and the encoders."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import typer
+
+from medfaq.app.options import DEVICE, NO_OVERRIDES, takes_training_overrides
+from medfaq.common.runtime import PRECISION_HELP, MedfaqError, resolve_model
+
+if TYPE_CHECKING:
+    from medfaq.retriever.training.config import EncoderTrainConfig
+
+DEFAULT_PRETRAIN = ["rqe:train", "healthcaremagic:train", "chq_summ:train"]
+
+
+def _pairs(spec: str, data_root: Path | None) -> list[tuple[str, str]]:
+    from medfaq.eval.summarization_data import load_pairs
+
+    return [(pair.chq, pair.faq) for pair in load_pairs(spec, data_root)]
+
+
+def train_summarizer(
+    data: str = typer.Option("meqsum", "--data", help="Data set with train and valid splits (e.g. meqsum)."),
+    train_data: str | None = typer.Option(
+        None,
+        "--train-data",
+        help="Training pairs instead of DATA:train, e.g. meqsum:train+meqsum:valid for a final model (its "
+        "validation then scores pairs it trained on: keep last/, with a recipe chosen on a held-out valid split).",
+    ),
+    variant: str = typer.Option("ecl", "--variant", help="ecl|mle|ecl-s|ecl-h|qfcl|learned."),
+    preset: str = typer.Option(
+        "quick", "--preset", help="quick (MiniLM: ≤ 20 min on 2 CPU cores; Gemma: 2 epochs) | full (GPU)."
+    ),
+    seed: int = typer.Option(0, "--seed", help="Random seed."),
+    out: Path = typer.Option(..., "--out", help="Output directory (the best model; last/ holds the checkpoint)."),
+    resume: bool = typer.Option(False, "--resume", help="Continue an interrupted run in --out from last/."),
+    pretrain: bool = typer.Option(False, "--pretrain", help=f"Pre-train on {', '.join(DEFAULT_PRETRAIN)} first."),
+    pretrain_data: list[str] | None = typer.Option(None, "--pretrain-data", help="Pre-training split (repeatable)."),
+    data_root: Path | None = typer.Option(None, "--data-root", help="Read data laid out like ../shared/data."),
+    backbone: str | None = typer.Option(
+        None, "--backbone", help="minilm, gemma-3-270m, a directory, or a HF seq2seq or causal-LM id."
+    ),
+    freeze_embeddings: bool | None = typer.Option(
+        None, "--freeze-embeddings/--train-embeddings", help="Decoder-only backbones: freeze the token embedding."
+    ),
+    lora_rank: int | None = typer.Option(
+        None, "--lora-rank", min=0, help="Decoder-only backbones: train LoRA adapters of this rank (0: full weights)."
+    ),
+    learned_temperature: float | None = typer.Option(None, "--learned-temperature"),
+    alpha: float | None = typer.Option(None, "--alpha", help="Weight of the simple-negative loss."),
+    beta: float | None = typer.Option(None, "--beta", help="Weight of the hard-negative loss."),
+    label_smoothing: float | None = typer.Option(None, "--label-smoothing"),
+    momentum: float | None = typer.Option(None, "--momentum", help="Key encoder momentum (0: sized to the run)."),
+    queue_size: int | None = typer.Option(None, "--queue-size", help="Queued FAQ keys (0: half the data)."),
+    temperature: float | None = typer.Option(None, "--temperature"),
+    n_hard_negatives: int | None = typer.Option(None, "--n-hard-negatives"),
+    n_frame_negatives: int | None = typer.Option(
+        None, "--n-frame-negatives", help="Extra hard negatives per pair with the FAQ's question frame swapped."
+    ),
+    n_learned_negatives: int | None = typer.Option(None, "--n-learned-negatives"),
+    diversity_weight: float | None = typer.Option(None, "--diversity-weight"),
+    generator_lr: float | None = typer.Option(None, "--generator-lr"),
+    lr: float | None = typer.Option(None, "--lr"),
+    weight_decay: float | None = typer.Option(None, "--weight-decay"),
+    warmup_ratio: float | None = typer.Option(None, "--warmup-ratio"),
+    batch_size: int | None = typer.Option(None, "--batch-size"),
+    grad_accum: int | None = typer.Option(None, "--grad-accum"),
+    epochs: int | None = typer.Option(None, "--epochs"),
+    max_source_len: int | None = typer.Option(None, "--max-source-len"),
+    max_target_len: int | None = typer.Option(None, "--max-target-len"),
+    eval_beams: int | None = typer.Option(None, "--eval-beams"),
+    eval_max_length: int | None = typer.Option(None, "--eval-max-length"),
+    eval_examples: int | None = typer.Option(None, "--eval-examples", help="Validate on the first N pairs."),
+    patience: int | None = typer.Option(None, "--patience", help="Early stopping after N epochs without gain."),
+    pretrain_epochs: int | None = typer.Option(None, "--pretrain-epochs"),
+    pretrain_examples: int | None = typer.Option(None, "--pretrain-examples", help="Sample N pre-training pairs."),
+    device: str | None = typer.Option(None, "--device", help="cpu or cuda (default: cuda when visible)."),
+    threads: int | None = typer.Option(None, "--threads", help="Torch CPU threads."),
+    precision: str | None = typer.Option(None, "--precision", help=PRECISION_HELP),
+    save_every_steps: int | None = typer.Option(None, "--save-every-steps"),
+    max_steps: int | None = typer.Option(None, "--max-steps", help="Stop with a checkpoint after N steps."),
+) -> None:
+    """Train the CHQ→FAQ summarizer with one ECL variant; prints one JSON line per epoch.
+
+    With ``--backbone gemma-3-270m`` the first run de-quantises the bundled Gemma 3 270M once into the models directory.
+    """
+    from dataclasses import fields
+
+    from medfaq.summarizer.training.config import SummarizerTrainConfig, preset_config
+    from medfaq.summarizer.training.trainer import LAST_DIR, train_summarizer
+
+    given = locals()
+    tuned = {f.name for f in fields(SummarizerTrainConfig)} - {"variant", "preset", "seed", "pretrain"}
+    options = {key: given[key] for key in tuned if given.get(key) is not None}
+    if pretrain or pretrain_data:
+        options["pretrain"] = list(pretrain_data or DEFAULT_PRETRAIN)
+    if resume:
+        if not (out / LAST_DIR).is_dir():
+            raise MedfaqError(f"nothing to resume in {out} (no {LAST_DIR}/ checkpoint)")
+        saved = SummarizerTrainConfig.load(out / LAST_DIR)
+        options.setdefault("max_steps", 0)  # a stop requested for the interrupted run does not carry over
+        config = SummarizerTrainConfig(**{**saved.__dict__, **options})
+    else:
+        config = preset_config(preset, variant, seed=seed, **options)
+    train = _pairs(config.train_data or f"{data}:train", data_root)
+    valid = _pairs(f"{data}:valid", data_root)
+    extra = [pair for spec in config.pretrain for pair in _pairs(spec, data_root)]
+    history = train_summarizer(config, train, valid, out, resume=resume, pretrain_pairs=extra)
+    best = max((h["valid_rougeL"] for h in history if h.get("stage") == "main"), default=None)
+    typer.echo(
+        f"trained {config.variant} ({config.preset}, seed {config.seed}); best valid ROUGE-L "
+        f"{'n/a' if best is None else f'{best:.2f}'}; model in {out}"
+    )
+
+
+def average(
+    runs: list[str] = typer.Argument(..., help="Trained summarizer directories: one recipe, different seeds."),
+    out: Path = typer.Option(..., "--out", help="Output directory for the averaged summarizer."),
+) -> None:
+    """Average the weights of summarizers trained with different seeds (a model soup): one model, as fast as each."""
+    from medfaq.summarizer.training.averaging import average_summarizers
+
+    typer.echo(f"averaged {len(runs)} summarizers into {average_summarizers(runs, out)}")
+
+
+TASK_HELP = "mqp (question pairs) | qa (MedQuAD question-answer, intermediate) | faq (query -> FAQ reranker)"
+
+
+def render_pair_counts(counts: dict[str, dict[str, int]]) -> str:
+    """The training pairs per source as a table, with a total row."""
+    rows = [
+        *counts.items(),
+        ("total", {k: sum(row[k] for row in counts.values()) for k in ("queries", "positives", "negatives")}),
+    ]
+    lines = [f"{'source':<16} {'queries':>8} {'positives':>10} {'negatives':>10}"]
+    lines += [f"{name:<16} {row['queries']:>8} {row['positives']:>10} {row['negatives']:>10}" for name, row in rows]
+    return "\n".join(lines)
+
+
+def resolve_training_models(config: EncoderTrainConfig) -> None:
+    """Resolve every model (and the lexicon) `config` trains from or with, so a missing one fails with its one-line
+    error first."""
+    from medfaq.index.concepts import concept_lexicon
+
+    for name in (config.init, config.negatives_encoder, *([config.prior_model] if config.prior_scale else [])):
+        resolve_model(name)
+    concept_lexicon(config.faq_synonyms)
+
+
+def check_out_dir(out: Path, force: bool) -> None:
+    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
+        raise MedfaqError(f"{out} exists and is not empty; pass --force to overwrite")
+
+
+def train_command(model_type: str) -> Callable[..., None]:
+    @takes_training_overrides()
+    def train(
+        task: str = typer.Option("mqp", "--task", help=TASK_HELP),
+        out: Path = typer.Option(..., "--out", help="Directory to save the model and its train_config.json."),
+        init: str = typer.Option("minilm", "--init", help="Starting weights: minilm, a model directory or name."),
+        preset: str = typer.Option("quick", "--preset", help="quick | full"),
+        seed: int = typer.Option(0, "--seed"),
+        overrides: Mapping[str, Any] = NO_OVERRIDES,
+        max_pairs: int | None = typer.Option(None, "--max-pairs", min=1, help="Train on at most this many pairs."),
+        negatives: int | None = typer.Option(
+            None, "--negatives", min=1, help="Task faq: hard negatives mined per query (override the preset)."
+        ),
+        negatives_encoder: str | None = typer.Option(
+            None,
+            "--negatives-encoder",
+            help="Task faq: the bi-encoder that mines them (default minilm; for a reranker, the index's encoder).",
+        ),
+        synonyms: str | None = typer.Option(
+            None,
+            "--synonyms",
+            help="Task faq: read each FAQ with its concepts' other names, as a reranker over an index built with "
+            "the same --synonyms reads it: none (default), medquad or a JSONL file of focus/synonyms rows.",
+        ),
+        device: str | None = DEVICE,
+        force: bool = typer.Option(False, "--force", help="Overwrite a non-empty --out directory."),
+    ) -> None:
+        from medfaq.retriever.training.config import make_config
+        from medfaq.retriever.training.pair_data import pair_counts, task_pairs
+        from medfaq.retriever.training.pair_models import save_trained, train_pair_model
+
+        config = make_config(
+            model_type,
+            task,
+            preset,
+            init=init,
+            seed=seed,
+            max_pairs=max_pairs,
+            faq_negatives=negatives,
+            negatives_encoder=negatives_encoder,
+            faq_synonyms=synonyms,
+            **overrides,
+        )
+        check_out_dir(out, force)
+        resolve_training_models(config)  # a bad model or --synonyms fails before the data is built
+        pairs = task_pairs(config)
+        config.n_train_pairs = len(pairs)
+        typer.echo(f"{model_type} on {task}: {len(pairs)} training pairs", err=True)
+        if task == "faq":
+            config.extra["pair_counts"] = pair_counts(pairs)
+            typer.echo(render_pair_counts(config.extra["pair_counts"]), err=True)
+        save_trained(train_pair_model(pairs, config, device), config, out)
+        typer.echo(f"saved {model_type} to {out}")
+        if task == "faq":
+            _calibrate_after_training(out)
+
+    train.__doc__ = f"Train the {model_type} on all training data of a task (mqp, qa or faq)."
+    return train
+
+
+def _calibrate_after_training(model: Path) -> None:
+    """Store a freshly trained retrieval model's abstention threshold; without the development data, say how to
+    store it later instead of failing the training."""
+    try:
+        _report_threshold(model)
+    except MedfaqError as error:
+        typer.echo(
+            f"warning: no abstention threshold stored ({error}); later: `medfaq train calibrate {model}`",
+            err=True,
+        )
+
+
+def _report_threshold(model: Path | str, data_from: Path | None = None, seed: int = 0) -> None:
+    from medfaq.retriever.abstention import THRESHOLD_FILE, calibrate_model
+
+    stored = calibrate_model(model, data_from, seed)
+    development = stored.development
+    typer.echo(
+        f"abstention threshold {stored.value:.4f} ({stored.key}) saved to {Path(resolve_model(str(model)))}/"
+        f"{THRESHOLD_FILE}: on {stored.counts['in_scope']} development questions it answers "
+        f"{development['answered']:.1f} % of them and abstains on {development['ood_abstained']:.1f} % once their "
+        f"answers are removed (AUROC {development['auroc']:.1f})"
+    )
+
+
+def calibrate(
+    model: str = typer.Argument(..., help="A trained retrieval bi-encoder or reranker (directory or model name)."),
+    data_from: Path | None = typer.Option(
+        None, "--from", help="Read the datasets from DIR (the shared/data layout) instead of `medfaq data fetch`."
+    ),
+    seed: int = typer.Option(0, "--seed", help="Seed of the development questions' sample."),
+    index: list[Path] = typer.Option(
+        [],
+        "--index",
+        help="Also give this index, built with MODEL (or with the bi-encoder the reranker MODEL corrects) before it "
+        "was calibrated, the threshold it would have inherited (repeatable).",
+    ),
+) -> None:
+    """Calibrate a retrieval model's abstention threshold on its development split and store it with the model
+    (threshold.json; training does this itself): indexes built with it then abstain out of the box."""
+    from medfaq.app.cmd_index import inherit_threshold
+    from medfaq.index.faq_index import read_manifest
+
+    manifests = {directory: read_manifest(directory) for directory in index}  # a wrong directory fails first
+    _report_threshold(model, data_from, seed)
+    for directory, manifest in manifests.items():
+        if not inherit_threshold(directory, manifest.encoder, Path(resolve_model(model))):
+            why = f"encoded by {manifest.encoder}, or a threshold calibrated on it already"
+            typer.echo(f"warning: {directory} left as it was ({why})", err=True)
