@@ -68,7 +68,8 @@ def answer_examples(top_k: int, mode: str | None) -> None:
     from medfaq.index.datasets import fetch_dataset
     from medfaq.index.encoder import load_encoder
     from medfaq.index.faq_index import FaqIndex
-    from medfaq.retriever.pipeline import Pipeline, PipelineConfig
+    from medfaq.retriever.model_cache import build_pipeline
+    from medfaq.retriever.pipeline import PipelineConfig
 
     fetch_dataset("medquad", SHARED_DATA if SHARED_DATA.is_dir() else None)
     directory = DemoSettings.from_env().index_dir  # the fine-tuned encoder's index once `medfaq setup` built it
@@ -79,6 +80,6 @@ def answer_examples(top_k: int, mode: str | None) -> None:
         FaqIndex.build(records, load_encoder(DEFAULT_ENCODER)).save(directory)
     stages_off = {"summarize": False, "rerank": False, "entities": False}  # the table shows the hits alone
     config = PipelineConfig.load(directory).updated(mode=mode, top_k=top_k, **stages_off)
-    pipeline = Pipeline.from_config(FaqIndex.load(directory), config)
+    pipeline = build_pipeline(FaqIndex.load(directory), config)
     for question in EXAMPLE_QUESTIONS:
         typer.echo(hits_table(pipeline.run(question)) + "\n")

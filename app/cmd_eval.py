@@ -27,7 +27,8 @@ from medfaq.app.options import (
     takes_training_overrides,
 )
 from medfaq.common.runtime import MedfaqError, resolve_model
-from medfaq.retriever.pipeline import Pipeline, PipelineConfig, load_stage, store_threshold
+from medfaq.retriever.model_cache import build_pipeline, shared_cache
+from medfaq.retriever.pipeline import PipelineConfig, store_threshold
 from medfaq.retriever.runs import check_not_an_input, check_output, write_run
 from medfaq.retriever.search import MODES
 
@@ -283,7 +284,7 @@ def eval_retrieval(
     result: dict[str, Any] = {"queries": len(texts), "judged_test": len(evaluator.test_qrels())}
     if compare:
         config = config.updated(entities=False)
-        stages, missing = _optional_stages(config)
+        stages, missing = shared_cache().optional_stages(config)
         wanted = [name.strip() for name in systems.split(",")] if systems else None
         table, skipped = compare_variants(
             faq_index, texts, evaluator, config, **stages, progress=not as_json, systems=wanted, summaries=known
@@ -291,7 +292,7 @@ def eval_retrieval(
         result |= {"rows": [{"system": n, **m} for n, m in table], "skipped": skipped, "missing_stages": missing}
     else:
         config = config.updated(entities=config.key_terms, abstain=False, log_unanswered=False)
-        pipeline = Pipeline.from_config(faq_index, config)
+        pipeline = build_pipeline(faq_index, config)
         run, confidences, responses = run_pipeline(pipeline, texts, progress=not as_json)
         table = [(_describe(config), evaluator(run, confidences))]
         result |= {"rows": [{"system": table[0][0], **table[0][1]}], "config": config.to_dict()}
@@ -327,19 +328,6 @@ def read_summaries(path: Path) -> dict[str, str]:
             raise MedfaqError(f"{path}: row {number} has no 'summary' text")
         known[text.strip()] = summary  # the pipeline strips questions before summarizing them
     return known
-
-
-def _optional_stages(config: PipelineConfig) -> tuple[dict[str, Any], list[str]]:
-    """The summarizer and reranker for a comparison, each None (with the reason) when it cannot be loaded."""
-    stages: dict[str, Any] = {}
-    missing: list[str] = []
-    for key, kind, name in (("rewriter", "rewrite", config.summarizer), ("reranker", "rerank", config.reranker)):
-        try:
-            stages[key] = load_stage(kind, name, config)
-        except MedfaqError as error:
-            stages[key] = None
-            missing.append(f"{kind}: {error}")
-    return stages, missing
 
 
 def _describe(config: PipelineConfig) -> str:

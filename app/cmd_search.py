@@ -11,6 +11,7 @@ import typer
 from medfaq.app.options import INDEX, NO_STAGE_FLAGS, StageFlags, takes_stage_flags
 from medfaq.app.render import hits_table
 from medfaq.common.runtime import MedfaqError
+from medfaq.retriever.model_cache import build_pipeline
 from medfaq.retriever.pipeline import PipelineConfig
 from medfaq.retriever.runs import (
     RUN_FORMATS,
@@ -42,13 +43,12 @@ def open_pipeline(index: Path, flags: StageFlags, shown_entities: bool = True, *
     to load) is left out unless the key-term filter or the unanswered log needs it."""
     import medfaq.retriever.stages  # noqa: F401  (registers the summarizer, reranker and NER stage loaders)
     from medfaq.index.faq_index import FaqIndex
-    from medfaq.retriever.pipeline import Pipeline
 
     config = flags.apply(PipelineConfig.load(index), **changes)
     if not shown_entities:
         may_log = config.abstain and config.log_unanswered and config.active_threshold() is not None
         config = config.updated(entities=config.key_terms or may_log)
-    return Pipeline.from_config(FaqIndex.load(index), config)
+    return build_pipeline(FaqIndex.load(index), config)
 
 
 def run_in_batches(pipeline: Pipeline, questions: list[str], batch_size: int = SEARCH_BATCH) -> list[Any]:

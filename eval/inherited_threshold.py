@@ -22,6 +22,7 @@ from medfaq.common.runtime import MedfaqError
 from medfaq.eval.benchmarks import read_beir_queries, read_qrels
 from medfaq.eval.script_args import print_report
 from medfaq.retriever.abstention import at_threshold, without_answers
+from medfaq.retriever.model_cache import build_pipeline
 from medfaq.retriever.pipeline import Pipeline, PipelineConfig
 
 SPLITS = ("test", "dev")
@@ -51,7 +52,7 @@ def measure(benchmark: Path, split: str = "test") -> dict[str, Any]:
     if not config.abstain or threshold is None:
         raise MedfaqError(f"{benchmark / 'index'} has no abstention threshold for {config.threshold_key}")
     index = FaqIndex.load(benchmark / "index")
-    pipeline = Pipeline.from_config(index, config.updated(abstain=False))
+    pipeline = build_pipeline(index, config.updated(abstain=False))
     answerable = confidences(pipeline, [row["text"] for row in in_scope])
     real_ood = confidences(pipeline, [row["text"] for row in ood])
     golds = [index.get(doc).question for row in in_scope for doc in qrels[row["_id"]] if doc in index]

@@ -156,9 +156,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     detector = None
     if args.detector != "none":
         import medfaq.retriever.stages  # noqa: F401  (registers the reranker loader)
-        from medfaq.retriever.pipeline import PipelineConfig, load_stage
+        from medfaq.retriever.model_cache import shared_cache
+        from medfaq.retriever.pipeline import PipelineConfig
 
-        detector = load_stage("rerank", args.detector, PipelineConfig(rerank=True, reranker=args.detector))
+        detector = shared_cache().stage("rerank", args.detector, PipelineConfig(rerank=True, reranker=args.detector))
     mqp = mqp_report(args.data, encoder, detector, args.seed)
     settings = GroupingSettings(threshold=mqp["threshold"], same_cosine=mqp["threshold"])
     report: dict[str, Any] = {"encoder": encoder.name, "detector": args.detector, "seed": args.seed, "mqp": mqp}

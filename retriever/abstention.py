@@ -182,7 +182,7 @@ def calibrate_model(model_dir: str | Path, data_root: Path | None = None, seed: 
     from medfaq.index.encoder import load_encoder
     from medfaq.index.faq_index import FaqIndex
     from medfaq.index.records import FaqRecord
-    from medfaq.retriever.pipeline import Pipeline
+    from medfaq.retriever.model_cache import build_pipeline
 
     model_dir = Path(resolve_model(str(model_dir)))
     if model_dir == Path(minilm_path()).resolve():
@@ -196,7 +196,7 @@ def calibrate_model(model_dir: str | Path, data_root: Path | None = None, seed: 
     for source in calibration_sources(data_root, seed):
         records = [FaqRecord(id=str(i), question=text) for i, text in enumerate(source.bank)]
         index = FaqIndex.build(records, encoder, progress=False, concepts=concepts)
-        pipeline = Pipeline.from_config(index, config)
+        pipeline = build_pipeline(index, config)
         answerable = [response.confidence for response in pipeline.run_batch(source.queries)]
         removed = without_answers(index, source.golds)
         unanswerable = [response.confidence for response in pipeline.run_batch(source.queries)]

@@ -242,3 +242,17 @@ _SHARED = StageCache()
 def shared_cache() -> StageCache:
     """The process's stage cache, which the command line, the server and the demo take their stages from."""
     return _SHARED
+
+
+def build_pipeline(index: FaqIndex, config: PipelineConfig | None = None) -> Pipeline:
+    """A pipeline running `config` over `index` with the stages it names, from the process's stage cache
+    (:meth:`StageCache.pipeline`: the stages load first, then the index's encoder when the mode searches vectors,
+    so that no search's `timings_ms` counts loading a model)."""
+    return shared_cache().pipeline(index, config or PipelineConfig())
+
+
+def open_pipeline(directory: str | Path, config: PipelineConfig | None = None) -> Pipeline:
+    """The index in `directory` with its saved ``pipeline.json`` (or `config`), ready to search."""
+    from medfaq.index.faq_index import FaqIndex
+
+    return build_pipeline(FaqIndex.load(directory), config or PipelineConfig.load(directory))

@@ -1,9 +1,9 @@
 """The search pipeline: summarize -> retrieve (raw, summary or both fused) -> rerank the top N -> filter -> abstain.
 
 Stages are small protocols, so the components (the ECL summarizer, the cross-encoder, the NER) plug in without
-callers changing: build a :class:`Pipeline` with the stage objects, or let :meth:`Pipeline.from_config` take them
-for a saved :class:`PipelineConfig` from the process's stage cache (:mod:`retriever.model_cache`, whose registered
-loaders build them; ``retriever.stages`` registers the real ones).
+callers changing: build a :class:`Pipeline` with the stage objects, or let
+:func:`retriever.model_cache.build_pipeline` take them for a :class:`PipelineConfig` from the process's stage cache
+(whose registered loaders build them; ``retriever.stages`` registers the real ones).
 
 A Pipeline may be shared between threads: each stage runs under a lock belonging to its stage object (tokenizers and
 some models are not re-entrant), so concurrent searches return exactly what serial ones do while different stages
@@ -311,14 +311,6 @@ def _lock_for(stage: Any) -> threading.Lock:
         return _STAGE_LOCKS.setdefault(id(stage), threading.Lock())
 
 
-def load_stage(kind: str, name: str | None, config: PipelineConfig) -> Any:
-    """The `kind` stage with the model `name` for `config`, from the process's stage cache
-    (:meth:`retriever.model_cache.StageCache.stage`); a one-line error when it cannot be loaded."""
-    from medfaq.retriever.model_cache import shared_cache
-
-    return shared_cache().stage(kind, name, config)
-
-
 def threshold_key(mode: str, rerank: bool, query_source: str) -> str:
     """``<mode>[+rerank]@<query source>``: the configurations whose confidences share a scale."""
     return f"{mode}{'+rerank' if rerank else ''}@{query_source}"
@@ -388,23 +380,6 @@ class Pipeline:
         )
         stage_objects = {"rewrite": rewriter, "entities": entity_finder, "retrieve": index, "rerank": reranker}
         self._locks = {name: _lock_for(obj) for name, obj in stage_objects.items()}
-
-    @classmethod
-    def from_config(cls, index: FaqIndex, config: PipelineConfig | None = None) -> Pipeline:
-        """A pipeline running `config` over `index` with the stages it names, from the process's stage cache
-        (:meth:`retriever.model_cache.StageCache.pipeline`: the stages load first, then the index's encoder when
-        the mode searches vectors, so that no search's `timings_ms` counts loading a model)."""
-        from medfaq.retriever.model_cache import shared_cache
-
-        return shared_cache().pipeline(index, config or PipelineConfig())
-
-    @classmethod
-    def from_index_dir(cls, directory: str | Path, config: PipelineConfig | None = None) -> Pipeline:
-        """Open the index in `directory` with its saved ``pipeline.json`` (or `config`)."""
-        from medfaq.index.faq_index import FaqIndex
-
-        index = FaqIndex.load(directory)
-        return cls.from_config(index, config or PipelineConfig.load(directory))
 
     def run(self, query: str) -> SearchResponse:
         return self.run_batch([query])[0]

@@ -13,7 +13,7 @@ first: a set-up model that is not trained yet is a one-line error naming `medfaq
 
 With ``quantize`` in the config, the summarizer's and the reranker's linear layers are converted to int8 with
 PyTorch dynamic quantisation (CPU only, `common.runtime.quantize_linear`); an ONNX reranker runs its int8 graph.
-Import this module (the CLI, the server and the demo do) before :meth:`Pipeline.from_config`.
+Import this module (the CLI, the server and the demo do) before :func:`retriever.model_cache.build_pipeline`.
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ from medfaq.app.service import SearchService
 from medfaq.common.runtime import MedfaqError
 from medfaq.index.faq_index import FaqIndex
 from medfaq.index.records import FaqRecord
+from medfaq.retriever.model_cache import build_pipeline
 from medfaq.retriever.pipeline import Pipeline, PipelineConfig
 from tests.conftest import FAQ_ROWS
 from tests.servers import serving
@@ -121,7 +122,7 @@ def test_exact_batches_answer_bit_for_bit_as_questions_alone(index_dir):
     index = FaqIndex.load(index_dir)
     for mode in ("dense", "hybrid"):
         config = PipelineConfig(mode=mode, top_k=6, entities=False, log_unanswered=False)
-        pipeline = Pipeline.from_config(index, config)
+        pipeline = build_pipeline(index, config)
         alone = [without_timings(pipeline.run(question).to_dict()) for question in QUESTIONS]
         exact = Pipeline(index, config, exact_batches=True).run_batch(QUESTIONS)
         assert [without_timings(response.to_dict()) for response in exact] == alone

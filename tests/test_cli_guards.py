@@ -284,7 +284,8 @@ def test_timings_never_count_loading_the_encoder(index_dir, monkeypatch):
 
     from medfaq.index.encoder import Encoder
     from medfaq.index.faq_index import FaqIndex
-    from medfaq.retriever.pipeline import Pipeline, PipelineConfig
+    from medfaq.retriever.model_cache import build_pipeline
+    from medfaq.retriever.pipeline import PipelineConfig
 
     real_init = Encoder.__init__
 
@@ -293,7 +294,7 @@ def test_timings_never_count_loading_the_encoder(index_dir, monkeypatch):
         real_init(self, *args, **kwargs)
 
     monkeypatch.setattr(Encoder, "__init__", slow_init)
-    pipeline = Pipeline.from_config(
+    pipeline = build_pipeline(
         FaqIndex.load(index_dir), PipelineConfig(mode="dense", entities=False, encoder_backend="torch")
     )
     timings = pipeline.run("how is shingles treated").timings_ms

@@ -101,7 +101,8 @@ def test_searches_run_concurrently_only_on_a_thread_safe_encoder(tmp_path, expor
     from concurrent.futures import ThreadPoolExecutor
 
     from medfaq.index.faq_index import FaqIndex
-    from medfaq.retriever.pipeline import Pipeline, PipelineConfig
+    from medfaq.retriever.model_cache import build_pipeline
+    from medfaq.retriever.pipeline import PipelineConfig
 
     FaqIndex.build(faq_records, OnnxEncoder(str(exported_dir)), progress=False).save(tmp_path / "idx")
     on_torch = FaqIndex.load(tmp_path / "idx")
@@ -109,10 +110,10 @@ def test_searches_run_concurrently_only_on_a_thread_safe_encoder(tmp_path, expor
     index = FaqIndex.load(tmp_path / "idx")
     assert index.searches_concurrently(dense=False) and not index.searches_concurrently(dense=True)  # not loaded yet
     config = PipelineConfig(entities=False, log_unanswered=False, top_k=4)
-    pipeline = Pipeline.from_config(index, config)
+    pipeline = build_pipeline(index, config)
     assert index.searches_concurrently(dense=True) and not on_torch.searches_concurrently(dense=True)
     assert pipeline._timed("retrieve", {}).lock is None
-    assert Pipeline.from_config(on_torch, config)._timed("retrieve", {}).lock is not None
+    assert build_pipeline(on_torch, config)._timed("retrieve", {}).lock is not None
     questions = [record.question for record in faq_records] * 8
 
     def ranking(question: str) -> list[tuple[str, float]]:

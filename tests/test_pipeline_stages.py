@@ -11,6 +11,7 @@ import pytest
 
 from medfaq.common.runtime import MedfaqError
 from medfaq.index.faq_index import FaqIndex
+from medfaq.retriever.model_cache import build_pipeline
 from medfaq.retriever.pipeline import Pipeline, PipelineConfig, confidence, key_stems
 from medfaq.retriever.unanswered import UnansweredLog
 
@@ -303,10 +304,10 @@ def test_real_stage_loaders_are_registered_and_pass_settings(monkeypatch, index)
     trained.mkdir(parents=True)
     (trained / "config.json").write_text("{}", encoding="utf-8")
     config = PipelineConfig(summarize=True, summary_beams=4, summary_max_length=20, quantize=True, entities=False)
-    pipeline = Pipeline.from_config(index, config)
+    pipeline = build_pipeline(index, config)
     assert pipeline.run("shingles?").summary == "SHINGLES?"
     assert pipeline.rewriter.summarizer.calls == [(4, 20)]
-    greedy = Pipeline.from_config(index, PipelineConfig(summarize=True, entities=False))
+    greedy = build_pipeline(index, PipelineConfig(summarize=True, entities=False))
     greedy.run("shingles?")
     assert greedy.rewriter.summarizer.calls == [(1, 32)]  # the model's validated settings
     assert "quantized" in type(pipeline.rewriter.summarizer.model[0]).__module__  # int8 dynamic Linear
@@ -384,7 +385,7 @@ def test_a_missing_set_up_model_names_the_fix(index):
         (PipelineConfig(rerank=True, entities=False), "reranker-correction-quick"),
     ):
         with pytest.raises(MedfaqError) as error:
-            Pipeline.from_config(index, config)
+            build_pipeline(index, config)
         message = str(error.value)
         assert "\n" not in message and model in message and "`medfaq setup`" in message
         assert "medfaq train " in message and f"--out {models_dir() / model}" in message

@@ -7,7 +7,7 @@ import pytest
 from medfaq.app.options import StageFlags
 from medfaq.common.runtime import MedfaqError
 from medfaq.index.faq_index import FaqIndex
-from medfaq.retriever.model_cache import register_stage_loader
+from medfaq.retriever.model_cache import build_pipeline, register_stage_loader
 from medfaq.retriever.pipeline import Pipeline, PipelineConfig, SearchResponse
 from medfaq.retriever.search import Retriever, clean_queries, reciprocal_rank_fusion
 
@@ -121,7 +121,7 @@ def test_stage_loaders_build_stages_from_config(monkeypatch, index):
 
     monkeypatch.setattr(model_cache, "_STAGE_LOADERS", {})
     with pytest.raises(MedfaqError, match="no rerank stage is available"):
-        Pipeline.from_config(index, PipelineConfig(rerank=True, reranker="cross"))
+        build_pipeline(index, PipelineConfig(rerank=True, reranker="cross"))
     register_stage_loader("rerank", lambda name: PreferMigraine())
-    pipeline = Pipeline.from_config(index, PipelineConfig(rerank=True, reranker="cross"))
+    pipeline = build_pipeline(index, PipelineConfig(rerank=True, reranker="cross"))
     assert isinstance(pipeline.reranker, PreferMigraine)
