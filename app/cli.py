@@ -68,7 +68,11 @@ eval_app = typer.Typer(help="Evaluate the summarizer, the duplicate detector and
 app.add_typer(data_app, name="data")
 app.add_typer(index_app, name="index")
 app.add_typer(train_app, name="train")
+queue_app = typer.Typer(
+    help="The experts' queue: the questions medfaq abstained on, grouped; answer each group once.", no_args_is_help=True
+)
 app.add_typer(eval_app, name="eval")
+app.add_typer(queue_app, name="queue")
 
 
 from medfaq.app import (  # noqa: E402  (after the sub-apps they join)
@@ -76,6 +80,7 @@ from medfaq.app import (  # noqa: E402  (after the sub-apps they join)
     cmd_demo,
     cmd_eval,
     cmd_index,
+    cmd_queue,
     cmd_search,
     cmd_serve,
     cmd_setup,
@@ -108,6 +113,12 @@ train_app.command("calibrate")(cmd_train.calibrate)
 eval_app.command("summarizer")(cmd_eval.eval_summarizer)
 eval_app.command("duplicates")(cmd_eval.eval_duplicates)
 eval_app.command("retrieval")(cmd_eval.eval_retrieval)
+queue_app.command("list")(cmd_queue.list_groups)
+queue_app.command("link")(cmd_queue.link)
+queue_app.command("answer")(cmd_queue.answer)
+queue_app.command("split")(cmd_queue.split)
+queue_app.command("merge")(cmd_queue.merge)
+queue_app.command("undo")(cmd_queue.undo)
 
 
 @app.callback()

@@ -209,3 +209,23 @@ def test_stage_flags_are_declared_once_and_reach_the_command():
     assert (first, last) == (2, "y")
     overrides = flags.overrides()
     assert overrides["rerank"] is True and overrides["summary_beams"] == 3 and overrides["threshold"] is None
+
+
+def test_queue_commands_list_link_and_undo(built):
+    from medfaq.retriever.pipeline import PipelineConfig, store_threshold
+
+    store_threshold(built, PipelineConfig.load(built).updated(entities=False), 2.0)  # every question abstains
+    asked = "zzqx blorf wibble glonk"
+    for _ in range(2):
+        assert "no FAQ matches well enough" in medfaq("search", "--index", built, asked).stdout
+    groups = [json.loads(line) for line in medfaq("queue", "list", "--index", built, "--json").stdout.splitlines()]
+    assert [(group["count"], {q["text"] for q in group["questions"]}) for group in groups] == [(2, {asked})]
+    group = str(groups[0]["id"])
+    assert "now find FAQ f4" in medfaq("queue", "link", group, "f4", "--index", built, "--by", "dr a").stdout
+    hits = json.loads(medfaq("search", "--index", built, "--json", "--no-abstain", asked).stdout)["hits"]
+    assert hits[0]["id"] == "f4"
+    assert medfaq("queue", "list", "--index", built, "--json").stdout == ""  # nothing waits
+    assert_one_line_error(medfaq("queue", "link", group, "f5", "--index", built), "already linked")
+    assert "waits again" in medfaq("queue", "undo", group, "--index", built).stdout
+    assert_one_line_error(medfaq("queue", "list", "--index", built, "--status", "lost"), "unknown group status")
+    assert_one_line_error(medfaq("queue", "merge", group, "--index", built), "at least two")

@@ -1,0 +1,104 @@
+"""`medfaq queue ...`: the experts' queue of an index: list the groups of questions it abstained on, then link a
+group to an FAQ, answer it with a new FAQ, split, merge or undo."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+from medfaq.app.options import INDEX
+from medfaq.retriever.setup_plan import set_up_index
+
+GROUP = typer.Argument(..., min=1, help="The group's id (see `medfaq queue list`).")
+BY = typer.Option("", "--by", help="Who answers (recorded with the change).")
+
+
+def _queue(index: Path | None):
+    """The queue of `index` (the set-up index when None) with the questions logged since it was last read, and the
+    index directory."""
+    import medfaq.retriever.stages  # noqa: F401  (registers the summarizer loader for the groups' titles)
+    from medfaq.index.faq_index import FaqIndex
+    from medfaq.retriever.pipeline import PipelineConfig
+    from medfaq.retriever.question_queue import open_queue
+    from medfaq.retriever.unanswered import UnansweredLog
+
+    directory = index or set_up_index()
+    config = PipelineConfig.load(directory)
+    queue = open_queue(FaqIndex.load(directory), config)
+    queue.sync(UnansweredLog(config.unanswered_log).path)
+    return queue, directory
+
+
+def list_groups(
+    index: Path | None = INDEX,
+    status: str = typer.Option("waiting", "--status", help="waiting | linked | answered | all"),
+    as_json: bool = typer.Option(False, "--json", help="One JSON object per group."),
+) -> None:
+    """The groups of questions waiting for an expert, most asked first."""
+    queue, _ = _queue(index)
+    groups = queue.groups(None if status == "all" else status)
+    for group in groups:
+        if as_json:
+            typer.echo(json.dumps(group.to_dict(), ensure_ascii=False))
+            continue
+        answered = f" -> {group.faq_id} ({group.status})" if group.status != "waiting" else ""
+        typer.echo(f"group {group.id}: {group.title}  [asked {group.count}x]{answered}")
+        for question in group.questions:
+            typer.echo(f"    {question.id:>6}  {question.text}")
+    if not groups and not as_json:
+        typer.echo(f"no {status} groups" if status != "all" else "the queue is empty", err=True)
+
+
+def link(
+    group: int = GROUP,
+    faq_id: str = typer.Argument(..., help="The FAQ that answers the group's questions."),
+    index: Path | None = INDEX,
+    by: str = BY,
+) -> None:
+    """Answer a group with an existing FAQ: its questions become that FAQ's phrasings in the index."""
+    queue, directory = _queue(index)
+    done = queue.link(group, faq_id, directory, by)
+    typer.echo(f"group {group}: {done.count} questions now find FAQ {faq_id} (index {directory})")
+
+
+def answer(
+    group: int = GROUP,
+    question: str = typer.Option(..., "--question", help="The new FAQ's question (start from the group's title)."),
+    answer_text: str = typer.Option(..., "--answer", help="The new FAQ's answer."),
+    index: Path | None = INDEX,
+    by: str = BY,
+) -> None:
+    """Answer a group with a new FAQ, added to the index with the group's questions as its phrasings."""
+    queue, directory = _queue(index)
+    done = queue.answer(group, question, answer_text, directory, by)
+    typer.echo(f"group {group}: new FAQ {done.faq_id} added to {directory}; {done.count} questions now find it")
+
+
+def split(
+    group: int = GROUP,
+    question_ids: list[int] = typer.Argument(..., help="The ids of the questions that move to a new group."),
+    index: Path | None = INDEX,
+) -> None:
+    """Move some questions of a group into a new group."""
+    queue, _ = _queue(index)
+    new = queue.split(group, question_ids)
+    typer.echo(f"group {new.id}: {new.count} questions split from group {group}")
+
+
+def merge(
+    groups: list[int] = typer.Argument(..., help="Two or more group ids; the first keeps every question."),
+    index: Path | None = INDEX,
+) -> None:
+    """Merge groups that ask the same question."""
+    queue, _ = _queue(index)
+    merged = queue.merge(groups)
+    typer.echo(f"group {merged.id}: {merged.count} questions")
+
+
+def undo(group: int = GROUP, index: Path | None = INDEX) -> None:
+    """Take back a link or an answer: the index forgets it and the group waits again."""
+    queue, directory = _queue(index)
+    queue.undo(group, directory)
+    typer.echo(f"group {group} waits again; {directory} no longer holds its answer")
