@@ -33,7 +33,9 @@ class PhrasingTable:
     """The phrasings of an index by row key."""
 
     def __init__(self, phrasings: Iterable[Phrasing] = ()) -> None:
-        self._by_key = {phrasing.key: phrasing for phrasing in phrasings}
+        self._by_key: dict[int, Phrasing] = {}
+        self._by_faq: dict[str, dict[int, Phrasing]] = {}
+        self.add(phrasings)
 
     def __len__(self) -> int:
         return len(self._by_key)
@@ -46,8 +48,7 @@ class PhrasingTable:
         return phrasing.faq_id if phrasing else None
 
     def of_faqs(self, faq_ids: Iterable[str]) -> list[Phrasing]:
-        wanted = set(faq_ids)
-        return [phrasing for phrasing in self._by_key.values() if phrasing.faq_id in wanted]
+        return [phrasing for faq_id in dict.fromkeys(faq_ids) for phrasing in self._by_faq.get(faq_id, {}).values()]
 
     def get(self, keys: Iterable[int]) -> list[Phrasing]:
         """The phrasings under `keys`; an unknown key is a one-line error naming it."""
@@ -62,10 +63,13 @@ class PhrasingTable:
     def add(self, phrasings: Iterable[Phrasing]) -> None:
         for phrasing in phrasings:
             self._by_key[phrasing.key] = phrasing
+            self._by_faq.setdefault(phrasing.faq_id, {})[phrasing.key] = phrasing
 
     def remove(self, keys: Iterable[int]) -> None:
         for key in keys:
-            self._by_key.pop(key, None)
+            phrasing = self._by_key.pop(key, None)
+            if phrasing is not None:
+                self._by_faq[phrasing.faq_id].pop(key, None)
 
     def save(self, directory: Path) -> None:
         """Write ``phrasings.jsonl`` into `directory` (nothing when there are none)."""

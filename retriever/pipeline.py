@@ -464,8 +464,18 @@ class Pipeline:
             return "replace" if corrects_first_stage(self.reranker) else "rrf"
         return fusion
 
-    def _reranker_text(self, hit: Hit) -> str:
-        return self.index.text_for_reranking(hit.question)
+    def _rerank_scores(self, query: str, hits: list[Hit]) -> list[float]:
+        """The cross-encoder's score of each hit: of its FAQ question, or of the best of its phrasings (the wordings
+        experts linked to it) where one scores higher; all in one call."""
+        owners, texts = [], []
+        for row, hit in enumerate(hits):
+            wordings = [hit.question, *(phrasing.text for phrasing in self.index.phrasings([hit.id]))]
+            owners += [row] * len(wordings)
+            texts += [self.index.text_for_reranking(text) for text in wordings]
+        best = [float("-inf")] * len(hits)
+        for row, score in zip(owners, self.reranker.score(query, texts), strict=True):
+            best[row] = max(best[row], float(score))
+        return best
 
     def _retrieval_is_sure(self, hits: list[Hit]) -> bool:
         """Dense search ranked its top hit clearly first: its cosine beats the second's by `rerank_margin`."""
@@ -476,13 +486,13 @@ class Pipeline:
 
     def _rerank(self, query: str, hits: list[Hit]) -> list[Hit]:
         if self._retrieval_is_sure(hits):  # dense order and scores stand; the top hit's rerank score: the confidence
-            hits[0].stage_scores["rerank"] = float(self.reranker.score(query, [self._reranker_text(hits[0])])[0])
+            hits[0].stage_scores["rerank"] = self._rerank_scores(query, hits[:1])[0]
             return hits
         depth = self.config.rerank_depth
         head, tail = hits[:depth], hits[depth:]
         if not head:
             return hits
-        scores = self.reranker.score(query, [self._reranker_text(hit) for hit in head])
+        scores = self._rerank_scores(query, head)
         rescored = {
             hit.id: _rescored(hit, float(score), hit.rank, "rerank") for hit, score in zip(head, scores, strict=True)
         }

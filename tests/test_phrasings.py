@@ -62,3 +62,20 @@ def test_a_corrupt_phrasings_file_is_a_one_line_error(saved_index, tiny_encoder)
     (saved_index / PHRASINGS_FILE).write_text('{"key": 1}\n', encoding="utf-8")
     with pytest.raises(MedfaqError, match="corrupt"):
         FaqIndex.load(saved_index, verify=False)
+
+
+def test_the_reranker_scores_an_faq_by_its_best_wording(saved_index, tiny_encoder):
+    """A reranked search reads the phrasings experts linked too: the FAQ scores as its best-matching wording."""
+    from medfaq.retriever.pipeline import Pipeline, PipelineConfig
+
+    class SharedWords:
+        def score(self, query: str, candidates: list[str]) -> list[float]:
+            asked = set(query.lower().split())
+            return [len(asked & set(c.lower().split())) / len(set(c.lower().split())) for c in candidates]
+
+    FaqIndex.edit(saved_index, lambda index: index.add_phrasings("f4", [ASKED[0]]), encoder=tiny_encoder)
+    index = FaqIndex.load(saved_index, tiny_encoder)
+    config = PipelineConfig(rerank=True, rerank_fusion="replace", entities=False, log_unanswered=False)
+    response = Pipeline(index, config, reranker=SharedWords()).run(ASKED[0])
+    assert response.hits[0].id == "f4" and response.hits[0].stage_scores["rerank"] == 1.0
+    assert all(hit.stage_scores["rerank"] == 0.0 for hit in response.hits[1:])
