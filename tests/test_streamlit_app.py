@@ -122,6 +122,17 @@ def test_abstained_question_is_recorded_and_listed_in_the_expert_queue(demo_env)
     assert not queue.exception
     assert list(queue.dataframe[0].value["query"]) == ["Xylophone lessons near Zanzibar?"]
     assert [button.proto.label for button in queue.get("download_button")] == ["Export CSV", "Export JSONL"]
+    [group] = queue.expander
+    assert group.label == "Xylophone lessons near Zanzibar? — asked 1×"  # titled by the (stand-in) summarizer
+    assert queue.text_input(key="q-1").value == "Xylophone lessons near Zanzibar?"  # the title, to start from
+    queue.text_input(key="q-1").input("Where can I take xylophone lessons in Zanzibar?")
+    queue.text_area(key="a-1").input("At the Zanzibar music school.")
+    queue.button(key="FormSubmitter:answer-1-Add this FAQ").click().run()
+    assert not queue.exception and "Added a new FAQ" in queue.success[0].value
+    assert not queue.expander  # nothing waits; the group is listed as answered, with an undo button
+    assert [button.label for button in queue.button if button.key == "undo-1"] == ["Undo"]
+    answered = ask("Xylophone lessons near Zanzibar?")
+    assert not answered.warning and "Where can I take xylophone lessons in Zanzibar?" in markdown(answered)
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,6 @@
-"""The expert queue: questions the pipeline abstained on, and the "Was this helpful?" answers, with exports."""
+"""The expert queue: the questions the pipeline abstained on, grouped, for an expert to answer each group once
+(link it to an FAQ, or write a new one from the summarizer's title); split, merge and undo; then the log and the
+"Was this helpful?" answers, with exports."""
 
 from __future__ import annotations
 
@@ -8,6 +10,8 @@ import pandas as pd
 import streamlit as st
 
 from medfaq.app.ui import common, resources
+from medfaq.common.runtime import MedfaqError
+from medfaq.retriever.question_queue import QuestionGroup, QuestionQueue
 from medfaq.retriever.unanswered import UnansweredLog
 
 QUEUE_COLUMNS = ["time", "query", "summary", "best_score", "best_question", "best_id"]
@@ -23,8 +27,74 @@ def exports(name: str, rows: list[dict], frame: pd.DataFrame) -> None:
     jsonl_col.download_button("Export JSONL", jsonl(rows), f"{name}.jsonl", "application/jsonl", key=f"{name}_jsonl")
 
 
+def _act(action, *args, done: str) -> None:
+    """Run an expert's change; its outcome (or its one-line error) is shown after the page reloads."""
+    try:
+        action(*args)
+        st.session_state["queue_notice"] = ("success", done)
+    except MedfaqError as error:
+        st.session_state["queue_notice"] = ("error", str(error))
+
+
+def _waiting_group(queue: QuestionQueue, group: QuestionGroup, others: list[QuestionGroup], index_dir) -> None:
+    with st.expander(f"{group.title} — asked {group.count}×", expanded=group.count > 1 or len(others) < 5):
+        for question in group.questions:
+            st.markdown(
+                f"- {question.text}  \n  <small>#{question.id} · {question.asked}</small>", unsafe_allow_html=True
+            )
+        answer_tab, link_tab, edit_tab = st.tabs(["Answer with a new FAQ", "Link to an FAQ", "Split or merge"])
+        with answer_tab, st.form(f"answer-{group.id}"):
+            question = st.text_input("FAQ question", value=group.title, key=f"q-{group.id}")
+            answer = st.text_area("Answer", key=f"a-{group.id}")
+            by = st.text_input("Your name", key=f"by-{group.id}")
+            if st.form_submit_button("Add this FAQ"):
+                _act(queue.answer, group.id, question, answer, index_dir, by, done=f"Added a new FAQ for “{question}”.")
+                st.rerun()
+        with link_tab, st.form(f"link-{group.id}"):
+            faq_id = st.text_input("FAQ id (see the search page's results)", key=f"faq-{group.id}")
+            by = st.text_input("Your name", key=f"link-by-{group.id}")
+            if st.form_submit_button("Link"):
+                _act(queue.link, group.id, faq_id.strip(), index_dir, by, done=f"Linked to FAQ {faq_id}.")
+                st.rerun()
+        with edit_tab:
+            labels = {f"#{q.id} {q.text}": q.id for q in group.questions}
+            moving = st.multiselect("Questions to move to a new group", list(labels), key=f"split-{group.id}")
+            if st.button("Split", key=f"split-button-{group.id}", disabled=not moving):
+                _act(queue.split, group.id, [labels[m] for m in moving], done="Split into a new group.")
+                st.rerun()
+            names = {f"{other.title} (#{other.id})": other.id for other in others if other.id != group.id}
+            joining = st.multiselect("Groups that ask the same question", list(names), key=f"merge-{group.id}")
+            if st.button("Merge", key=f"merge-button-{group.id}", disabled=not joining):
+                _act(queue.merge, [group.id, *(names[j] for j in joining)], done="Merged.")
+                st.rerun()
+
+
+def render_groups() -> None:
+    queue, index_dir = resources.expert_queue()
+    notice = st.session_state.pop("queue_notice", None)
+    if notice:
+        getattr(st, notice[0])(notice[1])
+    waiting = queue.groups()
+    st.subheader(f"Waiting: {len(waiting)} group(s) of questions")
+    if not waiting:
+        st.info("Nothing waits for an expert: every question so far had a good match, or was answered.")
+    for group in waiting:
+        _waiting_group(queue, group, waiting, index_dir)
+    resolved = [group for group in queue.groups(None) if group.status != "waiting"]
+    if resolved:
+        st.subheader("Answered")
+        for group in resolved:
+            left, right = st.columns([5, 1])
+            left.markdown(f"**{group.title}** — {group.count} question(s) → FAQ `{group.faq_id}` ({group.status})")
+            if right.button("Undo", key=f"undo-{group.id}"):
+                _act(queue.undo, group.id, index_dir, done=f"Undone: group {group.id} waits again.")
+                st.rerun()
+
+
 def render() -> None:
-    common.hero("Expert queue", "Questions medfaq could not answer well enough — material for new FAQs.")
+    common.hero("Expert queue", "Questions medfaq could not answer well enough, grouped: answer each group once.")
+    render_groups()
+    st.subheader("Unanswered-questions log")
     log = UnansweredLog(resources.base_config(resources.settings()).unanswered_log)
     entries = list(reversed(log.read()))
     st.caption(f"{len(entries):,} unanswered question(s) · `{log.path}`")

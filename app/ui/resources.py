@@ -19,6 +19,8 @@ from medfaq.app.setup_state import DemoSettings, SetupRunner, model_ready
 from medfaq.index.faq_index import FaqIndex
 from medfaq.retriever.model_cache import shared_cache
 from medfaq.retriever.pipeline import EntityFinder, PipelineConfig, QueryRewriter, Reranker
+from medfaq.retriever.question_queue import QuestionQueue, open_queue
+from medfaq.retriever.unanswered import UnansweredLog
 
 LOADING = {
     "rewrite": "Loading the question summarizer…",
@@ -96,3 +98,14 @@ def ready_stages(demo: DemoSettings) -> Stages:
         finder, finder_note = None, f"unavailable: {error}"
     notes = {"summarizer": summary_note, "reranker": rerank_note, "entities": finder_note}
     return Stages(summary, rerank, finder, notes)
+
+
+def expert_queue() -> tuple[QuestionQueue, Path]:
+    """The experts' queue of the demo's index (grouped with its encoder, titled by the demo's summarizer when it
+    loads), with the questions logged since it was last read; and the index directory its answers go to."""
+    demo = settings()
+    config = base_config(demo)
+    index = faq_index(str(demo.index_dir), demo.index_stamp(), config.encoder_backend)
+    queue = open_queue(index, config)
+    queue.sync(UnansweredLog(config.unanswered_log).path)
+    return queue, demo.index_dir
