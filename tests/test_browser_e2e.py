@@ -130,3 +130,36 @@ def test_ask_read_results_and_give_feedback(served_demo, tmp_path):
     rows = FeedbackStore(Path(env["MEDFAQ_HOME"]) / "demo" / "feedback.sqlite3").all()
     assert [(row.question, row.helpful, row.hit_ids[0]) for row in rows] == [(QUESTION, True, "f1")]
     assert (tmp_path / "search.png").stat().st_size > 10_000
+
+
+def test_an_expert_answers_a_queued_question_and_the_search_then_finds_it(served_demo, tmp_path):
+    from playwright.sync_api import expect, sync_playwright
+
+    asked = "Xylophone lessons near Zanzibar?"
+    url, _ = served_demo
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
+        page = browser.new_page(viewport={"width": 1280, "height": 1000})
+
+        def search() -> None:
+            page.goto(url)
+            box = page.get_by_label("Your question")
+            expect(box).to_be_visible(timeout=START_TIMEOUT_S * 1000)
+            box.fill(asked)
+            page.get_by_role("button", name="Search").click()
+
+        search()
+        expect(page.get_by_text("No good match")).to_be_visible(timeout=START_TIMEOUT_S * 1000)
+        page.goto(f"{url}/expert-queue")
+        expect(page.get_by_text(f"{asked} — asked 1×")).to_be_visible(timeout=START_TIMEOUT_S * 1000)
+        expect(page.get_by_label("FAQ question")).to_have_value(asked)  # the summarizer's title to start from
+        page.get_by_label("FAQ question").fill("Where can I take xylophone lessons in Zanzibar?")
+        page.get_by_role("textbox", name="Answer").fill("At the Zanzibar music school.")
+        page.get_by_role("button", name="Add this FAQ").click()
+        expect(page.get_by_text("Added a new FAQ")).to_be_visible(timeout=30_000)
+        save_screenshot(page, tmp_path / "queue.png")
+        search()
+        cards = page.locator(".mf-question")
+        expect(cards.first).to_contain_text("Where can I take xylophone lessons in Zanzibar?", timeout=30_000)
+        expect(page.get_by_text("No good match")).to_have_count(0)
+        browser.close()
