@@ -185,10 +185,14 @@ class SearchService:
             return error
 
     def add_feedback(self, question: str, faq_id: str, helpful: bool, comment: str | None = None) -> int:
+        """Store the answer; a question whose answer did not help waits in the experts' queue too."""
         settings = {"comment": comment} if comment else {}
-        return self.feedback.add(
+        row = self.feedback.add(
             Feedback(session="api", question=question, helpful=helpful, hit_ids=[faq_id], settings=settings)
         )
+        if not helpful and question.strip():
+            self.queue().add(question, source="not helpful")
+        return row
 
     def add_faqs(self, records: list[FaqRecord]) -> int:
         """Encode and add FAQs to the index on disk (under its write lock); the service then serves the new version."""

@@ -94,6 +94,10 @@ def test_feedback_needs_the_key_when_set_and_survives_a_restart(service, index_d
     restarted = SearchService(index_dir, feedback_path=tmp_path / "feedback.sqlite3")
     stored = restarted.feedback.all()
     assert len(stored) == 2 and all(row.hit_ids == ["f1"] and row.helpful for row in stored)
+    unhelpful = {**payload, "helpful": False}
+    assert client_for(service).post("/feedback", json=unhelpful, headers={"X-API-Key": "s3cret"}).status_code == 201
+    [group] = client_for(service).get("/queue", headers={"X-API-Key": "s3cret"}).json()["groups"]
+    assert [(q["text"], q["source"]) for q in group["questions"]] == [(QUESTIONS[0], "not helpful")]
 
 
 def test_index_writes_only_when_allowed_and_served_at_once(service):

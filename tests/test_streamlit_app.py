@@ -61,6 +61,10 @@ def test_search_shows_summary_entities_ranked_cards_and_stores_feedback(demo_env
     [stored] = FeedbackStore().all()
     assert (stored.question, stored.helpful, stored.hit_ids[0]) == (QUESTION, False, "f1")
     assert stored.settings == {"summarize": True, "rerank": True, "mode": "dense", "top_k": 5}  # the default mode
+    from medfaq.app.ui import resources
+
+    [waiting] = resources.expert_queue()[0].groups()  # an answer that did not help: its question waits too
+    assert [(q.text, q.source) for q in waiting.questions] == [(QUESTION, "not helpful")]
 
 
 def test_controls_switch_stages_and_mode(demo_env):

@@ -160,6 +160,8 @@ def _record_feedback(helpful: bool) -> None:
             settings=asdict(chosen),
         )
     )
+    if not helpful and not response.abstained:  # an abstained question is queued already
+        resources.expert_queue()[0].add(response.query, source="not helpful")
     result["feedback"] = "yes" if helpful else "no"
 
 
