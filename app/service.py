@@ -17,10 +17,10 @@ from typing import Any, Literal
 
 import medfaq.retriever.stages  # noqa: F401  (registers the summarizer, reranker and NER stage loaders)
 from medfaq.app.batching import BatchSettings, MicroBatcher
-from medfaq.app.feedback import Feedback, FeedbackStore
 from medfaq.common.runtime import MedfaqError
 from medfaq.index.faq_index import FaqIndex, disk_version
 from medfaq.index.records import FaqRecord
+from medfaq.retriever.feedback import Feedback, FeedbackStore
 from medfaq.retriever.model_cache import StageError, shared_cache, wanted_stages
 from medfaq.retriever.pipeline import PIPELINE_FILE, Pipeline, PipelineConfig, saved_config
 from medfaq.retriever.question_queue import QuestionQueue, open_queue

@@ -11,8 +11,8 @@ import streamlit as st
 from streamlit.testing.v1 import AppTest
 from typer.testing import CliRunner
 
-from medfaq.app.feedback import Feedback, FeedbackStore
 from medfaq.app.setup_state import EXAMPLE_QUESTIONS, DemoSettings, SetupRunner, SetupStep, default_steps
+from medfaq.retriever.feedback import Feedback, FeedbackStore
 from medfaq.retriever.unanswered import UnansweredLog
 
 APP = str(Path(__file__).resolve().parents[1] / "app" / "streamlit_app.py")

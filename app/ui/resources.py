@@ -14,9 +14,9 @@ from pathlib import Path
 import streamlit as st
 
 import medfaq.retriever.stages  # noqa: F401  (registers the summarizer, reranker and NER stage loaders)
-from medfaq.app.feedback import FeedbackStore
 from medfaq.app.setup_state import DemoSettings, SetupRunner, model_ready
 from medfaq.index.faq_index import FaqIndex
+from medfaq.retriever.feedback import FeedbackStore
 from medfaq.retriever.model_cache import shared_cache
 from medfaq.retriever.pipeline import EntityFinder, PipelineConfig, QueryRewriter, Reranker
 from medfaq.retriever.question_queue import QuestionQueue, open_queue

@@ -10,9 +10,9 @@ from typing import Any
 
 import streamlit as st
 
-from medfaq.app.feedback import Feedback
 from medfaq.app.setup_state import EXAMPLE_LABELS, EXAMPLE_QUESTIONS
 from medfaq.app.ui import common, resources
+from medfaq.retriever.feedback import Feedback
 from medfaq.retriever.model_cache import shared_cache
 from medfaq.retriever.pipeline import Pipeline, PipelineConfig, SearchResponse
 from medfaq.retriever.search import MODES, Hit

@@ -1,4 +1,5 @@
-"""The demo's "Was this helpful?" answers in SQLite under ``MEDFAQ_HOME`` (WAL mode, safe with several writers)."""
+"""Search feedback, "Was this helpful?", from the demo and the HTTP API, in SQLite under ``MEDFAQ_HOME`` (WAL mode, safe
+with several writers): material for the experts' queue and for training."""
 
 from __future__ import annotations
 
