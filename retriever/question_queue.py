@@ -487,13 +487,28 @@ def open_queue(index: FaqIndex, config: PipelineConfig) -> QuestionQueue:
     """The experts' queue for `index` searched with the pipeline `config`: beside the config's
     unanswered log, its questions embedded with the index's encoder, its groups titled by the summarizer the config
     names (else the best one trained, when there is one; else the first question)."""
-    import medfaq.retriever.stages  # noqa: F401  (registers the summarizer loader)
-    from medfaq.retriever.model_cache import shared_cache
     from medfaq.retriever.unanswered import UnansweredLog
 
-    cache = shared_cache()
-    try:
-        titler = cache.stage("rewrite", config.summarizer, config)
-    except MedfaqError:
-        titler = None
-    return QuestionQueue(queue_beside(UnansweredLog(config.unanswered_log).path), index.encoder, titler=titler)
+    log = UnansweredLog(config.unanswered_log).path
+    return QuestionQueue(queue_beside(log), index.encoder, titler=SummarizerTitles(config))
+
+
+class SummarizerTitles:
+    """The summarizer `config` names (else the best one trained) as a queue's titler, loaded when the first new group
+    needs a title: listing, linking or answering never loads it. Without a summarizer a title is the question."""
+
+    def __init__(self, config: PipelineConfig) -> None:
+        self.config = config
+        self._summarizer: QueryRewriter | None = None
+        self._missing = False
+
+    def rewrite(self, texts: list[str]) -> list[str]:
+        if self._summarizer is None and not self._missing:
+            import medfaq.retriever.stages  # noqa: F401  (registers the summarizer loader)
+            from medfaq.retriever.model_cache import shared_cache
+
+            try:
+                self._summarizer = shared_cache().stage("rewrite", self.config.summarizer, self.config)
+            except MedfaqError:
+                self._missing = True
+        return self._summarizer.rewrite(texts) if self._summarizer is not None else list(texts)
