@@ -180,9 +180,19 @@ def train_command(model_type: str) -> Callable[..., None]:
             help="Task faq: read each FAQ with its concepts' other names, as a reranker over an index built with "
             "the same --synonyms reads it: none (default), medquad or a JSONL file of focus/synonyms rows.",
         ),
+        feedback: bool = typer.Option(
+            False,
+            "--feedback",
+            help='Task faq: also learn from the experts\' links (`medfaq queue`) and the "Was this helpful?" answers '
+            "about an index (a fifth of the linked groups is held back for evaluation).",
+        ),
+        feedback_index: Path | None = typer.Option(
+            None, "--feedback-index", help="The index that feedback is about (default: the set-up index)."
+        ),
         device: str | None = DEVICE,
         force: bool = typer.Option(False, "--force", help="Overwrite a non-empty --out directory."),
     ) -> None:
+        from medfaq.retriever.setup_plan import set_up_index
         from medfaq.retriever.training.config import make_config
         from medfaq.retriever.training.pair_data import pair_counts, task_pairs
         from medfaq.retriever.training.pair_models import save_trained, train_pair_model
@@ -197,6 +207,7 @@ def train_command(model_type: str) -> Callable[..., None]:
             faq_negatives=negatives,
             negatives_encoder=negatives_encoder,
             faq_synonyms=synonyms,
+            feedback_index=str(feedback_index or set_up_index()) if feedback or feedback_index else None,
             **overrides,
         )
         check_out_dir(out, force)

@@ -229,3 +229,13 @@ def test_queue_commands_list_link_and_undo(built):
     assert "waits again" in medfaq("queue", "undo", group, "--index", built).stdout
     assert_one_line_error(medfaq("queue", "list", "--index", built, "--status", "lost"), "unknown group status")
     assert_one_line_error(medfaq("queue", "merge", group, "--index", built), "at least two")
+
+
+def test_feedback_training_needs_the_faq_task_and_an_index(tmp_path, built):
+    assert_one_line_error(
+        medfaq("train", "biencoder", "--task", "mqp", "--feedback-index", built, "--out", tmp_path / "m"),
+        "--feedback learns which FAQ answers a question: it needs --task faq",
+    )
+    assert_one_line_error(
+        medfaq("train", "biencoder", "--task", "faq", "--feedback", "--out", tmp_path / "m"), "no --index given"
+    )

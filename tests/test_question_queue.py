@@ -176,3 +176,29 @@ def test_grouping_measures_on_a_known_grouping():
     assert report["pairwise_precision"] == pytest.approx(1 / 2) and report["pairwise_recall"] == pytest.approx(1 / 4)
     scores = np.array([0.9, 0.8, 0.7, 0.2, 0.1])
     assert best_threshold(scores, np.array([True, True, True, False, False])) == pytest.approx(0.7)
+
+
+def test_expert_links_and_feedback_become_training_pairs_with_a_held_back_slice(index_dir, tiny_encoder):
+    from medfaq.retriever.feedback import Feedback, FeedbackStore
+    from medfaq.retriever.question_queue import queue_beside
+    from medfaq.retriever.training.pair_data import expert_links, faq_pairs
+    from medfaq.retriever.unanswered import UnansweredLog
+
+    queue = QuestionQueue(queue_beside(UnansweredLog().path), tiny_encoder, SharedWords(), settings=GroupingSettings())
+    asked = [f"zzqx{n} blorf{n} wibble{n}" for n in range(40)]  # no words shared: 40 groups
+    for question in asked:
+        queue.link(queue.add(question).group_id, "f4", index_dir)
+    store = FeedbackStore()
+    store.add(Feedback(session="s", question="does beer mix with amoxicillin", helpful=True, hit_ids=["f1"]))
+    store.add(Feedback(session="s", question="what causes my migraines", helpful=False, hit_ids=["f3"]))
+
+    trained, held_back = expert_links(index_dir), expert_links(index_dir, held_back=True)
+    assert sorted(trained + held_back) == sorted((question, "f4") for question in asked)
+    assert 0 < len(held_back) < len(trained)  # a fifth, give or take, kept out to measure what training learned
+    pairs = faq_pairs(tiny_encoder.encode, sources=(), n_negatives=2, feedback_index=index_dir)
+    found = {(p.text_a, p.text_b, p.label) for p in pairs}
+    assert {(q, "Is Parkinson's disease inherited?", 1) for q, _ in trained} <= found
+    assert not {q for q, _ in held_back} & {p.text_a for p in pairs}
+    assert ("does beer mix with amoxicillin", "Can I drink alcohol while taking amoxicillin?", 1) in found
+    assert ("what causes my migraines", "How is shingles treated?", 0) in found
+    assert {p.source for p in pairs} == {"feedback"}

@@ -54,6 +54,7 @@ class EncoderTrainConfig:
     faq_per_source: int | None = None  # task faq: at most this many queries from each source (seeded sample)
     negatives_encoder: str = "minilm"  # bi-encoder that mines hard negatives
     faq_synonyms: str = "none"  # task faq: FAQ sides read with their concepts' other names (as index --synonyms)
+    feedback_index: str | None = None  # task faq: also the experts' links and search feedback about this index
     head: str = "cosine"  # cross-encoder head: cosine | mean | cls | pooler (see retriever.crossencoder)
     symmetric: bool = False  # train on both pair orders and score both (tasks where order carries no meaning)
     dev_fraction: float = 0.0  # group-disjoint dev part carved from the training pairs for best-epoch selection
@@ -80,6 +81,8 @@ class EncoderTrainConfig:
             raise MedfaqError("--sibling-negatives pairs the rewrites of an MQP question: it needs --task mqp")
         if self.faq_synonyms != "none" and self.task != "faq":
             raise MedfaqError("--synonyms reads FAQs as a synonym index shows them to a reranker: it needs --task faq")
+        if self.feedback_index and self.task != "faq":
+            raise MedfaqError("--feedback learns which FAQ answers a question: it needs --task faq")
         if self.prior_scale < 0:
             raise MedfaqError("--prior-scale must be 0 (off) or positive")
         if self.prior_scale and self.model_type != "crossencoder":

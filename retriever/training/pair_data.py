@@ -36,6 +36,7 @@ Encode = Callable[[list[str]], np.ndarray]
 QUEBEC_HELDOUT_FRACTION = 0.2
 SUMMARY_SOURCES = ("meqsum", "healthcaremagic", "chq_summ")  # CHQ -> its FAQ-style summary
 OPTIONAL_FAQ_SOURCES = ("medquad",)  # question -> answer: a different task from question -> FAQ question
+EXPERT_HELDOUT_FRACTION = 0.2  # of the experts' queue groups, kept out of training to measure what it learned
 MEDQUAD_ANSWER_CHARS = 600
 NEAR_DUPLICATE = 0.9  # cosine to the positive at or above which a mined negative counts as a false negative
 
@@ -246,6 +247,50 @@ def heldout_texts(data_root: Path | None = None) -> set[str]:
     return texts
 
 
+def expert_links(index_dir: str | Path, seed: int = 0, held_back: bool = False) -> list[tuple[str, str]]:
+    """(question, FAQ id) of every question an expert linked or answered in the experts' queue of the index in
+    `index_dir` (retriever/question_queue.py), FAQs since deleted left out. A seeded `EXPERT_HELDOUT_FRACTION` of
+    the groups (by their first question) is held back for evaluation: those with `held_back`, the others without."""
+    from medfaq.retriever.pipeline import PipelineConfig
+    from medfaq.retriever.question_queue import QuestionQueue, queue_beside
+    from medfaq.retriever.unanswered import UnansweredLog
+
+    log = UnansweredLog(PipelineConfig.load(index_dir).unanswered_log).path
+    if not queue_beside(log).is_file():
+        return []
+    links = []
+    for group in QuestionQueue(queue_beside(log)).groups(None):
+        kept = (
+            is_heldout(group.questions[0].text, seed, EXPERT_HELDOUT_FRACTION) == held_back
+            if group.questions
+            else False
+        )
+        if group.status != "waiting" and kept:
+            links += [(question.text, group.faq_id) for question in group.questions]
+    return links
+
+
+def expert_query_set(index_dir: str | Path, seed: int = 0) -> QuerySet:
+    """The experts' links (the training part of :func:`expert_links`) as positives, and the "Was this helpful?"
+    answers about searches (retriever/feedback.py): the FAQ a user found helpful as a positive, one found not helpful
+    as a labelled negative; hard negatives are mined from the index's FAQ questions."""
+    from medfaq.index.faq_index import FaqIndex
+    from medfaq.retriever.feedback import FeedbackStore, default_feedback_path
+
+    index = FaqIndex.load(index_dir)
+    items: list[tuple[str, str | None, tuple[str, ...]]] = [
+        (question, index.get(faq_id).question, ())
+        for question, faq_id in expert_links(index_dir, seed)
+        if faq_id in index
+    ]
+    if default_feedback_path().is_file():
+        for row in FeedbackStore().all():
+            if row.hit_ids and row.hit_ids[0] in index and not is_heldout(row.question, seed, EXPERT_HELDOUT_FRACTION):
+                faq = index.get(row.hit_ids[0]).question
+                items.append((row.question, faq, ()) if row.helpful else (row.question, None, (faq,)))
+    return QuerySet(items, [record.question for record in index.records()])
+
+
 def faq_pairs(
     encode: Encode,
     sources: Sequence[str] = FAQ_SOURCES,
@@ -253,18 +298,23 @@ def faq_pairs(
     per_source: int | None = None,
     seed: int = 0,
     data_root: Path | None = None,
+    feedback_index: str | Path | None = None,
 ) -> list[Pair]:
     """Query -> FAQ pairs from the training splits of `sources`: (query, its FAQ) = 1; (query, a labelled negative)
     and (query, each of `n_negatives` texts of the same source mined by `encode`, false negatives removed) = 0.
     Out-of-scope queries get negatives only. Each source gives at most `per_source` queries (a seeded sample), so no
-    source dominates; a query that is a question of an evaluation split (:func:`heldout_texts`) is never used."""
+    source dominates; a query that is a question of an evaluation split (:func:`heldout_texts`) is never used. With
+    `feedback_index`, the experts' links and the search feedback about that index are one more source,
+    ``feedback`` (:func:`expert_query_set`), all of it used."""
     heldout = heldout_texts(data_root)
+    query_sets = [(source, _query_source(source, data_root), per_source) for source in sources]  # (source, set, cap)
+    if feedback_index is not None:
+        query_sets.append(("feedback", expert_query_set(feedback_index, seed), None))
     pairs: list[Pair] = []
-    for source in sources:
-        query_set = _query_source(source, data_root)
+    for source, query_set, limit in query_sets:
         items = [item for item in query_set.items if normalise(item[0]) not in heldout]
         items = [item for item in items if not item[1] or normalise(item[1]) not in heldout]
-        picked = sorted(subsample(range(len(items)), per_source, seed))
+        picked = sorted(subsample(range(len(items)), limit, seed))
         chosen = [items[i] for i in picked]
         mined = mine_hard_negatives(
             [query for query, _, _ in chosen],
@@ -334,6 +384,7 @@ def task_pairs(config: EncoderTrainConfig, data_root: Path | None = None) -> lis
             config.faq_per_source,
             config.seed,
             data_root,
+            config.feedback_index,
         )
         pairs = with_concepts(pairs, concept_lexicon(config.faq_synonyms))
     if config.loss == "listwise":  # whole queries: a group cut in two would lose its positive or its negatives
