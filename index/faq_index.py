@@ -343,16 +343,14 @@ class FaqIndex:
             return 0
         keys = np.arange(self.manifest.next_key, self.manifest.next_key + len(records), dtype=np.int64)
         texts = [record_text(record, self.manifest.fields) for record in records]
-        expanded = self._expanded(records, texts)
-        everything = texts + [text for _, text in expanded]
         with self._encoding(workers) as encode:
-            encoded = encode_chunks(
-                encode, everything, self.manifest.dimension, staging, self._fingerprint(everything), progress
+            vectors = self._vectors(
+                records,
+                texts,
+                lambda everything: encode_chunks(
+                    encode, everything, self.manifest.dimension, staging, self._fingerprint(everything), progress
+                ),
             )
-        vectors = np.array(encoded[: len(texts)], dtype=np.float32)
-        if expanded:
-            rows = [row for row, _ in expanded]
-            vectors[rows] = combined_vectors(vectors[rows], encoded[len(texts) :])
         all_records = self._records.copy()
         all_records.add(keys.tolist(), records)
         bm25 = self._bm25_over(all_records, self._phrasings)
@@ -391,16 +389,12 @@ class FaqIndex:
             return []
         first = self.manifest.next_key
         as_records = [FaqRecord(id=faq_id, question=text) for text in new_texts]
-        vectors = self.encoder.encode(new_texts)
-        expanded = self._expanded(as_records, new_texts)
-        if expanded:
-            rows = [row for row, _ in expanded]
-            vectors[rows] = combined_vectors(vectors[rows], self.encoder.encode([text for _, text in expanded]))
+        vectors = self._vectors(as_records, new_texts, self.encoder.encode)
         added = [Phrasing(first + number, faq_id, text, _now(), by, origin) for number, text in enumerate(new_texts)]
         phrasings = self._phrasings.copy()
         phrasings.add(added)
         bm25 = self._bm25_over(self._records, phrasings)
-        self.store.add(np.array([p.key for p in added], dtype=np.int64), np.asarray(vectors, dtype=np.float32))
+        self.store.add(np.array([p.key for p in added], dtype=np.int64), vectors)
         self._bm25, self._phrasings = bm25, phrasings
         self.manifest.next_key = first + len(added)
         self.manifest.updated = _now()
@@ -436,6 +430,17 @@ class FaqIndex:
                 where = self._origin or "this index"
                 raise MedfaqError(f"index {where} has a corrupt {CONCEPTS_FILE} ({error}); rebuild it") from None
         return self._concepts
+
+    def _vectors(self, records: list[FaqRecord], texts: list[str], encode: Callable[[list[str]], Any]) -> np.ndarray:
+        """One float32 vector per text, `encode` run once: the text's own, combined with the text that adds its
+        concepts' other names where the record names a concept (index/concepts.py)."""
+        expanded = self._expanded(records, texts)
+        encoded = encode(texts + [text for _, text in expanded])
+        vectors = np.array(encoded[: len(texts)], dtype=np.float32)
+        if expanded:
+            rows = [row for row, _ in expanded]
+            vectors[rows] = combined_vectors(vectors[rows], encoded[len(texts) :])
+        return vectors
 
     def _expanded(self, records: list[FaqRecord], texts: list[str]) -> list[tuple[int, str]]:
         """(row, text with its concepts' other names) for each record whose question names a concept."""
