@@ -260,12 +260,8 @@ def expert_links(index_dir: str | Path, seed: int = 0, held_back: bool = False) 
         return []
     links = []
     for group in QuestionQueue(queue_beside(log)).groups(None):
-        kept = (
-            is_heldout(group.questions[0].text, seed, EXPERT_HELDOUT_FRACTION) == held_back
-            if group.questions
-            else False
-        )
-        if group.status != "waiting" and kept:
+        resolved = group.status != "waiting" and group.questions  # a resolved group keeps at least one question
+        if resolved and is_heldout(group.questions[0].text, seed, EXPERT_HELDOUT_FRACTION) == held_back:
             links += [(question.text, group.faq_id) for question in group.questions]
     return links
 
