@@ -22,12 +22,11 @@ def _queue(index: Path | None):
     from medfaq.index.faq_index import FaqIndex
     from medfaq.retriever.pipeline import PipelineConfig
     from medfaq.retriever.question_queue import open_queue
-    from medfaq.retriever.unanswered import UnansweredLog
 
     directory = index or set_up_index()
     config = PipelineConfig.load(directory)
     queue = open_queue(FaqIndex.load(directory), config)
-    queue.sync(UnansweredLog(config.unanswered_log).path)
+    queue.sync()
     return queue, directory
 
 

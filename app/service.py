@@ -215,7 +215,7 @@ class SearchService:
             if self._queue is None or self._queue[0] is not self.index:
                 self._queue = (self.index, open_queue(self.index, self.config))
             queue = self._queue[1]
-        queue.sync(UnansweredLog(self.config.unanswered_log).path)
+        queue.sync()
         return queue
 
     def queue_groups(self, status: str | None = "waiting") -> list[dict[str, Any]]:

@@ -131,7 +131,7 @@ class QuestionGroup:
 class QuestionQueue:
     """The queue in one SQLite file (see the module docstring). `encoder` embeds questions (the index's encoder,
     so its vectors and the index's agree); `detector` scores (question, waiting question) pairs; `titler` writes
-    a group's title."""
+    a group's title; `log`: the unanswered log :meth:`sync` reads by default."""
 
     def __init__(
         self,
@@ -140,12 +140,14 @@ class QuestionQueue:
         detector: Reranker | None = None,
         titler: QueryRewriter | None = None,
         settings: GroupingSettings | None = None,
+        log: str | Path | None = None,
     ) -> None:
         self.path = Path(path).expanduser() if path is not None else default_queue_path()
+        self.log = Path(log).expanduser() if log is not None else None
         self.encoder, self.detector, self.titler = encoder, detector, titler
         self.settings = settings or GroupingSettings()
         self._guard = threading.Lock()
-        self._waiting: tuple[str, np.ndarray, np.ndarray, list[str]] | None = None  # version, ids, vectors, texts
+        self._waiting: tuple[str, np.ndarray, np.ndarray, list[str]] | None = None  # version, ids, vectors, groups
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S)
@@ -271,19 +273,18 @@ class QuestionQueue:
         return float(getattr(self.detector, "threshold", None) or 0.5)
 
     def _title(self, text: str) -> str:
-        if self.titler is not None:
-            title = self.titler.rewrite([text])[0].strip()
-            if title:
-                return title[:TITLE_CHARS]
-        return text[:TITLE_CHARS]
+        """The titler's question for `text`, else (an empty one) `text` itself."""
+        return (self.titler.rewrite([text])[0].strip() or text)[:TITLE_CHARS]
 
-    def sync(self, log_path: str | Path) -> int:
-        """Queue the questions the pipeline logged as unanswered (retriever/unanswered.py) since the last sync:
-        returns how many. The log's position is kept in the queue (a log that was replaced is read from its start);
-        one sync at a time per queue file, whatever the process."""
+    def sync(self, log_path: str | Path | None = None) -> int:
+        """Queue the questions the pipeline logged as unanswered (retriever/unanswered.py) at `log_path` (default:
+        the queue's `log`) since the last sync: returns how many. The log's position is kept in the queue (a log
+        that was replaced is read from its start); one sync at a time per queue file, whatever the process."""
         from filelock import FileLock
 
-        log = Path(log_path).expanduser()
+        if log_path is None and self.log is None:
+            raise MedfaqError("the experts' queue was opened without an unanswered log to read")
+        log = Path(log_path).expanduser() if log_path is not None else self.log
         with FileLock(str(self.path) + ".sync.lock"):
             try:
                 stat = log.stat()
@@ -396,8 +397,7 @@ class QuestionQueue:
 
     def _waiting_group(self, db: sqlite3.Connection, group_id: int) -> QuestionGroup:
         group = self._group(db, self._group_row(db, group_id))
-        if group.status != "waiting":
-            raise MedfaqError(f"group {group_id} was already {group.status} (to FAQ {group.faq_id}); undo it first")
+        self._check_waiting(group)
         return group
 
     # ---- answering ------------------------------------------------------------------------------------------------
@@ -436,8 +436,8 @@ class QuestionQueue:
         """Take back a link (its phrasings leave the index) or an answer (its FAQ leaves the index); the group
         waits again."""
         with self._connection() as db:
-            undo_json = self._group_row(db, group_id)[8]
-        group = self.group(group_id)
+            row = self._group_row(db, group_id)
+            group, undo_json = self._group(db, row), row[8]
         if group.status == "waiting" or not undo_json:
             raise MedfaqError(f"group {group_id} is waiting: there is nothing to undo")
         undo = json.loads(undo_json)
@@ -484,13 +484,13 @@ def queue_beside(log_path: str | Path) -> Path:
 
 
 def open_queue(index: FaqIndex, config: PipelineConfig) -> QuestionQueue:
-    """The experts' queue for `index` searched with the pipeline `config`: beside the config's
-    unanswered log, its questions embedded with the index's encoder, its groups titled by the summarizer the config
-    names (else the best one trained, when there is one; else the first question)."""
+    """The experts' queue for `index` searched with the pipeline `config`: beside the config's unanswered log,
+    which it syncs from, its questions embedded with the index's encoder, its groups titled by the summarizer the
+    config names (else the best one trained, when there is one; else the first question)."""
     from medfaq.retriever.unanswered import UnansweredLog
 
     log = UnansweredLog(config.unanswered_log).path
-    return QuestionQueue(queue_beside(log), index.encoder, titler=SummarizerTitles(config))
+    return QuestionQueue(queue_beside(log), index.encoder, titler=SummarizerTitles(config), log=log)
 
 
 class SummarizerTitles:

@@ -164,6 +164,8 @@ def test_sync_queues_each_logged_question_once(queue, tmp_path):
     assert queue.sync(log.path) == 1
     assert sorted(group.count for group in queue.groups()) == [1, 2]
     assert queue.sync(tmp_path / "absent.jsonl") == 0
+    with pytest.raises(MedfaqError, match="without an unanswered log"):
+        queue.sync()
 
 
 def test_grouping_measures_on_a_known_grouping():

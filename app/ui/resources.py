@@ -20,7 +20,6 @@ from medfaq.retriever.feedback import FeedbackStore
 from medfaq.retriever.model_cache import shared_cache
 from medfaq.retriever.pipeline import EntityFinder, PipelineConfig, QueryRewriter, Reranker
 from medfaq.retriever.question_queue import QuestionQueue, open_queue
-from medfaq.retriever.unanswered import UnansweredLog
 
 LOADING = {
     "rewrite": "Loading the question summarizer…",
@@ -107,5 +106,5 @@ def expert_queue() -> tuple[QuestionQueue, Path]:
     config = base_config(demo)
     index = faq_index(str(demo.index_dir), demo.index_stamp(), config.encoder_backend)
     queue = open_queue(index, config)
-    queue.sync(UnansweredLog(config.unanswered_log).path)
+    queue.sync()
     return queue, demo.index_dir
