@@ -142,13 +142,16 @@ def render_pair_counts(counts: dict[str, dict[str, int]]) -> str:
 
 
 def resolve_training_models(config: EncoderTrainConfig) -> None:
-    """Resolve every model (and the lexicon) `config` trains from or with, so a missing one fails with its one-line
-    error first."""
+    """Resolve every model (and the lexicon, and the index feedback is about) `config` trains from or with, so a
+    missing one fails with its one-line error first."""
     from medfaq.index.concepts import concept_lexicon
+    from medfaq.index.faq_index import read_manifest
 
     for name in (config.init, config.negatives_encoder, *([config.prior_model] if config.prior_scale else [])):
         resolve_model(name)
     concept_lexicon(config.faq_synonyms)
+    if config.feedback_index:
+        read_manifest(Path(config.feedback_index).expanduser())
 
 
 def check_out_dir(out: Path, force: bool) -> None:

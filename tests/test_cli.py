@@ -239,3 +239,9 @@ def test_feedback_training_needs_the_faq_task_and_an_index(tmp_path, built):
     assert_one_line_error(
         medfaq("train", "biencoder", "--task", "faq", "--feedback", "--out", tmp_path / "m"), "no --index given"
     )
+    assert_one_line_error(
+        medfaq(
+            "train", "biencoder", "--task", "faq", "--feedback-index", tmp_path / "nothing", "--out", tmp_path / "m"
+        ),
+        "index directory not found",
+    )
