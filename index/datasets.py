@@ -398,6 +398,24 @@ register(
     )
 )
 
+# --- COVID-Q: real COVID-19 questions in classes of the same question ------------------------------------------------
+
+register(
+    DatasetSpec(
+        name="covid_q",
+        description="COVID-Q: 1,611 COVID-19 questions from search engines, forums and FAQ pages in 575 classes of "
+        "the same question (the experts' queue experiment, eval/feedback_gain.py)",
+        license="no license stated in JerryWeiAI/COVID-Q; research use",
+        subdir="covid_faq/covid_q",
+        files=("final_master_dataset.csv",),
+        urls=(
+            "https://raw.githubusercontent.com/JerryWeiAI/COVID-Q/"
+            "73dfa475e8a03c5c74223c2c37d85b87fae7dca7/data/final_master_dataset.csv",
+        ),
+        build=copy_as("final_master_dataset.csv"),
+    )
+)
+
 # --- Question summarization sets (CHQ -> FAQ pairs): {"id", "chq", "faq", ...} JSONL per split ----------------------
 
 
