@@ -251,7 +251,7 @@ def eval_retrieval(
     AUROC and accuracy at the threshold calibrated on the dev queries. `--compare` puts the variants side by side."""
     import medfaq.retriever.stages  # noqa: F401  (registers the summarizer, reranker and NER stage loaders)
     from medfaq.eval.benchmarks import read_beir_queries, read_qrels
-    from medfaq.eval.retrieval import RetrievalEvaluator, compare_variants, format_table, run_pipeline
+    from medfaq.eval.retrieval import RetrievalEvaluator, compare_variants, format_table, run_pipeline, stages_needed
     from medfaq.index.faq_index import FaqIndex
 
     if compare and (run_out is not None or save_threshold):
@@ -284,8 +284,8 @@ def eval_retrieval(
     result: dict[str, Any] = {"queries": len(texts), "judged_test": len(evaluator.test_qrels())}
     if compare:
         config = config.updated(entities=False)
-        stages, missing = shared_cache().optional_stages(config)
         wanted = [name.strip() for name in systems.split(",")] if systems else None
+        stages, missing = shared_cache().optional_stages(config, stages_needed(wanted))
         table, skipped = compare_variants(
             faq_index, texts, evaluator, config, **stages, progress=not as_json, systems=wanted, summaries=known
         )

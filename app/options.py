@@ -221,6 +221,18 @@ STAGE_FLAGS: dict[str, SharedOption] = {
         bool | None,
         typer.Option(None, "--rerank/--no-rerank", help="Rerank the top hits with a cross-encoder."),
     ),
+    "likelihood": SharedOption(
+        bool | None,
+        typer.Option(
+            None,
+            "--likelihood/--no-likelihood",
+            help="Rerank the top hits by how likely the summarizer finds each FAQ question as the question's summary.",
+        ),
+    ),
+    "likelihood_depth": SharedOption(
+        int | None,
+        typer.Option(None, "--likelihood-depth", min=1, help="How many top hits the summary likelihood scores."),
+    ),
     "abstain": SharedOption(
         bool | None,
         typer.Option(None, "--abstain/--no-abstain", help="Abstain (and log the question) below the threshold."),
@@ -268,8 +280,8 @@ STAGE_FLAGS: dict[str, SharedOption] = {
             "--rerank-margin",
             min=0.0,
             callback=finite,
-            help="Rerank only questions whose top two dense cosines differ by less than this (e.g. 0.05); default: "
-            "all.",
+            help="Rerank (cross-encoder and likelihood) only questions whose top two dense cosines differ by less "
+            "than this (e.g. 0.05); default: all.",
         ),
     ),
     "rerank_max_length": SharedOption(

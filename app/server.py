@@ -62,6 +62,7 @@ class SearchRequest(StrictModel):
     top_k: int | None = Field(None, ge=1)
     mode: Literal["dense", "bm25", "hybrid"] | None = None
     rerank: bool | None = None
+    likelihood: bool | None = None
     summarize: bool | None = None
     abstain: bool | None = None
     threshold: float | None = None

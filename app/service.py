@@ -30,6 +30,7 @@ OVERRIDABLE = (
     "mode",
     "top_k",
     "rerank",
+    "likelihood",
     "summarize",
     "abstain",
     "threshold",

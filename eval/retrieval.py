@@ -26,6 +26,7 @@ from medfaq.index.faq_index import FaqIndex
 from medfaq.retriever.abstention import as_scores, at_threshold, calibrate_threshold
 from medfaq.retriever.pipeline import (
     RERANK_MARGIN,
+    LikelihoodScorer,
     Pipeline,
     PipelineConfig,
     QueryRewriter,
@@ -159,24 +160,27 @@ class CachedRewriter:
 
 
 class CachedReranker:
-    """Memoises (query, candidate) scores, so variants sharing candidates score each pair once."""
+    """Memoises (query, candidate) scores (and the scoring options, e.g. a likelihood's prior weight), so variants
+    sharing candidates score each pair once."""
 
-    def __init__(self, reranker: Reranker) -> None:
+    def __init__(self, reranker: Reranker | LikelihoodScorer) -> None:
         self.reranker = reranker
         self.corrects_first_stage = corrects_first_stage(reranker)
-        self.cache: dict[tuple[str, str], float] = {}
+        self.cache: dict[tuple[Any, ...], float] = {}
 
-    def score(self, query: str, candidates: list[str]) -> list[float]:
-        missing = list(dict.fromkeys(c for c in candidates if (query, c) not in self.cache))
+    def score(self, query: str, candidates: list[str], *options: Any) -> list[float]:
+        missing = list(dict.fromkeys(c for c in candidates if (query, c, *options) not in self.cache))
         if missing:
-            self.cache.update(((query, c), float(s)) for c, s in zip(missing, self.reranker.score(query, missing)))
-        return [self.cache[(query, c)] for c in candidates]
+            scores = self.reranker.score(query, missing, *options)
+            self.cache.update(((query, c, *options), float(s)) for c, s in zip(missing, scores, strict=True))
+        return [self.cache[(query, c, *options)] for c in candidates]
 
 
 # summary-* search with the summary; fusion = raw + summary by RRF (dense-fusion: of two dense lists);
 # hybrid-wN: the dense list weighs N in hybrid RRF; rerank-rrf-w1: retrieval and cross-encoder ranks weigh the same,
 # k = 60; rerank-rrf-k60: the retrieval rank weighs 1.5, k = 60 (the reranking RRF before the default's w = 3, k = 10);
-# rerank-rrf-gated: only questions whose top two cosines differ by less than RERANK_MARGIN are reranked
+# rerank-rrf-gated: only questions whose top two cosines differ by less than RERANK_MARGIN are reranked;
+# likelihood: the summarizer's likelihood of each top hit joins the reranking RRF (-gated: behind the same gate)
 VARIANTS: list[tuple[str, dict[str, Any]]] = [
     ("bm25", {"mode": "bm25"}),
     ("dense", {"mode": "dense"}),
@@ -200,6 +204,13 @@ VARIANTS: list[tuple[str, dict[str, Any]]] = [
         "dense+rerank-rrf-gated",
         {"mode": "dense", "rerank": True, "rerank_fusion": "rrf", "rerank_margin": RERANK_MARGIN},
     ),
+    ("dense+likelihood", {"mode": "dense", "likelihood": True}),
+    ("dense+likelihood-gated", {"mode": "dense", "likelihood": True, "rerank_margin": RERANK_MARGIN}),
+    ("dense+rerank-rrf+likelihood", {"mode": "dense", "rerank": True, "rerank_fusion": "rrf", "likelihood": True}),
+    (
+        "dense+rerank-rrf+likelihood-gated",
+        {"mode": "dense", "rerank": True, "rerank_fusion": "rrf", "likelihood": True, "rerank_margin": RERANK_MARGIN},
+    ),
     ("summary-bm25", {"mode": "bm25", "summarize": True, "query_source": "summary"}),
     ("summary-dense", {"mode": "dense", "summarize": True, "query_source": "summary"}),
     ("summary-hybrid", {"mode": "hybrid", "summarize": True, "query_source": "summary"}),
@@ -214,6 +225,15 @@ VARIANTS: list[tuple[str, dict[str, Any]]] = [
 ]
 
 
+STAGE_SWITCHES = {"summarize": "rewrite", "rerank": "rerank", "likelihood": "likelihood"}  # setting -> stage kind
+
+
+def stages_needed(systems: list[str] | None) -> tuple[str, ...]:
+    """The stage kinds the variants named in `systems` (None: all) run."""
+    chosen = [changes for name, changes in VARIANTS if systems is None or name in systems]
+    return tuple(kind for switch, kind in STAGE_SWITCHES.items() if any(c.get(switch) for c in chosen))
+
+
 def compare_variants(
     index: FaqIndex,
     queries: dict[str, str],
@@ -225,6 +245,7 @@ def compare_variants(
     on_row: Callable[[str, dict[str, float]], None] | None = None,
     systems: list[str] | None = None,
     summaries: dict[str, str] | None = None,
+    likelihood: LikelihoodScorer | None = None,
 ) -> tuple[list[tuple[str, dict[str, float]]], list[str]]:
     """Evaluate the variants of `VARIANTS` (all, or those named in `systems`) on top of `base` (its depths, k,
     thresholds); variants needing a stage that is None are skipped and named in the second list. Summaries and
@@ -234,6 +255,7 @@ def compare_variants(
         raise MedfaqError(f"unknown system(s) {', '.join(unknown)}; choose from {', '.join(n for n, _ in VARIANTS)}")
     rewriter = CachedRewriter(rewriter, summaries) if rewriter is not None else None
     reranker = CachedReranker(reranker) if reranker is not None else None
+    likelihood = CachedReranker(likelihood) if likelihood is not None else None
     rows: list[tuple[str, dict[str, float]]] = []
     skipped: list[str] = []
     for name, changes in VARIANTS:
@@ -243,15 +265,17 @@ def compare_variants(
             "summarize": False,
             "query_source": "raw",
             "rerank": False,
+            "likelihood": False,
             "rerank_fusion": "replace",
             "dense_weight": 1.0,
             **changes,
         }
-        if (settings["summarize"] and rewriter is None) or (settings["rerank"] and reranker is None):
+        needed = {"summarize": rewriter, "rerank": reranker, "likelihood": likelihood}
+        if any(settings[switch] and stage is None for switch, stage in needed.items()):
             skipped.append(name)
             continue
         config = base.updated(**settings, abstain=False, log_unanswered=False)
-        pipeline = Pipeline(index, config, rewriter=rewriter, reranker=reranker)
+        pipeline = Pipeline(index, config, rewriter=rewriter, reranker=reranker, likelihood=likelihood)
         run, confidences, _ = run_pipeline(pipeline, queries, progress, desc=name)
         rows.append((name, evaluator(run, confidences)))
         if on_row is not None:

@@ -35,10 +35,16 @@ Stamp = tuple[tuple[str, int, int], ...]
 STAGE_SETTINGS = {
     "rewrite": ("summarize", "summarizer"),
     "rerank": ("rerank", "reranker"),
+    "likelihood": ("likelihood", "summarizer"),
     "entities": ("entities", None),
 }
 """Per stage kind: the config field that switches it on, and the one naming its model (None: it has no name)."""
-PIPELINE_ARGUMENTS = {"rewrite": "rewriter", "rerank": "reranker", "entities": "entity_finder"}
+PIPELINE_ARGUMENTS = {
+    "rewrite": "rewriter",
+    "rerank": "reranker",
+    "likelihood": "likelihood",
+    "entities": "entity_finder",
+}
 """Per stage kind: the :class:`Pipeline` argument that takes it."""
 
 
@@ -212,12 +218,14 @@ class StageCache:
         if config.mode != "bm25":
             index.open_encoder(config.encoder_backend)
 
-    def optional_stages(self, config: PipelineConfig) -> tuple[dict[str, Any], list[str]]:
-        """The summarizer and the reranker for a comparison of configurations, as :class:`Pipeline` arguments
-        (``rewriter``, ``reranker``), each None when it cannot be loaded, with the reason (``<kind>: <error>``)."""
+    def optional_stages(
+        self, config: PipelineConfig, kinds: tuple[str, ...] = ("rewrite", "rerank", "likelihood")
+    ) -> tuple[dict[str, Any], list[str]]:
+        """The stages of `kinds` for a comparison of configurations, as :class:`Pipeline` arguments (``rewriter``,
+        ``reranker``, ``likelihood``), each None when it cannot be loaded, with the reason (``<kind>: <error>``)."""
         stages: dict[str, Any] = {}
         missing: list[str] = []
-        for kind in ("rewrite", "rerank"):
+        for kind in kinds:
             _, model = STAGE_SETTINGS[kind]
             try:
                 stages[PIPELINE_ARGUMENTS[kind]] = self.stage(kind, getattr(config, model), config)

@@ -32,7 +32,7 @@ QUERY_SOURCES = ("raw", "summary", "both")
 RERANK_QUERIES = ("auto", "raw", "summary")
 RERANK_FUSIONS = ("auto", "replace", "rrf")
 RERANK_MARGIN = 0.05  # the dense-margin gate chosen on development queries (`PipelineConfig.rerank_margin`)
-STAGE_KINDS = ("rewrite", "rerank", "entities")
+STAGE_KINDS = ("rewrite", "rerank", "likelihood", "entities")
 STEM_CHARS = 5  # key terms are compared on their first characters: a cheap stemmer ("diabetes" ~ "diabetic")
 
 
@@ -48,6 +48,14 @@ class Reranker(Protocol):
     """Scores (query, candidate question) pairs; higher is a better match (e.g. a cross-encoder)."""
 
     def score(self, query: str, candidates: list[str]) -> list[float]: ...
+
+
+@runtime_checkable
+class LikelihoodScorer(Protocol):
+    """How likely a summarizer finds each candidate FAQ question as the summary of the query, corrected by
+    `prior_weight` x its likelihood given no query, per token or summed (summarizer/likelihood.py)."""
+
+    def score(self, query: str, candidates: list[str], prior_weight: float, per_token: bool) -> list[float]: ...
 
 
 def corrects_first_stage(reranker: Reranker | None) -> bool:
@@ -93,6 +101,12 @@ class PipelineConfig:
     order stands and the cross-encoder scores the top hit alone (for the confidence). None: rerank every question.
     It applies to dense search over one query source (other first stages score on other scales);
     `RERANK_MARGIN` (0.05) kept development queries' Recall@1 while reranking a fifth of them (docs/results.md).
+    `likelihood`: score the top `likelihood_depth` hits by how likely the summarizer (`summarizer`) finds each FAQ
+    question as the summary of the raw question, less `likelihood_prior` x its likelihood given no question, per
+    token with `likelihood_per_token` (summarizer/likelihood.py); that ranking joins the reranking RRF with weight
+    `likelihood_weight` (the retrieval ranking weighs `rerank_retrieval_weight`, the cross-encoder's 1, constant
+    `rerank_rrf_k`), behind the same `rerank_margin` gate. The confidence stays on its scale: the top hit's cosine
+    (or cross-encoder score), so calibrated thresholds still hold.
     `quantize`: int8 dynamic quantisation of the summarizer and reranker. `rerank_precision`: the cross-encoder's
     matrix products, ``fp32``, ``bf16`` or ``auto`` (bf16 where this machine measures it faster, e.g. AMX CPUs).
     `encoder_backend`: the runtime of the query encoder (:data:`index.encoder.ENCODER_BACKENDS`; ``auto``: PyTorch on
@@ -128,6 +142,11 @@ class PipelineConfig:
     rerank_rrf_k: int = 10
     rerank_margin: float | None = None
     rerank_precision: str = "fp32"
+    likelihood: bool = False
+    likelihood_depth: int = 10
+    likelihood_prior: float = 1.0
+    likelihood_per_token: bool = True
+    likelihood_weight: float = 1.0
     quantize: bool = False
     encoder_backend: str = "auto"
     entities: bool = True
@@ -157,16 +176,20 @@ class PipelineConfig:
                 raise MedfaqError(f"unknown {label} {getattr(self, name)!r}; choose one of {', '.join(allowed)}")
         if self.query_source != "raw" and not self.summarize:
             raise MedfaqError(f"query source {self.query_source!r} needs summarize=true")
-        if self.top_k < 1 or self.candidates < 1 or self.rerank_depth < 1:
-            raise MedfaqError("top_k, candidates and rerank_depth must be at least 1")
+        if self.top_k < 1 or self.candidates < 1 or self.rerank_depth < 1 or self.likelihood_depth < 1:
+            raise MedfaqError("top_k, candidates, rerank_depth and likelihood_depth must be at least 1")
         if (self.summary_beams or 1) < 1 or (self.summary_max_length or 1) < 1 or (self.rerank_max_length or 8) < 8:
             raise MedfaqError("summary_beams and summary_max_length must be at least 1, rerank_max_length at least 8")
-        weights = [self.dense_weight, self.rerank_retrieval_weight]
-        values = [*weights, *([] if self.threshold is None else [self.threshold])]
+        weights = [self.dense_weight, self.rerank_retrieval_weight, self.likelihood_weight]
+        values = [*weights, self.likelihood_prior, *([] if self.threshold is None else [self.threshold])]
         if not all(_finite_number(v) for v in [*values, *self.thresholds.values()]):
             raise MedfaqError(f"weights and thresholds must be finite numbers, got {values} {self.thresholds}")
         if min(weights) <= 0:
-            raise MedfaqError(f"dense_weight and rerank_retrieval_weight must be above 0, got {weights}")
+            raise MedfaqError(
+                f"dense_weight, rerank_retrieval_weight and likelihood_weight must be above 0, got {weights}"
+            )
+        if self.likelihood_prior < 0:
+            raise MedfaqError(f"likelihood_prior must be at least 0, got {self.likelihood_prior}")
         if not all(isinstance(k, int) and not isinstance(k, bool) and k >= 0 for k in (self.rrf_k, self.rerank_rrf_k)):
             raise MedfaqError(
                 f"rrf_k and rerank_rrf_k must be whole numbers of at least 0, got {self.rrf_k} {self.rerank_rrf_k}"
@@ -357,6 +380,7 @@ class Pipeline:
         entity_finder: EntityFinder | None = None,
         unanswered: UnansweredLog | None = None,
         exact_batches: bool = False,
+        likelihood: LikelihoodScorer | None = None,
     ) -> None:
         self.config = config or PipelineConfig()
         self.exact_batches = exact_batches
@@ -364,9 +388,12 @@ class Pipeline:
             raise MedfaqError("the pipeline config asks for summarization but no query-rewrite stage was given")
         if self.config.rerank and reranker is None:
             raise MedfaqError("the pipeline config asks for reranking but no rerank stage was given")
+        if self.config.likelihood and likelihood is None:
+            raise MedfaqError("the pipeline config asks for summary likelihood but no likelihood stage was given")
         self.index = index
         self.rewriter = rewriter if self.config.summarize else None
         self.reranker = reranker if self.config.rerank else None
+        self.likelihood = likelihood if self.config.likelihood else None
         self.entity_finder = entity_finder if self.config.entities else None
         self.unanswered = unanswered or UnansweredLog(self.config.unanswered_log)
         self.retriever = Retriever(
@@ -378,7 +405,13 @@ class Pipeline:
             self.config.dense_weight,
             encode_alone=exact_batches,
         )
-        stage_objects = {"rewrite": rewriter, "entities": entity_finder, "retrieve": index, "rerank": reranker}
+        stage_objects = {
+            "rewrite": rewriter,
+            "entities": entity_finder,
+            "retrieve": index,
+            "rerank": reranker,
+            "likelihood": likelihood,
+        }
         self._locks = {name: _lock_for(obj) for name, obj in stage_objects.items()}
 
     def run(self, query: str) -> SearchResponse:
@@ -405,10 +438,9 @@ class Pipeline:
                 entities = [self.entity_finder.find(q) for q in queries]
         with self._timed("retrieve", timings):
             hits = self._retrieve(queries, summaries)
-        if self.reranker is not None:
-            with self._timed("rerank", timings):
-                rows = zip(queries, summaries, hits, strict=True)
-                hits = [self._rerank(self._rerank_text(q, s), h) for q, s, h in rows]
+        if self.reranker is not None or self.likelihood is not None:
+            rows = zip(queries, summaries, hits, strict=True)
+            hits = [self.rescore(q, self._rerank_text(q, s), h, timings) for q, s, h in rows]
         if config.key_terms:
             with self._timed("filter", timings, lock=False):
                 rows = zip(queries, summaries, entities, hits, strict=True)
@@ -443,7 +475,11 @@ class Pipeline:
 
     def _retrieve(self, queries: list[str], summaries: list[str | None]) -> list[list[Hit]]:
         config = self.config
-        depth = max(config.top_k, config.rerank_depth) if self.reranker is not None else config.top_k
+        depth = max(
+            config.top_k,
+            config.rerank_depth if self.reranker is not None else 0,
+            config.likelihood_depth if self.likelihood is not None else 0,
+        )
         if config.query_source == "raw":
             return self.retriever.search(queries, depth)
         summary_hits = self.retriever.search([s or q for q, s in zip(queries, summaries, strict=True)], depth)
@@ -484,27 +520,57 @@ class Pipeline:
             return False
         return hits[0].score - hits[1].score >= config.rerank_margin
 
-    def _rerank(self, query: str, hits: list[Hit]) -> list[Hit]:
+    def rescore(self, query: str, rerank_text: str, hits: list[Hit], timings: dict[str, float]) -> list[Hit]:
+        """Rescore the top hits with the cross-encoder (reading `rerank_text`) and the summary likelihood (of the
+        raw `query`), whichever run, and order them by the configured fusion of their rankings."""
+        config = self.config
         if self._retrieval_is_sure(hits):  # dense order and scores stand; the top hit's rerank score: the confidence
-            hits[0].stage_scores["rerank"] = self._rerank_scores(query, hits[:1])[0]
+            if self.reranker is not None:
+                with self._timed("rerank", timings):
+                    hits[0].stage_scores["rerank"] = self._rerank_scores(rerank_text, hits[:1])[0]
             return hits
-        depth = self.config.rerank_depth
-        head, tail = hits[:depth], hits[depth:]
+        rerank_depth = config.rerank_depth if self.reranker is not None else 0
+        likelihood_depth = config.likelihood_depth if self.likelihood is not None else 0
+        head, tail = hits[: max(rerank_depth, likelihood_depth)], hits[max(rerank_depth, likelihood_depth) :]
         if not head:
             return hits
-        scores = self._rerank_scores(query, head)
-        rescored = {
-            hit.id: _rescored(hit, float(score), hit.rank, "rerank") for hit, score in zip(head, scores, strict=True)
-        }
-        by_model = sorted(rescored.values(), key=lambda hit: -hit.score)
-        if self._rerank_fusion() == "rrf":
-            retrieval_ranking = [(hit.id, hit.score) for hit in head]
-            model_ranking = [(hit.id, hit.score) for hit in by_model]
-            weights = [self.config.rerank_retrieval_weight, 1.0]
-            fused = reciprocal_rank_fusion([retrieval_ranking, model_ranking], self.config.rerank_rrf_k, weights)
-            by_model = [_rescored(rescored[doc_id], score, 0, "rerank_rrf") for doc_id, score in fused]
-        reranked = [_rescored(hit, hit.score, rank, None) for rank, hit in enumerate(by_model, 1)]
+        by_id = {hit.id: hit for hit in head}
+        base = [(hit.id, hit.score) for hit in head]  # the retrieval ranking
+        rankings: list[tuple[list[tuple[str, float]], float]] = []  # (a model's ranking, its RRF weight)
+        if rerank_depth:
+            with self._timed("rerank", timings):
+                scores = self._rerank_scores(rerank_text, head[:rerank_depth])
+            ranking = self._scored(by_id, head[:rerank_depth], scores, "rerank")
+            if self._rerank_fusion() == "replace":
+                base = ranking + base[rerank_depth:]
+            else:
+                rankings.append((ranking, 1.0))
+        if likelihood_depth:
+            with self._timed("likelihood", timings):
+                questions = [hit.question for hit in head[:likelihood_depth]]
+                scores = self.likelihood.score(query, questions, config.likelihood_prior, config.likelihood_per_token)
+            rankings.append(
+                (self._scored(by_id, head[:likelihood_depth], scores, "likelihood"), config.likelihood_weight)
+            )
+        if rankings:
+            weights = [config.rerank_retrieval_weight, *(weight for _, weight in rankings)]
+            lists = [base, *(ranking for ranking, _ in rankings)]
+            stage = "rerank_rrf" if rerank_depth else "likelihood_rrf"
+            ordered = [
+                _rescored(by_id[doc_id], score, 0, stage)
+                for doc_id, score in reciprocal_rank_fusion(lists, config.rerank_rrf_k, weights)
+            ]
+        else:  # the cross-encoder's order alone
+            ordered = [_rescored(by_id[doc_id], score, 0, None) for doc_id, score in base]
+        reranked = [_rescored(hit, hit.score, rank, None) for rank, hit in enumerate(ordered, 1)]
         return reranked + [_rescored(hit, hit.score, rank, None) for rank, hit in enumerate(tail, len(head) + 1)]
+
+    @staticmethod
+    def _scored(by_id: dict[str, Hit], hits: list[Hit], scores: list[float], stage: str) -> list[tuple[str, float]]:
+        """Record each hit's `stage` score in `by_id`; the hits' ranking by it, best first."""
+        for hit, score in zip(hits, scores, strict=True):
+            by_id[hit.id] = _rescored(by_id[hit.id], float(score), by_id[hit.id].rank, stage)
+        return sorted(((hit.id, float(score)) for hit, score in zip(hits, scores, strict=True)), key=lambda r: -r[1])
 
     def _key_term_filter(self, query: str, summary: str | None, entities: list[Any], hits: list[Hit]) -> list[Hit]:
         """Keep hits sharing a key term with the question: its entities when any were found, else its content

@@ -5,6 +5,8 @@
 * ``rerank``: the cross-encoder (default: the one `medfaq setup` trains) on the runtime :func:`rerank_backend`
   picks: :class:`retriever.onnx_reranker.OnnxReranker` (ONNX Runtime, no torch) or
   :class:`retriever.crossencoder.CrossEncoderReranker` (PyTorch);
+* ``likelihood``: :class:`summarizer.likelihood.SummaryLikelihood` over the same summarizer as ``rewrite``: how
+  likely it finds each candidate FAQ question given the consumer question;
 * ``entities``: :func:`summarizer.entities.load_recognizer` (stanza when its models are on disk, else the
   offline dictionaries).
 
@@ -65,6 +67,12 @@ def load_rewriter(model: str, settings: StageSettings) -> SummarizerRewriter:
     return SummarizerRewriter(summarizer, settings.summary_beams, settings.summary_max_length)
 
 
+def load_likelihood(model: str, settings: StageSettings) -> Any:
+    from medfaq.summarizer.likelihood import SummaryLikelihood
+
+    return SummaryLikelihood.load(model, quantize=settings.quantize)
+
+
 def locate_reranker(name: str | None) -> str:
     """The cross-encoder `name` means (None: the one `medfaq setup` trains); a wrong name or path fails here,
     before the model libraries load."""
@@ -118,4 +126,5 @@ register_stage_loader(
     reads=("quantize", "rerank_max_length", "rerank_precision", "encoder_backend"),
     locate=locate_reranker,
 )
+register_stage_loader("likelihood", load_likelihood, reads=("quantize",), locate=locate_summarizer)
 register_stage_loader("entities", load_entities)

@@ -7,7 +7,6 @@ Seq2seq models read the CHQ; decoder-only models read the cleaned CHQ + separato
 
 from __future__ import annotations
 
-import inspect
 import json
 import math
 from collections.abc import Sequence
@@ -17,7 +16,14 @@ import torch
 
 from medfaq.common.runtime import MedfaqError, choose_device, quantize_linear, resolve_model
 from medfaq.summarizer.decoding import GREEDY, Decoding
-from medfaq.summarizer.modeling import backbone_is_causal, is_causal_lm, load_backbone, load_tokenizer, prompt_ids
+from medfaq.summarizer.modeling import (
+    backbone_is_causal,
+    cache_argument,
+    is_causal_lm,
+    load_backbone,
+    load_tokenizer,
+    prompt_ids,
+)
 
 CONFIG_FILE = "train_config.json"
 INT8_BACKENDS = ("auto", "ctranslate2", "torch")
@@ -96,8 +102,7 @@ class ContextGuidance:
         """`tokens` > 0: guide only the first `tokens` generated tokens (where the question type is chosen)."""
         self.model, self.weight, self.prompt_width, self.tokens = model, weight, prompt_width, tokens
         self.empty_prompt = torch.tensor([empty_prompt])
-        parameters = inspect.signature(model.forward).parameters
-        self.cache_argument = "cache" if "cache" in parameters else "past_key_values"  # renamed in transformers 5
+        self.cache_argument = cache_argument(model)
         self.cache = None
         self.rows: dict[tuple[int, ...], int] = {}
 

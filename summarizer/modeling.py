@@ -35,6 +35,13 @@ def is_causal_lm(model) -> bool:
     return not getattr(config, "is_encoder_decoder", False) and config.model_type != "encoder-decoder"
 
 
+def cache_argument(model) -> str:
+    """The name under which `model.forward` takes a KV cache: ``cache`` (transformers 5) or ``past_key_values``."""
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
 def clean_question(text: str) -> str:
     """The CHQ as the model sees it: whitespace runs collapsed to single spaces."""
     return " ".join(text.split())

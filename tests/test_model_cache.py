@@ -57,7 +57,7 @@ def test_server_demo_and_cli_take_the_same_stages_for_one_config(index_dir, rera
     cli = open_pipeline(index_dir, StageFlags())  # the path `medfaq search` takes
     demo = resources.settings()
     stages = resources.ready_stages(demo)
-    controls = search_page.Controls(summarize=False, rerank=True, mode="dense", top_k=3)
+    controls = search_page.Controls(summarize=False, rerank=True, likelihood=False, mode="dense", top_k=3)
     page = search_page.build_pipeline(stages, controls, resources.base_config(demo))
 
     assert served.reranker is not None and served.entity_finder is not None
@@ -120,8 +120,8 @@ def test_a_loader_reads_only_what_it_declares_and_errors_stay_one_line(index_dir
         StageCache().stage("rerank", str(missing), PipelineConfig(rerank=True))
     assert error.value.kind == "rerank" and str(missing) in str(error.value) and "\n" not in str(error.value)
     stages, missing_stages = StageCache().optional_stages(PipelineConfig(reranker=str(missing)))
-    assert stages == {"rewriter": None, "reranker": None}
-    assert [line.split(":")[0] for line in missing_stages] == ["rewrite", "rerank"]
+    assert stages == {"rewriter": None, "reranker": None, "likelihood": None}
+    assert [line.split(":")[0] for line in missing_stages] == ["rewrite", "rerank", "likelihood"]
 
 
 def ask(url: str) -> dict:

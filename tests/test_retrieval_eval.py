@@ -22,11 +22,13 @@ from medfaq.eval.retrieval import (
     calibrate_threshold,
     compare_variants,
     ranking_metrics,
+    stages_needed,
 )
 from medfaq.index.faq_index import FaqIndex
 from medfaq.retriever.pipeline import PipelineConfig, SearchResponse, store_threshold
 from medfaq.retriever.runs import write_run
 from medfaq.retriever.search import Hit
+from tests.conftest import FAQ_ROWS
 
 QRELS = {"q1": {"a": 1}, "q2": {"b": 1, "c": 1}, "q3": {"z": 1}}
 RUN = {
@@ -143,14 +145,31 @@ def index(tiny_encoder):
     return FaqIndex.build([FaqRecord.from_dict(row) for row in FAQ_ROWS], tiny_encoder, progress=False)
 
 
+class CountingLikelihood:
+    """A likelihood stage preferring short questions; counts the pairs it scores."""
+
+    def __init__(self):
+        self.pairs = 0
+
+    def score(self, query, candidates, prior_weight, per_token):
+        self.pairs += len(candidates)
+        return [-len(text) for text in candidates]
+
+
 def test_compare_runs_every_variant_with_cached_stages(index):
     queries = {"q1": "shingles treated, my aunt asks", "q2": "migraine headaches causes, since monday"}
     evaluator = RetrievalEvaluator({"q1": {"f3": 1}, "q2": {"f5": 1}}, set(), set())
     Echo.calls = 0
     reranker = Overlap()
-    rows, skipped = compare_variants(index, queries, evaluator, PipelineConfig(), Echo(), reranker, progress=False)
+    likelihood = CountingLikelihood()
+    rows, skipped = compare_variants(
+        index, queries, evaluator, PipelineConfig(), Echo(), reranker, progress=False, likelihood=likelihood
+    )
     assert [name for name, _ in rows] == [name for name, _ in VARIANTS] and not skipped
     assert Echo.calls == 2  # summarized once for all variants
+    assert likelihood.pairs == len(queries) * len(FAQ_ROWS)  # every FAQ a candidate, scored once for four variants
+    assert stages_needed(["dense", "dense+likelihood-gated"]) == ("likelihood",)
+    assert stages_needed(None) == ("rewrite", "rerank", "likelihood")
     assert dict(rows)["summary-bm25"]["recall@1"] == 100.0
     cached = CachedReranker(Overlap())
     cached.score("a b", ["a", "b"])

@@ -21,6 +21,8 @@ MAX_PASTE_CHARS = 20_000
 MIN_TEXT_SHARE = 0.85
 MODE_LABELS = {"hybrid": "Hybrid (dense + BM25)", "dense": "Dense (MiniLM)", "bm25": "Keyword (BM25)"}
 STAGE_LABELS = {
+    "rerank_rrf": "reranker",
+    "likelihood_rrf": "summary likelihood",
     "rerank": "reranker",
     "fusion": "question + summary",
     "rrf": "hybrid",
@@ -35,6 +37,7 @@ ENTITY_CLASSES = {"drug": "mf-drug", "disease": "mf-disease", "symptom": "mf-sym
 class Controls:
     summarize: bool
     rerank: bool
+    likelihood: bool
     mode: str
     top_k: int
 
@@ -100,11 +103,12 @@ def controls(notes: dict[str, str], ready: dict[str, bool], base: PipelineConfig
     st.sidebar.markdown("**Search settings**")
     summarize = stage_switch("Summarize my question", "summarizer", notes, ready, base.summarize)
     rerank = stage_switch("Rerank with the cross-encoder", "reranker", notes, ready, base.rerank)
+    likelihood = stage_switch("Rank by the summarizer's likelihood", "likelihood", notes, ready, base.likelihood)
     mode = st.sidebar.selectbox(
         "Search mode", MODES, index=MODES.index(base.mode), key="ctl_mode", format_func=MODE_LABELS.get
     )
     top_k = st.sidebar.slider("Results", 1, 20, 5, key="ctl_top_k")
-    return Controls(summarize, rerank, mode, top_k)
+    return Controls(summarize, rerank, likelihood, mode, top_k)
 
 
 def build_pipeline(stages: resources.Stages, chosen: Controls, base: PipelineConfig) -> Pipeline:
@@ -117,6 +121,7 @@ def build_pipeline(stages: resources.Stages, chosen: Controls, base: PipelineCon
         summarize=chosen.summarize,
         query_source=("both" if base.query_source == "raw" else base.query_source) if chosen.summarize else "raw",
         rerank=chosen.rerank,
+        likelihood=chosen.likelihood,
         # The cross-encoder reads the question itself: with the quick-preset summarizer, reranking against its
         # summary lowers Recall@1 (docs/results.md, "Retrieval pipeline").
         rerank_query="raw",
@@ -256,8 +261,9 @@ def render() -> None:
         st.info("Search opens as soon as the FAQ index is built (see the progress above).")
         return
     ready = {"summarizer": stages.rewriter is not None, "reranker": stages.reranker is not None}
+    ready["likelihood"] = ready["summarizer"]  # the same model, loaded when the switch is first turned on
     base = resources.base_config(demo)
-    chosen = controls(stages.notes, ready, base)
+    chosen = controls({**stages.notes, "likelihood": stages.notes["summarizer"]}, ready, base)
     common.in_use_panel(demo, stages.notes)
 
     st.pills("Try an example", EXAMPLE_LABELS, key="example", on_change=_use_example)

@@ -1,0 +1,298 @@
+"""The summarizer's likelihood as a ranking signal: each question scored once, every fusion replayed from the scores.
+
+``score``: for each query set, the dense top `--depth` of each question (the benchmark index's pipeline.json, no
+abstention) and, for each hit, the summarizer's summed log P(FAQ question | question), its token count and
+log P(FAQ question | no question) (summarizer/likelihood.py), stored in ``OUT/<set>.jsonl``; questions already
+stored are skipped, so an interrupted run resumes.
+
+``replay``: every candidate setting (per token or summed, prior weight, RRF weight and k) goes through the pipeline's
+own rescoring (:meth:`Pipeline.rescore`) on the stored hits and scores; development sets choose the setting by the
+rule below, written before any scoring, and the test sets are then reported with it, with and without the gate.
+
+Query sets (``--sets``):
+
+* development: ``meqsum-valid`` and ``mediqa2021-valid`` (the validation CHQs of MeQSum and MEDIQA 2021 against
+  the corpus of their benchmark, gold = the corpus entry of their FAQ) and ``quebec-dev`` (the in-scope dev half of
+  the quebec benchmark): the development queries of the reranker's fusion (docs/results.md);
+* test: the judged test queries of each benchmark, and ``medquad-chq-long`` (its CHQs of more than 60 words,
+  replayed from the ``medquad-chq`` store).
+
+The rule: (1) the highest worst development-set ΔR@1 against dense search; (2) then the fewest development questions
+lost at rank 1; (3) then the largest summed ΔMRR@10; (4) then the smaller likelihood weight and larger k.
+
+    python -m medfaq.eval.summary_ranking score --summarizer NAME --out DIR [--benchmarks ~/.medfaq/benchmarks]
+        [--sets meqsum-valid,...] [--depth 10]
+    python -m medfaq.eval.summary_ranking replay --out DIR [--json report.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from medfaq.common.runtime import MedfaqError, medfaq_home
+from medfaq.eval.script_args import print_report
+
+DEV_SETS = ("meqsum-valid", "mediqa2021-valid", "quebec-dev")
+TEST_SETS = ("meqsum", "mediqa2021", "rqe-valid", "rqe-test", "quebec", "medquad-chq")
+LONG_WORDS = 60  # medquad-chq-long: the medquad-chq questions of more than this many words
+GRID = {
+    "likelihood_per_token": (True, False),
+    "likelihood_prior": (0.0, 0.5, 1.0),
+    "likelihood_weight": (0.5, 1.0, 2.0, 3.0),
+    "rerank_rrf_k": (10, 60),
+}
+GATE = 0.05  # the dense-margin gate of the reranker (retriever.pipeline.RERANK_MARGIN)
+CUTOFF = 10
+
+
+def query_set(name: str, benchmarks: Path) -> tuple[Path, dict[str, str], dict[str, dict[str, int]]]:
+    """(benchmark directory, questions by id, qrels) of query set `name`."""
+    from medfaq.eval.benchmarks import Benchmark
+    from medfaq.index.pair_sources import load_jsonl_rows
+
+    base = name.removesuffix("-valid") if name in ("meqsum-valid", "mediqa2021-valid") else name
+    base = "quebec" if name == "quebec-dev" else base
+    directory = benchmarks / base
+    benchmark = Benchmark.load(directory)
+    if name in ("meqsum-valid", "mediqa2021-valid"):
+        by_text = {" ".join(row["text"].lower().split()): row["_id"] for row in benchmark.corpus}
+        rows = load_jsonl_rows(base, "valid.jsonl")
+        texts = {f"valid-{i}": row["chq"] for i, row in enumerate(rows)}
+        qrels = {f"valid-{i}": {by_text[" ".join(row["faq"].lower().split())]: 1} for i, row in enumerate(rows)}
+        return directory, texts, qrels
+    texts = benchmark.query_texts()
+    keep = benchmark.dev_ids if name == "quebec-dev" else set(texts) - benchmark.dev_ids
+    qrels = {q: docs for q, docs in benchmark.qrels.items() if q in keep and q not in benchmark.ood_ids}
+    return directory, {q: texts[q] for q in qrels}, qrels
+
+
+def score(args: argparse.Namespace) -> dict[str, Any]:
+    from tqdm.auto import tqdm
+
+    from medfaq.index.faq_index import FaqIndex
+    from medfaq.retriever.pipeline import Pipeline, PipelineConfig
+    from medfaq.retriever.stages import locate_summarizer
+    from medfaq.summarizer.likelihood import SummaryLikelihood
+
+    scorer = SummaryLikelihood.load(locate_summarizer(args.summarizer), quantize=args.quantize)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "summarizer.json").write_text(json.dumps({"summarizer": scorer.name, "depth": args.depth}) + "\n")
+    report: dict[str, Any] = {"summarizer": scorer.name, "sets": {}}
+    for name in args.sets:
+        directory, texts, _ = query_set(name, args.benchmarks)
+        store = args.out / f"{name}.jsonl"
+        done = {json.loads(line)["qid"] for line in store.open(encoding="utf-8")} if store.is_file() else set()
+        index = FaqIndex.load(directory / "index")
+        config = PipelineConfig.load(directory / "index").updated(top_k=args.depth)
+        config = config.replace(abstain=False, log_unanswered=False, entities=False, summarize=False, rerank=False)
+        pipeline = Pipeline(index, config.replace(query_source="raw", likelihood=False))
+        todo = [q for q in texts if q not in done]
+        spent = []
+        with store.open("a", encoding="utf-8") as out:
+            for qid in tqdm(todo, desc=name, unit="question"):
+                hits = pipeline.run(texts[qid]).hits
+                questions = [hit.question for hit in hits]
+                start = time.perf_counter()
+                given = scorer.token_scores(texts[qid], questions)
+                prior = scorer.prior_scores(questions)
+                spent.append((time.perf_counter() - start) * 1000)
+                row = {
+                    "qid": qid,
+                    "hits": [hit.to_dict() for hit in hits],
+                    "given": given.log_prob.tolist(),
+                    "tokens": given.tokens.tolist(),
+                    "prior": prior.log_prob.tolist(),
+                }
+                out.write(json.dumps(row) + "\n")
+                out.flush()
+        report["sets"][name] = {"scored": len(todo), "stored": len(done) + len(todo)}
+        if spent:
+            report["sets"][name]["median_ms_per_question"] = sorted(spent)[len(spent) // 2]
+    return report
+
+
+class StoredScores:
+    """The pipeline's likelihood stage, answering from stored scores (one question's)."""
+
+    def __init__(self, row: dict[str, Any]) -> None:
+        from medfaq.summarizer.likelihood import TokenScores
+
+        self.texts = [hit["question"] for hit in row["hits"]]
+        self.given = TokenScores(*map(_array, (row["given"], row["tokens"])))
+        self.prior = TokenScores(*map(_array, (row["prior"], row["tokens"])))
+
+    def score(self, query: str, candidates: list[str], prior_weight: float, per_token: bool) -> list[float]:
+        from medfaq.summarizer.likelihood import combine
+
+        rows = [self.texts.index(text) for text in candidates]
+        scores = combine(self.given, self.prior, prior_weight, per_token)
+        return [float(scores[i]) for i in rows]
+
+
+def _array(values: list[float]) -> Any:
+    import numpy as np
+
+    return np.array(values, dtype=np.float64)
+
+
+def replay_set(rows: list[dict[str, Any]], qrels: dict[str, dict[str, int]], changes: dict[str, Any] | None):
+    """Metrics of dense search (`changes` None) or of the likelihood stage with `changes`, and the ids of the
+    questions answered at rank 1."""
+    from medfaq.eval.retrieval import ranking_metrics
+    from medfaq.retriever.pipeline import Pipeline, PipelineConfig
+    from medfaq.retriever.search import Hit
+
+    run: dict[str, dict[str, float]] = {}
+    for row in rows:
+        hits = [Hit(**hit) for hit in row["hits"]]
+        if changes is not None:
+            config = PipelineConfig(likelihood=True, likelihood_depth=len(hits), **changes)
+            pipeline = Pipeline(_NO_INDEX, config, likelihood=StoredScores(row))
+            hits = pipeline.rescore(row["text"], row["text"], hits, {})
+        run[row["qid"]] = {hit.id: float(CUTOFF - rank) for rank, hit in enumerate(hits[:CUTOFF])}
+    metrics, per_query = ranking_metrics(run, {q: qrels[q] for q in run})
+    return metrics, {q for q, values in per_query.items() if values["recall@1"] > 0}
+
+
+class _NoIndex:
+    """Stands in for the index of a replay: rescoring reads no index (no phrasings are scored by likelihood)."""
+
+    def searches_concurrently(self, dense: bool) -> bool:
+        return True
+
+
+_NO_INDEX: Any = _NoIndex()
+
+
+def load_rows(out: Path, name: str, benchmarks: Path) -> tuple[list[dict[str, Any]], dict[str, dict[str, int]]]:
+    stored = "medquad-chq" if name == "medquad-chq-long" else name
+    _, texts, qrels = query_set(stored, benchmarks)
+    path = out / f"{stored}.jsonl"
+    if not path.is_file():
+        raise MedfaqError(f"{path} not found: run `score` for {stored} first")
+    rows = [json.loads(line) for line in path.open(encoding="utf-8")]
+    rows = [{**row, "text": texts[row["qid"]]} for row in rows if row["qid"] in texts]
+    if name == "medquad-chq-long":
+        rows = [row for row in rows if len(row["text"].split()) > LONG_WORDS]
+    return rows, qrels
+
+
+def replay(args: argparse.Namespace) -> dict[str, Any]:
+    dev = {name: load_rows(args.out, name, args.benchmarks) for name in DEV_SETS}
+    dense = {name: replay_set(rows, qrels, None) for name, (rows, qrels) in dev.items()}
+    candidates = []
+    for values in itertools.product(*GRID.values()):
+        changes = dict(zip(GRID, values, strict=True))
+        cells = {}
+        for name, (rows, qrels) in dev.items():
+            metrics, firsts = replay_set(rows, qrels, changes)
+            base, base_firsts = dense[name]
+            cells[name] = {
+                "delta_r1": metrics["recall@1"] - base["recall@1"],
+                "delta_mrr": metrics["mrr@10"] - base["mrr@10"],
+                "lost": len(base_firsts - firsts),
+                "gained": len(firsts - base_firsts),
+            }
+        candidates.append(
+            {
+                "setting": changes,
+                "sets": cells,
+                "worst_delta_r1": min(c["delta_r1"] for c in cells.values()),
+                "lost": sum(c["lost"] for c in cells.values()),
+                "summed_delta_mrr": sum(c["delta_mrr"] for c in cells.values()),
+            }
+        )
+    candidates.sort(
+        key=lambda c: (
+            -c["worst_delta_r1"],
+            c["lost"],
+            -c["summed_delta_mrr"],
+            c["setting"]["likelihood_weight"],
+            -c["setting"]["rerank_rrf_k"],
+        )
+    )
+    chosen = candidates[0]["setting"]
+    report: dict[str, Any] = {
+        "dense_dev": {name: metrics for name, (metrics, _) in dense.items()},
+        "candidates": candidates,
+        "chosen": chosen,
+        "test": {},
+    }
+    for name in [*TEST_SETS, "medquad-chq-long"]:
+        try:
+            rows, qrels = load_rows(args.out, name, args.benchmarks)
+        except MedfaqError as error:
+            report["test"][name] = {"missing": str(error)}
+            continue
+        base, base_firsts = replay_set(rows, qrels, None)
+        result = {"questions": len(rows), "dense": base}
+        for label, changes in (("likelihood", chosen), ("likelihood-gated", {**chosen, "rerank_margin": GATE})):
+            metrics, firsts = replay_set(rows, qrels, changes)
+            result[label] = {**metrics, "lost": len(base_firsts - firsts), "gained": len(firsts - base_firsts)}
+        report["test"][name] = result
+    return report
+
+
+def print_tables(report: dict[str, Any]) -> None:
+    print("\ndevelopment (best 10 candidates by the rule): setting | per set dR@1/dMRR (lost/gained)")
+    for candidate in report["candidates"][:10]:
+        cells = "; ".join(
+            f"{n} {c['delta_r1']:+.1f}/{c['delta_mrr']:+.2f} ({c['lost']}/{c['gained']})"
+            for n, c in candidate["sets"].items()
+        )
+        print(f"{candidate['setting']} | {cells}")
+    print(f"\nchosen: {report['chosen']}\n")
+    print("| set | questions | system | R@1 | R@5 | MRR@10 | nDCG@10 | lost / gained at rank 1 |")
+    print("|---|---:|---|---:|---:|---:|---:|---|")
+    for name, result in report["test"].items():
+        if "missing" in result:
+            continue
+        for label in ("dense", "likelihood", "likelihood-gated"):
+            m = result[label]
+            cells = " | ".join(f"{m[k]:.1f}" for k in ("recall@1", "recall@5", "mrr@10", "ndcg@10"))
+            changed = f"{m['lost']} / {m['gained']}" if "lost" in m else ""
+            print(f"| {name} | {result['questions']} | {label} | {cells} | {changed} |")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m medfaq.eval.summary_ranking", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    scored = commands.add_parser("score", help="store the dense hits and their likelihoods")
+    scored.add_argument("--summarizer", default=None, help="a trained summarizer (default: the best one trained)")
+    scored.add_argument("--sets", default=",".join((*DEV_SETS, *TEST_SETS)), help="comma-separated query sets")
+    scored.add_argument("--depth", type=int, default=10, help="hits scored per question")
+    scored.add_argument("--quantize", action="store_true", help="int8 linear layers")
+    replayed = commands.add_parser("replay", help="choose the fusion on development sets, report the test sets")
+    for command in (scored, replayed):
+        command.add_argument("--out", type=Path, required=True, help="the directory of the stored scores")
+        command.add_argument("--benchmarks", type=Path, default=medfaq_home() / "benchmarks")
+        command.add_argument("--json", type=Path, default=None, help="also write the report here")
+    args = parser.parse_args(argv)
+    args.out, args.benchmarks = args.out.expanduser(), args.benchmarks.expanduser()
+    try:
+        if args.command == "score":
+            args.sets = [name.strip() for name in args.sets.split(",") if name.strip()]
+            unknown = sorted(set(args.sets) - {*DEV_SETS, *TEST_SETS})
+            if unknown:
+                raise MedfaqError(f"unknown query set(s) {', '.join(unknown)}")
+            report = score(args)
+        else:
+            report = replay(args)
+    except MedfaqError as error:
+        sys.exit(f"error: {error}")
+    if args.command == "replay":
+        print_tables(report)
+        if args.json is not None:
+            args.json.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    else:
+        print_report(report, args.json)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,170 @@
+"""The summarizer as a ranker: how likely it finds each candidate FAQ question as the summary of a consumer question.
+
+`SummaryLikelihood.score(question, candidates, prior_weight, per_token)` returns, per candidate,
+log P(candidate | question) less `prior_weight` x log P(candidate | empty question), summed over the candidate's
+tokens or averaged per token (`per_token`). The second term is the model's prior towards a question whatever the
+consumer asked (generic questions such as "What are the treatments for X?"); subtracting it with weight 1 gives the
+pointwise mutual information of question and candidate.
+
+The candidates are scored in one batch that shares the question: a decoder-only model (Gemma) reads the prompt once
+and every candidate continues its KV cache; an encoder-decoder encodes the question once and every candidate's
+decoder attends to that one encoding. The tokens scored are the ones the trainer taught
+(summarizer/training/collator.py): a decoder-only model's " " + question + EOS after the prompt, a seq2seq model's
+target tokens (BERT2BERT: without the [CLS] its decoder starts from). Priors depend on the candidate alone and are
+kept per text, so a bank's FAQs cost their prior once.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from medfaq.common.runtime import MedfaqError, quantize_linear, resolve_model
+from medfaq.summarizer.modeling import cache_argument, clean_question, is_causal_lm, load_backbone, prompt_ids
+
+CONFIG_FILE = "train_config.json"
+MAX_TARGET_TOKENS = 64
+PRIOR_CACHE_SIZE = 200_000
+
+
+@dataclass(frozen=True)
+class TokenScores:
+    """Summed log-probability of each candidate's tokens, and how many tokens each has."""
+
+    log_prob: np.ndarray
+    tokens: np.ndarray
+
+
+class SummaryLikelihood:
+    """Scores (question, candidate FAQ question) pairs with a trained summarizer (see the module docstring); the
+    pipeline's ``likelihood`` stage. Thread-safe: one scoring at a time."""
+
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        max_source_len: int = 512,
+        max_target_len: int = MAX_TARGET_TOKENS,
+        name: str = "",
+    ) -> None:
+        self.model, self.tokenizer = model.eval(), tokenizer
+        self.causal = is_causal_lm(model)
+        self.max_source_len, self.max_target_len = max_source_len, max_target_len
+        self.name = name
+        bert2bert = model.config.model_type == "encoder-decoder"
+        self._strip_start = model.config.decoder_start_token_id if bert2bert else None
+        self._priors: dict[str, tuple[float, int]] = {}
+        self._lock = threading.Lock()
+        self._cache_argument = cache_argument(model) if self.causal else ""
+
+    @classmethod
+    def load(cls, model: str | Path, quantize: bool = False) -> SummaryLikelihood:
+        """A trained summarizer directory (seq2seq or decoder-only), on the CPU; `quantize`: int8 linear layers
+        (PyTorch dynamic quantisation)."""
+        path = Path(resolve_model(model))
+        config_file = path / CONFIG_FILE
+        if not config_file.is_file():
+            raise MedfaqError(
+                f"{path} is not a trained summarizer (no {CONFIG_FILE}); train one with `medfaq train summarizer`"
+            )
+        saved = json.loads(config_file.read_text(encoding="utf-8"))
+        network, tokenizer = load_backbone(path)
+        if quantize:
+            quantize_linear(network)
+        return cls(
+            network,
+            tokenizer,
+            max_source_len=saved.get("max_source_len", 512),
+            max_target_len=saved.get("max_target_len", MAX_TARGET_TOKENS),
+            name=str(path),
+        )
+
+    def score(
+        self, query: str, candidates: list[str], prior_weight: float = 0.0, per_token: bool = True
+    ) -> list[float]:
+        """The corrected log-likelihood of each candidate given `query` (see the module docstring), higher = a
+        likelier summary."""
+        if not candidates:
+            return []
+        with self._lock:
+            given = self.token_scores(query, candidates)
+            prior = self.prior_scores(candidates) if prior_weight else given  # weighed 0: no prior computed
+        return combine(given, prior, prior_weight, per_token).tolist()
+
+    def prior_scores(self, candidates: Sequence[str]) -> TokenScores:
+        """log P(candidate | empty question) of each candidate, computed once per text."""
+        missing = list(dict.fromkeys(text for text in candidates if text not in self._priors))
+        if missing:
+            if len(self._priors) + len(missing) > PRIOR_CACHE_SIZE:
+                self._priors.clear()
+            found = self.token_scores("", missing)
+            self._priors.update(zip(missing, zip(found.log_prob.tolist(), found.tokens.tolist(), strict=True)))
+        rows = [self._priors[text] for text in candidates]
+        return TokenScores(np.array([r[0] for r in rows]), np.array([r[1] for r in rows]))
+
+    def token_scores(self, query: str, candidates: Sequence[str]) -> TokenScores:
+        """Summed log P(candidate tokens | query) and token counts, all candidates in one batch sharing `query`."""
+        targets = [self._target_ids(text) for text in candidates]
+        width = max(len(ids) for ids in targets)
+        labels = torch.tensor([ids + [-100] * (width - len(ids)) for ids in targets], dtype=torch.long)
+        with torch.inference_mode():
+            logits = self._causal_logits(query, labels) if self.causal else self._seq2seq_logits(query, labels)
+            log_probs = torch.log_softmax(logits.float(), dim=-1)
+            scored = labels != -100
+            picked = log_probs.gather(-1, labels.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+            total = (picked * scored).sum(dim=1)
+        return TokenScores(total.double().numpy(), scored.sum(dim=1).numpy())
+
+    def _target_ids(self, text: str) -> list[int]:
+        if self.causal:
+            ids = self.tokenizer(
+                " " + clean_question(text), max_length=self.max_target_len, truncation=True, add_special_tokens=False
+            )["input_ids"]
+            return [*ids, self.tokenizer.eos_token_id]
+        ids = self.tokenizer(text, max_length=self.max_target_len, truncation=True)["input_ids"]
+        return ids[1:] if self._strip_start is not None and ids[:1] == [self._strip_start] else ids
+
+    def _causal_logits(self, query: str, labels: torch.Tensor) -> torch.Tensor:
+        """Logits predicting each target token: the prompt runs once, its KV cache repeated for every candidate,
+        which all continue it at once (right-padded: padding comes after every real token, so it changes none)."""
+        from transformers import DynamicCache
+
+        prompt = torch.tensor([prompt_ids(self.tokenizer, query, self.max_source_len)[0]])
+        cache = DynamicCache(config=self.model.config)
+        prefix = self.model(input_ids=prompt, use_cache=True, logits_to_keep=1, **{self._cache_argument: cache})
+        first = prefix.logits[:, -1:].expand(len(labels), -1, -1)  # predicts every candidate's first token
+        if labels.size(1) == 1:
+            return first
+        cache.batch_repeat_interleave(len(labels))
+        inputs = labels[:, :-1]
+        mask = torch.cat([torch.ones(len(labels), prompt.size(1), dtype=torch.long), (inputs != -100).long()], dim=1)
+        rest = self.model(
+            input_ids=inputs.clamp(min=0), attention_mask=mask, use_cache=True, **{self._cache_argument: cache}
+        ).logits
+        return torch.cat([first, rest], dim=1)
+
+    def _seq2seq_logits(self, query: str, labels: torch.Tensor) -> torch.Tensor:
+        """Logits predicting each target token: the question encoded once, every candidate's decoder reading it."""
+        encoded = self.tokenizer(
+            clean_question(query), max_length=self.max_source_len, truncation=True, return_tensors="pt"
+        )
+        hidden = self.model.get_encoder()(**encoded).last_hidden_state
+        rows = len(labels)
+        return self.model(
+            encoder_outputs=(hidden.expand(rows, -1, -1),),
+            attention_mask=encoded["attention_mask"].expand(rows, -1),
+            labels=labels,
+        ).logits
+
+
+def combine(given: TokenScores, prior: TokenScores, prior_weight: float, per_token: bool) -> np.ndarray:
+    """log P(candidate | question) - `prior_weight` x log P(candidate | empty question), summed over the candidate's
+    tokens, or per token with `per_token`."""
+    scores = given.log_prob - prior_weight * prior.log_prob
+    return scores / np.maximum(given.tokens, 1) if per_token else scores
