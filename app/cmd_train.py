@@ -17,6 +17,20 @@ if TYPE_CHECKING:
 DEFAULT_PRETRAIN = ["rqe:train", "healthcaremagic:train", "chq_summ:train"]
 
 
+def mine_retrieval_negatives(pairs: list[tuple[str, str]], n_negatives: int, index: Path | None) -> list[dict]:
+    """The retrieval's near misses for each training CHQ (`retrieval_near_misses`), from `index` (default: the
+    set-up index)."""
+    from medfaq.index.faq_index import read_manifest
+    from medfaq.retriever.setup_plan import set_up_index
+    from medfaq.retriever.training.pair_data import retrieval_near_misses
+
+    index = Path(index).expanduser() if index is not None else set_up_index()
+    read_manifest(index)  # a path that is no index fails here, before the model loads
+    rows = retrieval_near_misses(index, pairs, n_negatives)
+    typer.echo(f"mined {sum(len(r['negatives']) for r in rows)} retrieval negatives from {index}", err=True)
+    return rows
+
+
 def _pairs(spec: str, data_root: Path | None) -> list[tuple[str, str]]:
     from medfaq.eval.summarization_data import load_pairs
 
@@ -62,6 +76,15 @@ def train_summarizer(
         None, "--n-frame-negatives", help="Extra hard negatives per pair with the FAQ's question frame swapped."
     ),
     n_learned_negatives: int | None = typer.Option(None, "--n-learned-negatives"),
+    n_retrieval_negatives: int | None = typer.Option(
+        None,
+        "--retrieval-negatives",
+        min=0,
+        help="Extra hard negatives per pair: the FAQ questions dense search ranks highest for its CHQ, not its FAQ.",
+    ),
+    retrieval_index: Path | None = typer.Option(
+        None, "--retrieval-index", help="The index --retrieval-negatives searches (default: the set-up index)."
+    ),
     diversity_weight: float | None = typer.Option(None, "--diversity-weight"),
     generator_lr: float | None = typer.Option(None, "--generator-lr"),
     lr: float | None = typer.Option(None, "--lr"),
@@ -95,6 +118,7 @@ def train_summarizer(
 
     given = locals()
     tuned = {f.name for f in fields(SummarizerTrainConfig)} - {"variant", "preset", "seed", "pretrain"}
+    tuned -= {"retrieval_negatives"}
     options = {key: given[key] for key in tuned if given.get(key) is not None}
     if pretrain or pretrain_data:
         options["pretrain"] = list(pretrain_data or DEFAULT_PRETRAIN)
@@ -108,8 +132,13 @@ def train_summarizer(
         config = preset_config(preset, variant, seed=seed, **options)
     train = _pairs(config.train_data or f"{data}:train", data_root)
     valid = _pairs(f"{data}:valid", data_root)
+    mined = []
+    if config.n_retrieval_negatives and config.uses_hard and not resume:
+        mined = mine_retrieval_negatives(train, config.n_retrieval_negatives, retrieval_index)
     extra = [pair for spec in config.pretrain for pair in _pairs(spec, data_root)]
-    history = train_summarizer(config, train, valid, out, resume=resume, pretrain_pairs=extra)
+    history = train_summarizer(
+        config, train, valid, out, resume=resume, pretrain_pairs=extra, retrieval_negatives=mined
+    )
     best = max((h["valid_rougeL"] for h in history if h.get("stage") == "main"), default=None)
     typer.echo(
         f"trained {config.variant} ({config.preset}, seed {config.seed}); best valid ROUGE-L "

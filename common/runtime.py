@@ -292,7 +292,11 @@ class _OneLineFormatter(logging.Formatter):
 
 def configure_logging(verbose: bool = False) -> None:
     """Log medfaq's messages to stderr: WARNING and above as one ``warning: ...`` line each; with `verbose` also
-    INFO, with timestamps and logger names. Python warnings (``warnings.warn``) go through the same handler."""
+    INFO, with timestamps and logger names. Python warnings (``warnings.warn``) go through the same handler. Without
+    `verbose`, the model libraries' own progress bars (transformers' "Loading weights") stay quiet; medfaq's bars
+    for long work still show."""
+    if not verbose:
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # read when transformers is first imported
     handler = _StderrHandler()
     if verbose:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))

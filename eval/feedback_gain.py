@@ -145,7 +145,7 @@ def score(index_dir: Path, models: dict[str, str], seed: int) -> dict[str, Any]:
         for slice_name, links in slices.items():
             queries = [question for question, _ in links]
             hits = bank.search_dense(queries, SCORED_DEPTH)
-            run = {str(i): dict(zip(ids, map(float, scores), strict=True)) for i, (ids, scores) in enumerate(hits)}
+            run = {str(i): {faq: float(score) for faq, score in row} for i, row in enumerate(hits)}
             qrels = {str(i): {faq: 1} for i, (_, faq) in enumerate(links)}
             report["models"][label][slice_name] = ranking_metrics(run, qrels)[0]
     return report

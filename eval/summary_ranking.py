@@ -14,8 +14,8 @@ Query sets (``--sets``):
 * development: ``meqsum-valid`` and ``mediqa2021-valid`` (the validation CHQs of MeQSum and MEDIQA 2021 against
   the corpus of their benchmark, gold = the corpus entry of their FAQ) and ``quebec-dev`` (the in-scope dev half of
   the quebec benchmark): the development queries of the reranker's fusion (docs/results.md);
-* test: the judged test queries of each benchmark, and ``medquad-chq-long`` (its CHQs of more than 60 words,
-  replayed from the ``medquad-chq`` store).
+* test: the judged test queries of each benchmark, and ``medquad-chq-long`` (its CHQs of more than 60 words: a
+  store of their own, else the long rows of the ``medquad-chq`` store).
 
 The rule: (1) the highest worst development-set ΔR@1 against dense search; (2) then the fewest development questions
 lost at rank 1; (3) then the largest summed ΔMRR@10; (4) then the smaller likelihood weight and larger k.
@@ -56,6 +56,10 @@ def query_set(name: str, benchmarks: Path) -> tuple[Path, dict[str, str], dict[s
     from medfaq.eval.benchmarks import Benchmark
     from medfaq.index.pair_sources import load_jsonl_rows
 
+    if name == "medquad-chq-long":
+        directory, texts, qrels = query_set("medquad-chq", benchmarks)
+        texts = {q: text for q, text in texts.items() if len(text.split()) > LONG_WORDS}
+        return directory, texts, {q: qrels[q] for q in texts}
     base = name.removesuffix("-valid") if name in ("meqsum-valid", "mediqa2021-valid") else name
     base = "quebec" if name == "quebec-dev" else base
     directory = benchmarks / base
@@ -171,16 +175,17 @@ _NO_INDEX: Any = _NoIndex()
 
 
 def load_rows(out: Path, name: str, benchmarks: Path) -> tuple[list[dict[str, Any]], dict[str, dict[str, int]]]:
-    stored = "medquad-chq" if name == "medquad-chq-long" else name
-    _, texts, qrels = query_set(stored, benchmarks)
+    """The stored rows of query set `name` (``medquad-chq-long``: its own store, else the long rows of
+    ``medquad-chq``'s), each with its question, and the set's qrels."""
+    _, texts, qrels = query_set(name, benchmarks)
+    stored = name
+    if name == "medquad-chq-long" and not (out / f"{name}.jsonl").is_file():
+        stored = "medquad-chq"
     path = out / f"{stored}.jsonl"
     if not path.is_file():
-        raise MedfaqError(f"{path} not found: run `score` for {stored} first")
+        raise MedfaqError(f"{path} not found: run `score` for {name} first")
     rows = [json.loads(line) for line in path.open(encoding="utf-8")]
-    rows = [{**row, "text": texts[row["qid"]]} for row in rows if row["qid"] in texts]
-    if name == "medquad-chq-long":
-        rows = [row for row in rows if len(row["text"].split()) > LONG_WORDS]
-    return rows, qrels
+    return [{**row, "text": texts[row["qid"]]} for row in rows if row["qid"] in texts], qrels
 
 
 def replay(args: argparse.Namespace) -> dict[str, Any]:
@@ -278,7 +283,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         if args.command == "score":
             args.sets = [name.strip() for name in args.sets.split(",") if name.strip()]
-            unknown = sorted(set(args.sets) - {*DEV_SETS, *TEST_SETS})
+            unknown = sorted(set(args.sets) - {*DEV_SETS, *TEST_SETS, "medquad-chq-long"})
             if unknown:
                 raise MedfaqError(f"unknown query set(s) {', '.join(unknown)}")
             report = score(args)

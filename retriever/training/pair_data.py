@@ -181,6 +181,37 @@ def mine_hard_negatives(
     return groups
 
 
+def retrieval_near_misses(
+    index_dir: str | Path,
+    pairs: Sequence[tuple[str, str]],
+    n_negatives: int,
+    near_duplicate: float = NEAR_DUPLICATE,
+) -> list[dict[str, Any]]:
+    """For each (CHQ, FAQ) pair, the `n_negatives` FAQ questions of the index in `index_dir` that its dense search
+    ranks highest for the CHQ, false negatives removed as in :func:`mine_hard_negatives` (the FAQ itself, and
+    questions within `near_duplicate` cosine of it): ``{"chq", "negatives"}`` rows, the summarizer's retrieval
+    negatives (``medfaq train summarizer --retrieval-negatives``)."""
+    from medfaq.index.faq_index import FaqIndex
+
+    index = FaqIndex.load(index_dir)
+    chqs = list(dict.fromkeys(chq for chq, _ in pairs))
+    faq_of = dict(pairs)
+    found = index.search_dense(chqs, 4 * n_negatives + 8)
+    questions = [[index.get(faq_id).question for faq_id, _ in row] for row in found]
+    texts = list(dict.fromkeys([*faq_of.values(), *(text for row in questions for text in row)]))
+    vectors = dict(zip(texts, index.encoder.encode(texts), strict=True))
+    rows = []
+    for chq, candidates in zip(chqs, questions, strict=True):
+        faq = faq_of[chq]
+        kept = [
+            text
+            for text in dict.fromkeys(candidates)
+            if normalise(text) != normalise(faq) and float(vectors[text] @ vectors[faq]) < near_duplicate
+        ]
+        rows.append({"chq": chq, "negatives": kept[:n_negatives]})
+    return rows
+
+
 @dataclass
 class QuerySet:
     """One source's training queries as (query, positive or None for an out-of-scope query, labelled negatives),

@@ -12,6 +12,7 @@ from medfaq.summarizer.modeling import backbone_is_causal
 
 VARIANTS = ("ecl", "mle", "ecl-s", "ecl-h", "qfcl", "learned")
 CONFIG_FILE = "train_config.json"
+RETRIEVAL_NEGATIVES_FILE = "retrieval_negatives.jsonl"  # beside a model trained with retrieval negatives
 
 
 @dataclass
@@ -31,6 +32,8 @@ class SummarizerTrainConfig:
     n_hard_negatives: int = 4
     n_frame_negatives: int = 0  # extra hard negatives with the FAQ's question frame swapped (see frame_hard_negatives)
     n_learned_negatives: int = 4
+    n_retrieval_negatives: int = 0  # extra hard negatives per pair: the retrieval's near misses for its CHQ
+    retrieval_negatives: str = ""  # their JSONL ({"chq", "negatives"}), saved beside the model when training starts
     diversity_weight: float = 1.0
     generator_lr: float = 1e-4
     lr: float = 1e-4
@@ -65,8 +68,9 @@ class SummarizerTrainConfig:
             raise MedfaqError(f"unknown variant {self.variant!r}; choose one of {', '.join(VARIANTS)}")
         if self.batch_size < 1 or self.grad_accum < 1 or self.epochs < 1:
             raise MedfaqError("batch size, gradient accumulation and epochs must be at least 1")
-        if min(self.n_hard_negatives, self.n_frame_negatives, self.n_learned_negatives) < 0:
-            raise MedfaqError("the numbers of hard, frame and learned negatives must be 0 or more")
+        counts = (self.n_hard_negatives, self.n_frame_negatives, self.n_learned_negatives, self.n_retrieval_negatives)
+        if min(counts) < 0:
+            raise MedfaqError("the numbers of hard, frame, learned and retrieval negatives must be 0 or more")
         if self.lora_rank < 0:
             raise MedfaqError(f"--lora-rank must be 0 (off) or positive, got {self.lora_rank}")
         if self.precision not in PRECISIONS:
@@ -79,6 +83,11 @@ class SummarizerTrainConfig:
     @property
     def uses_hard(self) -> bool:
         return self.variant in {"ecl", "ecl-s", "qfcl"}
+
+    @property
+    def hard_slots(self) -> int:
+        """Hard negatives per pair the contrastive loss reads: entity (or focus), frame and retrieval ones."""
+        return self.n_hard_negatives + self.n_frame_negatives + self.n_retrieval_negatives if self.uses_hard else 0
 
     @property
     def uses_moco(self) -> bool:

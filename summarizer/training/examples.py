@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -41,7 +42,8 @@ def epoch_batches(
 
 def build_examples(pairs: Sequence[tuple[str, str]], config: SummarizerTrainConfig, start_id: int = 0) -> list[Example]:
     """Attach each pair's hard negatives as its own group: entity swaps (ECL) or focus swaps (QFCL), then
-    `n_frame_negatives` question-frame swaps."""
+    `n_frame_negatives` question-frame swaps, then `n_retrieval_negatives` of the retrieval's near misses for the
+    CHQ (read from `config.retrieval_negatives`)."""
     chqs, faqs = [p[0] for p in pairs], [p[1] for p in pairs]
     groups: list[list[str]] = [[] for _ in pairs]
     if config.uses_hard:
@@ -60,4 +62,24 @@ def build_examples(pairs: Sequence[tuple[str, str]], config: SummarizerTrainConf
         if config.n_frame_negatives > 0:
             frames = negatives.frame_hard_negatives(faqs, config.n_frame_negatives, config.seed, entities)
             groups = [group + frame for group, frame in zip(groups, frames, strict=True)]
+        if config.n_retrieval_negatives > 0:
+            near_misses = read_retrieval_negatives(config.retrieval_negatives)
+            groups = [
+                group + near_misses.get(chq, [])[: config.n_retrieval_negatives]
+                for group, chq in zip(groups, chqs, strict=True)
+            ]
     return [Example(start_id + i, c, f, tuple(g)) for i, (c, f, g) in enumerate(zip(chqs, faqs, groups, strict=True))]
+
+
+def read_retrieval_negatives(path: str) -> dict[str, list[str]]:
+    """The near misses mined for each CHQ (``{"chq", "negatives"}`` lines; see ``medfaq train summarizer
+    --retrieval-negatives``)."""
+    import json
+
+    from medfaq.common.runtime import MedfaqError
+
+    if not path or not Path(path).is_file():
+        raise MedfaqError(f"retrieval negatives file {path!r} not found (mined by `medfaq train summarizer`)")
+    with open(path, encoding="utf-8") as handle:
+        rows = [json.loads(line) for line in handle if line.strip()]
+    return {row["chq"]: list(row["negatives"]) for row in rows}

@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from medfaq.common.runtime import MedfaqError, autocast, choose_device, resolve_precision, seed_everything
 from medfaq.summarizer.modeling import is_causal_lm, load_backbone
 from medfaq.summarizer.training.collator import Batch, Collator
-from medfaq.summarizer.training.config import SummarizerTrainConfig
+from medfaq.summarizer.training.config import RETRIEVAL_NEGATIVES_FILE, SummarizerTrainConfig
 from medfaq.summarizer.training.contrastive import MoCo, diversity_loss, info_nce, masked_mean, mean_cosine
 from medfaq.summarizer.training.examples import build_examples, epoch_batches
 
@@ -102,7 +102,7 @@ class SummarizerTrainer:
             self.tokenizer,
             config.max_source_len,
             config.max_target_len,
-            config.n_hard_negatives + config.n_frame_negatives if config.uses_hard else 0,
+            config.hard_slots,
             causal=self.causal,
             strip_start=self.network.config.decoder_start_token_id if bert2bert else None,
         )
@@ -256,12 +256,19 @@ class SummarizerTrainer:
         valid_pairs: Sequence[tuple[str, str]],
         pretrain_pairs: Sequence[tuple[str, str]] = (),
         on_step: Callable[[int, float], None] | None = None,
+        retrieval_negatives: Sequence[dict] = (),
     ) -> list[dict]:
-        """Optionally pre-train on `pretrain_pairs`, then train on `train_pairs`, validating each epoch."""
+        """Optionally pre-train on `pretrain_pairs`, then train on `train_pairs`, validating each epoch;
+        `retrieval_negatives` (``{"chq", "negatives"}`` rows) are saved beside the model and read as the CHQs'
+        retrieval negatives."""
         config = self.config
         if not train_pairs or not valid_pairs:
             raise MedfaqError("training needs at least one training and one validation pair")
         self.out_dir.mkdir(parents=True, exist_ok=True)
+        if retrieval_negatives:
+            path = self.out_dir / RETRIEVAL_NEGATIVES_FILE
+            path.write_text("".join(json.dumps(row) + "\n" for row in retrieval_negatives), encoding="utf-8")
+            config.retrieval_negatives = str(path)
         config.save(self.out_dir)
         stages = []
         if config.pretrain_examples and len(pretrain_pairs) > config.pretrain_examples:
@@ -486,6 +493,8 @@ def train_summarizer(
     out_dir: Path | str,
     resume: bool = False,
     pretrain_pairs: Sequence[tuple[str, str]] = (),
+    retrieval_negatives: Sequence[dict] = (),
 ) -> list[dict]:
     """Train (or resume) one run; the best model ends up in `out_dir`. Returns the per-epoch history."""
-    return SummarizerTrainer(config, out_dir, resume=resume).train(train_pairs, valid_pairs, pretrain_pairs)
+    trainer = SummarizerTrainer(config, out_dir, resume=resume)
+    return trainer.train(train_pairs, valid_pairs, pretrain_pairs, retrieval_negatives=retrieval_negatives)
