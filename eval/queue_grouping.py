@@ -136,6 +136,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--data", type=Path, default=None, help="data laid out as ../shared/data (default: fetched)")
     parser.add_argument("--quebec", type=int_at_least(2), default=2000, help="Quebec questions to group")
     parser.add_argument("--timing-queue", type=int_at_least(0), default=0, help="queue size for the timing (0: none)")
+    parser.add_argument(
+        "--threshold-rule",
+        choices=("dev", "boundary"),
+        default="dev",
+        help="dev: the best F1 on the MQP development half; boundary: the detector's own decision boundary (a "
+        "detector trained on MQP has seen the MQP pairs, so its MQP figures are not a test)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, default=None, help="also write the report here")
     args = parser.parse_args(argv)
@@ -161,8 +168,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
         detector = shared_cache().stage("rerank", args.detector, PipelineConfig(rerank=True, reranker=args.detector))
     mqp = mqp_report(args.data, encoder, detector, args.seed)
+    if args.threshold_rule == "boundary":
+        if detector is None:
+            raise MedfaqError("--threshold-rule boundary needs a --detector")
+        mqp["threshold"] = float(detector.decision_boundary)
     settings = GroupingSettings(threshold=mqp["threshold"], same_cosine=mqp["threshold"])
-    report: dict[str, Any] = {"encoder": encoder.name, "detector": args.detector, "seed": args.seed, "mqp": mqp}
+    report: dict[str, Any] = {
+        "encoder": encoder.name,
+        "detector": args.detector,
+        "threshold_rule": args.threshold_rule,
+        "seed": args.seed,
+        "mqp": mqp,
+    }
     questions = quebec_questions(args.data, args.quebec, args.seed)
     with tempfile.TemporaryDirectory(prefix="medfaq-queue-") as scratch:
         queue = QuestionQueue(Path(scratch) / "queue.sqlite3", encoder, detector, settings=settings)

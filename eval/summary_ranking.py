@@ -23,6 +23,12 @@ lost at rank 1; (3) then the largest summed ΔMRR@10; (4) then the smaller likel
     python -m medfaq.eval.summary_ranking score --summarizer NAME --out DIR [--benchmarks ~/.medfaq/benchmarks]
         [--sets meqsum-valid,...] [--depth 10]
     python -m medfaq.eval.summary_ranking replay --out DIR [--json report.json]
+    python -m medfaq.eval.summary_ranking latency --summarizer NAME [--set medquad-chq-long] [--questions 30]
+
+``latency``: milliseconds the likelihood stage takes per question for N = 5, 10, 20 and 50 candidates (the dense
+top N of questions of one set, after 3 warm-ups), fp32 and int8 (PyTorch dynamic quantisation), with the candidates'
+priors computed (a bank's first questions) and cached (steady state); and the share of those questions the gate
+(`rerank_margin` 0.05) would score, which gives the gated latency: dense search alone for the others.
 """
 
 from __future__ import annotations
@@ -48,7 +54,12 @@ GRID = {
     "rerank_rrf_k": (10, 60),
 }
 GATE = 0.05  # the dense-margin gate of the reranker (retriever.pipeline.RERANK_MARGIN)
+EQUAL = {"likelihood_per_token": True, "likelihood_prior": 1.0, "likelihood_weight": 3.0, "rerank_rrf_k": 60}
+"""Shown beside the chosen setting on the test sets, not chosen: the likelihood ranking weighing as much as the
+retrieval ranking (what the signal does when it is let to act)."""
 CUTOFF = 10
+DEPTHS = (5, 10, 20, 50)  # candidates timed by `latency`
+WARM_UPS = 3
 
 
 def query_set(name: str, benchmarks: Path) -> tuple[Path, dict[str, str], dict[str, dict[str, int]]]:
@@ -118,6 +129,60 @@ def score(args: argparse.Namespace) -> dict[str, Any]:
         report["sets"][name] = {"scored": len(todo), "stored": len(done) + len(todo)}
         if spent:
             report["sets"][name]["median_ms_per_question"] = sorted(spent)[len(spent) // 2]
+    return report
+
+
+def latency(args: argparse.Namespace) -> dict[str, Any]:
+    import numpy as np
+
+    from medfaq.index.faq_index import FaqIndex
+    from medfaq.retriever.pipeline import Pipeline, PipelineConfig
+    from medfaq.retriever.stages import locate_summarizer
+    from medfaq.summarizer.likelihood import SummaryLikelihood
+
+    directory, texts, _ = query_set(args.set, args.benchmarks)
+    questions = list(texts.values())[: args.questions + WARM_UPS]
+    config = PipelineConfig.load(directory / "index").replace(
+        top_k=max(DEPTHS), abstain=False, log_unanswered=False, entities=False, summarize=False, rerank=False
+    )
+    pipeline = Pipeline(FaqIndex.load(directory / "index"), config.replace(query_source="raw", likelihood=False))
+    found = [pipeline.run(question).hits for question in questions]
+    dense_ms = [pipeline.run(question).timings_ms["total"] for question in questions[WARM_UPS:]]
+    gated = [len(hits) > 1 and hits[0].score - hits[1].score < GATE for hits in found[WARM_UPS:]]
+    report: dict[str, Any] = {
+        "set": args.set,
+        "questions": len(questions) - WARM_UPS,
+        "dense_p50_ms": float(np.median(dense_ms)),
+        "share_scored_with_gate": float(np.mean(gated)),
+        "rows": [],
+    }
+    model = locate_summarizer(args.summarizer)
+    for precision in ("fp32", "int8"):
+        scorer = SummaryLikelihood.load(model, quantize=precision == "int8")
+        for depth in DEPTHS:
+            for priors in ("computed", "cached"):
+                spent = []
+                for number, (question, hits) in enumerate(zip(questions, found, strict=True)):
+                    candidates = [hit.question for hit in hits[:depth]]
+                    if priors == "computed":
+                        scorer._priors.clear()
+                    start = time.perf_counter()
+                    scorer.score(question, candidates, prior_weight=1.0, per_token=True)
+                    if number >= WARM_UPS:
+                        spent.append((time.perf_counter() - start) * 1000)
+                times = np.array(spent)
+                with_gate = np.where(gated, times, 0.0) + np.array(dense_ms)
+                report["rows"].append(
+                    {
+                        "precision": precision,
+                        "candidates": depth,
+                        "priors": priors,
+                        "p50_ms": float(np.median(times)),
+                        "p95_ms": float(np.percentile(times, 95)),
+                        "gated_end_to_end_p50_ms": float(np.median(with_gate)),
+                        "gated_end_to_end_p95_ms": float(np.percentile(with_gate, 95)),
+                    }
+                )
     return report
 
 
@@ -237,7 +302,12 @@ def replay(args: argparse.Namespace) -> dict[str, Any]:
             continue
         base, base_firsts = replay_set(rows, qrels, None)
         result = {"questions": len(rows), "dense": base}
-        for label, changes in (("likelihood", chosen), ("likelihood-gated", {**chosen, "rerank_margin": GATE})):
+        systems = (
+            ("likelihood", chosen),
+            ("likelihood-gated", {**chosen, "rerank_margin": GATE}),
+            ("likelihood-equal (not chosen)", EQUAL),
+        )
+        for label, changes in systems:
             metrics, firsts = replay_set(rows, qrels, changes)
             result[label] = {**metrics, "lost": len(base_firsts - firsts), "gained": len(firsts - base_firsts)}
         report["test"][name] = result
@@ -258,7 +328,7 @@ def print_tables(report: dict[str, Any]) -> None:
     for name, result in report["test"].items():
         if "missing" in result:
             continue
-        for label in ("dense", "likelihood", "likelihood-gated"):
+        for label in ("dense", "likelihood", "likelihood-gated", "likelihood-equal (not chosen)"):
             m = result[label]
             cells = " | ".join(f"{m[k]:.1f}" for k in ("recall@1", "recall@5", "mrr@10", "ndcg@10"))
             changed = f"{m['lost']} / {m['gained']}" if "lost" in m else ""
@@ -274,6 +344,13 @@ def main(argv: list[str] | None = None) -> None:
     scored.add_argument("--depth", type=int, default=10, help="hits scored per question")
     scored.add_argument("--quantize", action="store_true", help="int8 linear layers")
     replayed = commands.add_parser("replay", help="choose the fusion on development sets, report the test sets")
+    timed = commands.add_parser("latency", help="the likelihood stage's milliseconds per question")
+    timed.add_argument("--summarizer", default=None, help="a trained summarizer (default: the best one trained)")
+    timed.add_argument("--set", default="medquad-chq-long", help="the query set whose questions are timed")
+    timed.add_argument("--questions", type=int, default=30, help="questions timed (after 3 warm-ups)")
+    timed.add_argument("--out", type=Path, default=Path("."), help=argparse.SUPPRESS)
+    timed.add_argument("--benchmarks", type=Path, default=medfaq_home() / "benchmarks")
+    timed.add_argument("--json", type=Path, default=None, help="also write the report here")
     for command in (scored, replayed):
         command.add_argument("--out", type=Path, required=True, help="the directory of the stored scores")
         command.add_argument("--benchmarks", type=Path, default=medfaq_home() / "benchmarks")
@@ -281,7 +358,9 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     args.out, args.benchmarks = args.out.expanduser(), args.benchmarks.expanduser()
     try:
-        if args.command == "score":
+        if args.command == "latency":
+            report = latency(args)
+        elif args.command == "score":
             args.sets = [name.strip() for name in args.sets.split(",") if name.strip()]
             unknown = sorted(set(args.sets) - {*DEV_SETS, *TEST_SETS, "medquad-chq-long"})
             if unknown:

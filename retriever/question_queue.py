@@ -71,7 +71,7 @@ def default_queue_path() -> Path:
 class GroupingSettings:
     """`candidates`: the nearest waiting questions the bi-encoder proposes; `floor`: the cosine below which a
     question is not proposed; `threshold`: the detector's score from which two questions are the same (None: the
-    detector's own `threshold` attribute, else 0.5); `same_cosine`: the decision without a detector, chosen on the
+    detector's own decision boundary, the score its training put at logit 0, else 0.5); `same_cosine`: the decision without a detector, chosen on the
     development half of MQP by best F1 (`python -m medfaq.eval.queue_grouping`, seed 0): 0.664 for stock MiniLM,
     0.644 for the fine-tuned bi-encoder of `medfaq setup`; 0.65 serves both."""
 
@@ -270,7 +270,7 @@ class QuestionQueue:
     def _threshold(self) -> float:
         if self.settings.threshold is not None:
             return self.settings.threshold
-        return float(getattr(self.detector, "threshold", None) or 0.5)
+        return float(getattr(self.detector, "decision_boundary", 0.5))
 
     def _title(self, text: str) -> str:
         """The titler's question for `text`, else (an empty one) `text` itself."""

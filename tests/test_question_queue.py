@@ -26,7 +26,7 @@ ASKED = {
 class SharedWords:
     """A duplicate detector for tests: the share of content words two questions have in common."""
 
-    threshold = 0.2
+    decision_boundary = 0.2  # the score from which two questions are the same
 
     def score(self, query: str, candidates: list[str]) -> list[float]:
         words = set(query.lower().replace("?", "").split())

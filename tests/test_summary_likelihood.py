@@ -227,3 +227,28 @@ def test_the_stage_switches_through_pipeline_json_the_cli_and_the_api(summarizer
         assert "likelihood" in on["hits"][0]["stage_scores"]
         plain = client.post("/search", json={"question": question, "likelihood": False}).json()
         assert "likelihood" not in plain["hits"][0]["stage_scores"]
+
+
+def test_the_replay_reorders_stored_hits_as_the_pipeline_does():
+    from medfaq.eval.summary_ranking import replay_set
+
+    hits = [
+        {"id": f"f{i}", "score": 0.9 - i / 100, "rank": i + 1, "question": f"question {i}?", "stage_scores": {}}
+        for i in range(4)
+    ]
+    row = {
+        "qid": "q1",
+        "text": "a question",
+        "hits": hits,
+        "given": [-9.0, -9.0, -9.0, -1.0],  # the summarizer prefers the last hit
+        "tokens": [3, 3, 3, 3],
+        "prior": [-5.0, -5.0, -5.0, -5.0],
+    }
+    qrels = {"q1": {"f3": 1}}
+    dense, dense_firsts = replay_set([row], qrels, None)
+    assert dense["recall@1"] == 0.0 and dense_firsts == set()
+    changes = {"likelihood_per_token": True, "likelihood_prior": 1.0, "likelihood_weight": 20.0, "rerank_rrf_k": 60}
+    moved, firsts = replay_set([row], qrels, changes)
+    assert moved["recall@1"] == 100.0 and firsts == {"q1"}
+    gated, _ = replay_set([row], qrels, {**changes, "rerank_margin": 0.001})  # top two 0.01 apart: sure
+    assert gated["recall@1"] == 0.0
