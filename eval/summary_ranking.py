@@ -55,8 +55,9 @@ GRID = {
 }
 GATE = 0.05  # the dense-margin gate of the reranker (retriever.pipeline.RERANK_MARGIN)
 EQUAL = {"likelihood_per_token": True, "likelihood_prior": 1.0, "likelihood_weight": 3.0, "rerank_rrf_k": 60}
+ALONE = {**EQUAL, "likelihood_weight": 1000.0}
 """Shown beside the chosen setting on the test sets, not chosen: the likelihood ranking weighing as much as the
-retrieval ranking (what the signal does when it is let to act)."""
+retrieval ranking (what the signal does when it is let to act), and the top hits ordered by it alone."""
 CUTOFF = 10
 DEPTHS = (5, 10, 20, 50)  # candidates timed by `latency`
 WARM_UPS = 3
@@ -306,6 +307,7 @@ def replay(args: argparse.Namespace) -> dict[str, Any]:
             ("likelihood", chosen),
             ("likelihood-gated", {**chosen, "rerank_margin": GATE}),
             ("likelihood-equal (not chosen)", EQUAL),
+            ("likelihood alone (not chosen)", ALONE),
         )
         for label, changes in systems:
             metrics, firsts = replay_set(rows, qrels, changes)
@@ -328,7 +330,7 @@ def print_tables(report: dict[str, Any]) -> None:
     for name, result in report["test"].items():
         if "missing" in result:
             continue
-        for label in ("dense", "likelihood", "likelihood-gated", "likelihood-equal (not chosen)"):
+        for label in [key for key in result if key != "questions"]:
             m = result[label]
             cells = " | ".join(f"{m[k]:.1f}" for k in ("recall@1", "recall@5", "mrr@10", "ndcg@10"))
             changed = f"{m['lost']} / {m['gained']}" if "lost" in m else ""

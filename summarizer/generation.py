@@ -7,25 +7,26 @@ Seq2seq models read the CHQ; decoder-only models read the cleaned CHQ + separato
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
-from medfaq.common.runtime import MedfaqError, choose_device, quantize_linear, resolve_model
+from medfaq.common.runtime import MedfaqError, choose_device, quantize_linear
 from medfaq.summarizer.decoding import GREEDY, Decoding
 from medfaq.summarizer.modeling import (
+    TRAIN_CONFIG_FILE,
     backbone_is_causal,
     cache_argument,
     is_causal_lm,
     load_backbone,
     load_tokenizer,
     prompt_ids,
+    trained_summarizer,
 )
 
-CONFIG_FILE = "train_config.json"
+CONFIG_FILE = TRAIN_CONFIG_FILE
 INT8_BACKENDS = ("auto", "ctranslate2", "torch")
 PLAUSIBILITY = 0.1
 
@@ -178,13 +179,7 @@ class Summarizer:
         for decoder-only models, PyTorch for seq2seq ones."""
         if int8_backend not in INT8_BACKENDS:
             raise MedfaqError(f"unknown int8 backend {int8_backend!r}; choose {', '.join(INT8_BACKENDS)}")
-        path = Path(resolve_model(model))
-        config_file = path / CONFIG_FILE
-        if not config_file.is_file():
-            raise MedfaqError(
-                f"{path} is not a trained summarizer (no {CONFIG_FILE}); train one with `medfaq train summarizer`"
-            )
-        saved = json.loads(config_file.read_text(encoding="utf-8"))
+        path, saved = trained_summarizer(model)
         device = "cpu" if quantize else choose_device(device)
         settings = {
             "decoding": Decoding(num_beams=saved.get("eval_beams", 1), max_length=saved.get("eval_max_length", 64)),

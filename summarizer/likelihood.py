@@ -16,7 +16,6 @@ kept per text, so a bank's FAQs cost their prior once.
 
 from __future__ import annotations
 
-import json
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -25,10 +24,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from medfaq.common.runtime import MedfaqError, quantize_linear, resolve_model
-from medfaq.summarizer.modeling import cache_argument, clean_question, is_causal_lm, load_backbone, prompt_ids
+from medfaq.common.runtime import quantize_linear
+from medfaq.summarizer.modeling import (
+    cache_argument,
+    clean_question,
+    is_causal_lm,
+    load_backbone,
+    prompt_ids,
+    trained_summarizer,
+)
 
-CONFIG_FILE = "train_config.json"
 MAX_TARGET_TOKENS = 64
 PRIOR_CACHE_SIZE = 200_000
 
@@ -67,13 +72,7 @@ class SummaryLikelihood:
     def load(cls, model: str | Path, quantize: bool = False) -> SummaryLikelihood:
         """A trained summarizer directory (seq2seq or decoder-only), on the CPU; `quantize`: int8 linear layers
         (PyTorch dynamic quantisation)."""
-        path = Path(resolve_model(model))
-        config_file = path / CONFIG_FILE
-        if not config_file.is_file():
-            raise MedfaqError(
-                f"{path} is not a trained summarizer (no {CONFIG_FILE}); train one with `medfaq train summarizer`"
-            )
-        saved = json.loads(config_file.read_text(encoding="utf-8"))
+        path, saved = trained_summarizer(model)
         network, tokenizer = load_backbone(path)
         if quantize:
             quantize_linear(network)

@@ -35,6 +35,23 @@ def is_causal_lm(model) -> bool:
     return not getattr(config, "is_encoder_decoder", False) and config.model_type != "encoder-decoder"
 
 
+TRAIN_CONFIG_FILE = "train_config.json"  # the training settings saved beside every trained summarizer
+
+
+def trained_summarizer(model: str | Path) -> tuple[Path, dict]:
+    """The directory of the trained summarizer `model` names (:func:`common.runtime.resolve_model`) and the
+    training settings saved beside it; a one-line error for a directory that is no trained summarizer."""
+    import json
+
+    path = Path(resolve_model(model))
+    config_file = path / TRAIN_CONFIG_FILE
+    if not config_file.is_file():
+        raise MedfaqError(
+            f"{path} is not a trained summarizer (no {TRAIN_CONFIG_FILE}); train one with `medfaq train summarizer`"
+        )
+    return path, json.loads(config_file.read_text(encoding="utf-8"))
+
+
 def cache_argument(model) -> str:
     """The name under which `model.forward` takes a KV cache: ``cache`` (transformers 5) or ``past_key_values``."""
     import inspect

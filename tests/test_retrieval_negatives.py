@@ -13,7 +13,7 @@ from medfaq.index.records import FaqRecord
 from medfaq.retriever.training.pair_data import retrieval_near_misses
 from medfaq.summarizer.training.examples import build_examples
 from tests.conftest import FAQ_ROWS, tiny_summarizer_config
-from tests.test_summarizer_cli import medfaq
+from tests.test_summarizer_cli import medfaq, tiny_training
 from tests.test_summarizer_training import PAIRS
 
 
@@ -55,16 +55,10 @@ def test_build_examples_appends_the_retrieval_negatives(tmp_path):
 
 
 def test_train_summarizer_mines_and_keeps_the_retrieval_negatives(tmp_path, tiny_bert_dir, index_dir):
-    root = tmp_path / "data" / "meqsum"
-    root.mkdir(parents=True)
-    for split, rows in (("train", PAIRS[:4]), ("valid", PAIRS[4:6])):
-        (root / f"{split}.jsonl").write_text("".join(json.dumps({"chq": c, "faq": f}) + "\n" for c, f in rows))
     out = tmp_path / "model"
-    result = medfaq(
-        "train", "summarizer", "--variant", "ecl", "--backbone", tiny_bert_dir, "--epochs", 1, "--batch-size", 2,
-        "--data-root", tmp_path / "data", "--out", out, "--max-source-len", 24, "--max-target-len", 12,
-        "--eval-max-length", 5, "--device", "cpu", "--queue-size", 8, "--n-hard-negatives", 1,
-        "--retrieval-negatives", 2, "--retrieval-index", index_dir,
+    result = tiny_training(
+        tmp_path, tiny_bert_dir, "ecl", "--queue-size", 8, "--n-hard-negatives", 1, "--retrieval-negatives", 2,
+        "--retrieval-index", index_dir,
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     saved = json.loads((out / "train_config.json").read_text())

@@ -71,17 +71,23 @@ def test_cli_errors_are_one_line(tmp_path):
     )
 
 
-def test_train_data_spec_trains_on_the_named_splits_and_is_saved(tmp_path, tiny_bert_dir):
+def tiny_training(tmp_path, backbone, variant: str, *options):
+    """`medfaq train summarizer` of `variant` for one epoch on a tiny MeQSum-shaped data root (4 train pairs, 2
+    valid) into ``tmp_path/model``."""
     root = tmp_path / "data" / "meqsum"
     root.mkdir(parents=True)
     for split, rows in (("train", PAIRS[:4]), ("valid", PAIRS[4:6])):
         (root / f"{split}.jsonl").write_text("".join(json.dumps({"chq": c, "faq": f}) + "\n" for c, f in rows))
-    out = tmp_path / "model"
-    result = medfaq(
-        "train", "summarizer", "--variant", "mle", "--backbone", tiny_bert_dir, "--epochs", 1, "--batch-size", 2,
-        "--data-root", tmp_path / "data", "--train-data", "meqsum:train+meqsum:valid", "--out", out,
-        "--max-source-len", 24, "--max-target-len", 12, "--eval-max-length", 5, "--device", "cpu",
+    return medfaq(
+        "train", "summarizer", "--variant", variant, "--backbone", backbone, "--epochs", 1, "--batch-size", 2,
+        "--data-root", tmp_path / "data", "--out", tmp_path / "model", "--max-source-len", 24,
+        "--max-target-len", 12, "--eval-max-length", 5, "--device", "cpu", *options,
     )  # fmt: skip
+
+
+def test_train_data_spec_trains_on_the_named_splits_and_is_saved(tmp_path, tiny_bert_dir):
+    out = tmp_path / "model"
+    result = tiny_training(tmp_path, tiny_bert_dir, "mle", "--train-data", "meqsum:train+meqsum:valid")
     assert result.exit_code == 0, result.output
     assert json.loads((out / "history.json").read_text())[-1]["step"] == 3  # 6 pairs in batches of 2
     assert json.loads((out / "train_config.json").read_text())["train_data"] == "meqsum:train+meqsum:valid"
