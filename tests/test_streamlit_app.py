@@ -60,7 +60,8 @@ def test_search_shows_summary_entities_ranked_cards_and_stores_feedback(demo_env
     assert "feedback was saved" in app.success[0].value
     [stored] = FeedbackStore().all()
     assert (stored.question, stored.helpful, stored.hit_ids[0]) == (QUESTION, False, "f1")
-    assert stored.settings == {"summarize": True, "rerank": True, "mode": "dense", "top_k": 5}  # the default mode
+    expected = {"summarize": True, "rerank": True, "likelihood": False, "mode": "dense", "top_k": 5}
+    assert stored.settings == expected  # the default mode; the summary likelihood is off by default
     from medfaq.app.ui import resources
 
     [waiting] = resources.expert_queue()[0].groups()  # an answer that did not help: its question waits too
@@ -87,8 +88,8 @@ def test_stages_start_as_the_index_pipeline_json_says(demo_env):
     index = demo_env["MEDFAQ_DEMO_INDEX"]
     PipelineConfig.load(index).updated(summarize=False, query_source="raw", rerank=False).save(index)
     app = ask(QUESTION)
-    switches = [app.toggle(key=f"ctl_{stage}_ready") for stage in ("summarizer", "reranker")]
-    assert [(switch.value, switch.disabled) for switch in switches] == [(False, False), (False, False)]
+    switches = [app.toggle(key=f"ctl_{stage}_ready") for stage in ("summarizer", "reranker", "likelihood")]
+    assert [(switch.value, switch.disabled) for switch in switches] == [(False, False)] * 3  # ready, off
     page = markdown(app)
     assert "We read your question as" not in page and "reranker" not in page
     assert "1. Can I drink alcohol while taking amoxicillin?" in page
