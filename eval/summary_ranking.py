@@ -108,7 +108,7 @@ def score(args: argparse.Namespace) -> dict[str, Any]:
         config = PipelineConfig.load(directory / "index").updated(top_k=args.depth)
         config = config.replace(abstain=False, log_unanswered=False, entities=False, summarize=False, rerank=False)
         pipeline = Pipeline(index, config.replace(query_source="raw", likelihood=False))
-        todo = [q for q in texts if q not in done]
+        todo = [q for q in list(texts)[: args.limit] if q not in done]
         spent = []
         with store.open("a", encoding="utf-8") as out:
             for qid in tqdm(todo, desc=name, unit="question"):
@@ -240,9 +240,11 @@ class _NoIndex:
 _NO_INDEX: Any = _NoIndex()
 
 
-def load_rows(out: Path, name: str, benchmarks: Path) -> tuple[list[dict[str, Any]], dict[str, dict[str, int]]]:
+def load_rows(
+    out: Path, name: str, benchmarks: Path, limit: int | None = None
+) -> tuple[list[dict[str, Any]], dict[str, dict[str, int]]]:
     """The stored rows of query set `name` (``medquad-chq-long``: its own store, else the long rows of
-    ``medquad-chq``'s), each with its question, and the set's qrels."""
+    ``medquad-chq``'s), each with its question, the first `limit` of them when given, and the set's qrels."""
     _, texts, qrels = query_set(name, benchmarks)
     stored = name
     if name == "medquad-chq-long" and not (out / f"{name}.jsonl").is_file():
@@ -251,11 +253,12 @@ def load_rows(out: Path, name: str, benchmarks: Path) -> tuple[list[dict[str, An
     if not path.is_file():
         raise MedfaqError(f"{path} not found: run `score` for {name} first")
     rows = [json.loads(line) for line in path.open(encoding="utf-8")]
-    return [{**row, "text": texts[row["qid"]]} for row in rows if row["qid"] in texts], qrels
+    rows = [{**row, "text": texts[row["qid"]]} for row in rows if row["qid"] in texts]
+    return (rows[:limit] if limit else rows), qrels
 
 
 def replay(args: argparse.Namespace) -> dict[str, Any]:
-    dev = {name: load_rows(args.out, name, args.benchmarks) for name in DEV_SETS}
+    dev = {name: load_rows(args.out, name, args.benchmarks, args.limit) for name in DEV_SETS}
     dense = {name: replay_set(rows, qrels, None) for name, (rows, qrels) in dev.items()}
     candidates = []
     for values in itertools.product(*GRID.values()):
@@ -290,6 +293,8 @@ def replay(args: argparse.Namespace) -> dict[str, Any]:
     )
     chosen = candidates[0]["setting"]
     report: dict[str, Any] = {
+        "limit": args.limit,
+        "dev_questions": {name: len(rows) for name, (rows, _) in dev.items()},
         "dense_dev": {name: metrics for name, (metrics, _) in dense.items()},
         "candidates": candidates,
         "chosen": chosen,
@@ -297,7 +302,7 @@ def replay(args: argparse.Namespace) -> dict[str, Any]:
     }
     for name in [*TEST_SETS, "medquad-chq-long"]:
         try:
-            rows, qrels = load_rows(args.out, name, args.benchmarks)
+            rows, qrels = load_rows(args.out, name, args.benchmarks, args.limit)
         except MedfaqError as error:
             report["test"][name] = {"missing": str(error)}
             continue
@@ -355,6 +360,9 @@ def main(argv: list[str] | None = None) -> None:
     timed.add_argument("--json", type=Path, default=None, help="also write the report here")
     for command in (scored, replayed):
         command.add_argument("--out", type=Path, required=True, help="the directory of the stored scores")
+        command.add_argument(
+            "--limit", type=int, default=None, help="only the first N questions of each set (in the set's order)"
+        )
         command.add_argument("--benchmarks", type=Path, default=medfaq_home() / "benchmarks")
         command.add_argument("--json", type=Path, default=None, help="also write the report here")
     args = parser.parse_args(argv)
