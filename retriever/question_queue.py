@@ -71,9 +71,10 @@ def default_queue_path() -> Path:
 class GroupingSettings:
     """`candidates`: the nearest waiting questions the bi-encoder proposes; `floor`: the cosine below which a
     question is not proposed; `threshold`: the detector's score from which two questions are the same (None: the
-    detector's own decision boundary, the score its training put at logit 0, else 0.5); `same_cosine`: the decision without a detector, chosen on the
-    development half of MQP by best F1 (`python -m medfaq.eval.queue_grouping`, seed 0): 0.664 for stock MiniLM,
-    0.644 for the fine-tuned bi-encoder of `medfaq setup`; 0.65 serves both."""
+    detector's own decision boundary, the score its training put at logit 0, else 0.5); `same_cosine`: the
+    decision without a detector, chosen on the development half of MQP by best F1 (`python -m
+    medfaq.eval.queue_grouping`, seed 0): 0.664 for stock MiniLM, 0.644 for the fine-tuned bi-encoder of `medfaq
+    setup`; 0.65 serves both."""
 
     candidates: int = 10
     floor: float = 0.5
