@@ -88,11 +88,28 @@ def query_set(name: str, benchmarks: Path) -> tuple[Path, dict[str, str], dict[s
     return directory, {q: texts[q] for q in qrels}, qrels
 
 
+def dense_pipeline(index_dir: Path, depth: int) -> Any:
+    """Dense search of the raw question over the index in `index_dir` with its pipeline.json's other settings, no
+    other stage and no abstention: the top `depth` hits the likelihood is scored on."""
+    from medfaq.index.faq_index import FaqIndex
+    from medfaq.retriever.pipeline import Pipeline, PipelineConfig
+
+    config = PipelineConfig.load(index_dir).replace(
+        top_k=depth,
+        abstain=False,
+        log_unanswered=False,
+        entities=False,
+        summarize=False,
+        query_source="raw",
+        rerank=False,
+        likelihood=False,
+    )
+    return Pipeline(FaqIndex.load(index_dir), config)
+
+
 def score(args: argparse.Namespace) -> dict[str, Any]:
     from tqdm.auto import tqdm
 
-    from medfaq.index.faq_index import FaqIndex
-    from medfaq.retriever.pipeline import Pipeline, PipelineConfig
     from medfaq.retriever.stages import locate_summarizer
     from medfaq.summarizer.likelihood import SummaryLikelihood
 
@@ -104,10 +121,7 @@ def score(args: argparse.Namespace) -> dict[str, Any]:
         directory, texts, _ = query_set(name, args.benchmarks)
         store = args.out / f"{name}.jsonl"
         done = {json.loads(line)["qid"] for line in store.open(encoding="utf-8")} if store.is_file() else set()
-        index = FaqIndex.load(directory / "index")
-        config = PipelineConfig.load(directory / "index").updated(top_k=args.depth)
-        config = config.replace(abstain=False, log_unanswered=False, entities=False, summarize=False, rerank=False)
-        pipeline = Pipeline(index, config.replace(query_source="raw", likelihood=False))
+        pipeline = dense_pipeline(directory / "index", args.depth)
         todo = [q for q in list(texts)[: args.limit] if q not in done]
         spent = []
         with store.open("a", encoding="utf-8") as out:
@@ -136,17 +150,12 @@ def score(args: argparse.Namespace) -> dict[str, Any]:
 def latency(args: argparse.Namespace) -> dict[str, Any]:
     import numpy as np
 
-    from medfaq.index.faq_index import FaqIndex
-    from medfaq.retriever.pipeline import Pipeline, PipelineConfig
     from medfaq.retriever.stages import locate_summarizer
     from medfaq.summarizer.likelihood import SummaryLikelihood
 
     directory, texts, _ = query_set(args.set, args.benchmarks)
     questions = list(texts.values())[: args.questions + WARM_UPS]
-    config = PipelineConfig.load(directory / "index").replace(
-        top_k=max(DEPTHS), abstain=False, log_unanswered=False, entities=False, summarize=False, rerank=False
-    )
-    pipeline = Pipeline(FaqIndex.load(directory / "index"), config.replace(query_source="raw", likelihood=False))
+    pipeline = dense_pipeline(directory / "index", max(DEPTHS))
     found = [pipeline.run(question).hits for question in questions]
     dense_ms = [pipeline.run(question).timings_ms["total"] for question in questions[WARM_UPS:]]
     gated = [len(hits) > 1 and hits[0].score - hits[1].score < GATE for hits in found[WARM_UPS:]]
@@ -188,21 +197,26 @@ def latency(args: argparse.Namespace) -> dict[str, Any]:
 
 
 class StoredScores:
-    """The pipeline's likelihood stage, answering from stored scores (one question's)."""
+    """The pipeline's likelihood stage answering from the stored scores of a set's questions (by question text)."""
 
-    def __init__(self, row: dict[str, Any]) -> None:
+    def __init__(self, rows: list[dict[str, Any]]) -> None:
         from medfaq.summarizer.likelihood import TokenScores
 
-        self.texts = [hit["question"] for hit in row["hits"]]
-        self.given = TokenScores(*map(_array, (row["given"], row["tokens"])))
-        self.prior = TokenScores(*map(_array, (row["prior"], row["tokens"])))
+        self.stored = {
+            row["text"]: (
+                [hit["question"] for hit in row["hits"]],
+                TokenScores(_array(row["given"]), _array(row["tokens"])),
+                TokenScores(_array(row["prior"]), _array(row["tokens"])),
+            )
+            for row in rows
+        }
 
     def score(self, query: str, candidates: list[str], prior_weight: float, per_token: bool) -> list[float]:
         from medfaq.summarizer.likelihood import combine
 
-        rows = [self.texts.index(text) for text in candidates]
-        scores = combine(self.given, self.prior, prior_weight, per_token)
-        return [float(scores[i]) for i in rows]
+        texts, given, prior = self.stored[query]
+        scores = combine(given, prior, prior_weight, per_token)
+        return [float(scores[texts.index(text)]) for text in candidates]
 
 
 def _array(values: list[float]) -> Any:
@@ -218,26 +232,22 @@ def replay_set(rows: list[dict[str, Any]], qrels: dict[str, dict[str, int]], cha
     from medfaq.retriever.pipeline import Pipeline, PipelineConfig
     from medfaq.retriever.search import Hit
 
+    pipeline = None
+    if changes is not None:
+        depth = max(len(row["hits"]) for row in rows)
+        config = PipelineConfig(likelihood=True, likelihood_depth=depth, log_unanswered=False, **changes)
+        pipeline = Pipeline(_NO_INDEX, config, likelihood=StoredScores(rows))
     run: dict[str, dict[str, float]] = {}
     for row in rows:
         hits = [Hit(**hit) for hit in row["hits"]]
-        if changes is not None:
-            config = PipelineConfig(likelihood=True, likelihood_depth=len(hits), **changes)
-            pipeline = Pipeline(_NO_INDEX, config, likelihood=StoredScores(row))
+        if pipeline is not None:
             hits = pipeline.rescore(row["text"], row["text"], hits, {})
         run[row["qid"]] = {hit.id: float(CUTOFF - rank) for rank, hit in enumerate(hits[:CUTOFF])}
     metrics, per_query = ranking_metrics(run, {q: qrels[q] for q in run})
     return metrics, {q for q, values in per_query.items() if values["recall@1"] > 0}
 
 
-class _NoIndex:
-    """Stands in for the index of a replay: rescoring reads no index (no phrasings are scored by likelihood)."""
-
-    def searches_concurrently(self, dense: bool) -> bool:
-        return True
-
-
-_NO_INDEX: Any = _NoIndex()
+_NO_INDEX: Any = object()  # a replay's pipeline only rescores stored hits: it reads no index
 
 
 def load_rows(

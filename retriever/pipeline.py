@@ -531,7 +531,8 @@ class Pipeline:
             return hits
         rerank_depth = config.rerank_depth if self.reranker is not None else 0
         likelihood_depth = config.likelihood_depth if self.likelihood is not None else 0
-        head, tail = hits[: max(rerank_depth, likelihood_depth)], hits[max(rerank_depth, likelihood_depth) :]
+        depth = max(rerank_depth, likelihood_depth)
+        head, tail = hits[:depth], hits[depth:]
         if not head:
             return hits
         by_id = {hit.id: hit for hit in head}
