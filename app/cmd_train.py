@@ -17,15 +17,20 @@ if TYPE_CHECKING:
 DEFAULT_PRETRAIN = ["rqe:train", "healthcaremagic:train", "chq_summ:train"]
 
 
-def mine_retrieval_negatives(pairs: list[tuple[str, str]], n_negatives: int, index: Path | None) -> list[dict]:
-    """The retrieval's near misses for each training CHQ (`retrieval_near_misses`), from `index` (default: the
-    set-up index)."""
+def retrieval_negatives_index(index: Path | None) -> Path:
+    """The index `--retrieval-negatives` searches (None: the set-up index); a path that is no index fails here."""
     from medfaq.index.faq_index import read_manifest
     from medfaq.retriever.setup_plan import set_up_index
-    from medfaq.retriever.training.pair_data import retrieval_near_misses
 
     index = Path(index).expanduser() if index is not None else set_up_index()
-    read_manifest(index)  # a path that is no index fails here, before the model loads
+    read_manifest(index)
+    return index
+
+
+def mine_retrieval_negatives(pairs: list[tuple[str, str]], n_negatives: int, index: Path) -> list[dict]:
+    """The retrieval's near misses for each training CHQ from `index` (`retrieval_near_misses`)."""
+    from medfaq.retriever.training.pair_data import retrieval_near_misses
+
     rows = retrieval_near_misses(index, pairs, n_negatives)
     typer.echo(f"mined {sum(len(r['negatives']) for r in rows)} retrieval negatives from {index}", err=True)
     return rows
@@ -114,7 +119,7 @@ def train_summarizer(
     from dataclasses import fields
 
     from medfaq.summarizer.training.config import SummarizerTrainConfig, preset_config
-    from medfaq.summarizer.training.trainer import LAST_DIR, train_summarizer
+    from medfaq.summarizer.training.trainer import LAST_DIR, SummarizerTrainer
 
     given = locals()
     tuned = {f.name for f in fields(SummarizerTrainConfig)} - {"variant", "preset", "seed", "pretrain"}
@@ -132,13 +137,12 @@ def train_summarizer(
         config = preset_config(preset, variant, seed=seed, **options)
     train = _pairs(config.train_data or f"{data}:train", data_root)
     valid = _pairs(f"{data}:valid", data_root)
-    mined = []
-    if config.n_retrieval_negatives and config.uses_hard and not resume:
-        mined = mine_retrieval_negatives(train, config.n_retrieval_negatives, retrieval_index)
     extra = [pair for spec in config.pretrain for pair in _pairs(spec, data_root)]
-    history = train_summarizer(
-        config, train, valid, out, resume=resume, pretrain_pairs=extra, retrieval_negatives=mined
-    )
+    mining = config.n_retrieval_negatives and config.uses_hard and not resume  # a resumed run reads its saved file
+    index = retrieval_negatives_index(retrieval_index) if mining else None  # before any model loads
+    trainer = SummarizerTrainer(config, out, resume=resume)  # an --out in use fails before the mining
+    mined = mine_retrieval_negatives(train, config.n_retrieval_negatives, index) if index else []
+    history = trainer.train(train, valid, extra, retrieval_negatives=mined)
     best = max((h["valid_rougeL"] for h in history if h.get("stage") == "main"), default=None)
     typer.echo(
         f"trained {config.variant} ({config.preset}, seed {config.seed}); best valid ROUGE-L "

@@ -68,6 +68,9 @@ def test_train_summarizer_mines_and_keeps_the_retrieval_negatives(tmp_path, tiny
     rows = [json.loads(line) for line in (out / "retrieval_negatives.jsonl").read_text().splitlines()]
     assert [row["chq"] for row in rows] == [chq for chq, _ in PAIRS[:4]]
     assert all(len(row["negatives"]) <= 2 for row in rows)  # the random encoder finds many near-duplicates
+    again = medfaq("train", "summarizer", "--out", out, "--data-root", tmp_path / "data", "--retrieval-negatives", 1,
+                   "--retrieval-index", index_dir)  # fmt: skip
+    assert again.exit_code == 2 and "not empty" in again.stderr, again.output  # before any mining
     missing = medfaq("train", "summarizer", "--out", tmp_path / "m2", "--data-root", tmp_path / "data",
                      "--retrieval-negatives", 1, "--retrieval-index", tmp_path)  # fmt: skip
     assert missing.exit_code == 2 and "manifest" in missing.stderr, missing.output

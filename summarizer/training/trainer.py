@@ -493,8 +493,6 @@ def train_summarizer(
     out_dir: Path | str,
     resume: bool = False,
     pretrain_pairs: Sequence[tuple[str, str]] = (),
-    retrieval_negatives: Sequence[dict] = (),
 ) -> list[dict]:
     """Train (or resume) one run; the best model ends up in `out_dir`. Returns the per-epoch history."""
-    trainer = SummarizerTrainer(config, out_dir, resume=resume)
-    return trainer.train(train_pairs, valid_pairs, pretrain_pairs, retrieval_negatives=retrieval_negatives)
+    return SummarizerTrainer(config, out_dir, resume=resume).train(train_pairs, valid_pairs, pretrain_pairs)
