@@ -65,14 +65,18 @@ def best_threshold(scores: np.ndarray, labels: np.ndarray) -> float:
     return best
 
 
-def mqp_report(data: Path | None, encoder: Any, detector: Any, seed: int) -> dict[str, Any]:
+def mqp_report(
+    data: Path | None, encoder: Any, detector: Any, seed: int, threshold: float | None = None
+) -> dict[str, Any]:
+    """The "same question" decision on the MQP pairs at `threshold` (None: the development half's best F1)."""
     pairs = load_mqp(data)
     groups = sorted({pair["group_id"] for pair in pairs})
     development = set(random.Random(seed).sample(groups, len(groups) // 2))
     scores = pair_scores(pairs, encoder, detector)
     labels = np.array([pair["label"] == 1 for pair in pairs])
     dev = np.array([pair["group_id"] in development for pair in pairs])
-    threshold = best_threshold(scores[dev], labels[dev])
+    if threshold is None:
+        threshold = best_threshold(scores[dev], labels[dev])
     return {
         "threshold": threshold,
         "development_pairs": int(dev.sum()),
@@ -167,11 +171,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         from medfaq.retriever.pipeline import PipelineConfig
 
         detector = shared_cache().stage("rerank", args.detector, PipelineConfig(rerank=True, reranker=args.detector))
-    mqp = mqp_report(args.data, encoder, detector, args.seed)
-    if args.threshold_rule == "boundary":
-        if detector is None:
-            raise MedfaqError("--threshold-rule boundary needs a --detector")
-        mqp["threshold"] = float(detector.decision_boundary)
+    if args.threshold_rule == "boundary" and detector is None:
+        raise MedfaqError("--threshold-rule boundary needs a --detector")
+    boundary = float(detector.decision_boundary) if args.threshold_rule == "boundary" else None
+    mqp = mqp_report(args.data, encoder, detector, args.seed, boundary)
     settings = GroupingSettings(threshold=mqp["threshold"], same_cosine=mqp["threshold"])
     report: dict[str, Any] = {
         "encoder": encoder.name,
