@@ -50,7 +50,7 @@ def train_summarizer(
         help="Training pairs instead of DATA:train, e.g. meqsum:train+meqsum:valid for a final model (its "
         "validation then scores pairs it trained on: keep last/, with a recipe chosen on a held-out valid split).",
     ),
-    variant: str = typer.Option("ecl", "--variant", help="ecl|mle|ecl-s|ecl-h|qfcl|learned."),
+    variant: str = typer.Option("ecl", "--variant", help="ecl|mle|ecl-s|ecl-h|qfcl|learned|rank."),
     preset: str = typer.Option(
         "quick", "--preset", help="quick (MiniLM: ≤ 20 min on 2 CPU cores; Gemma: 2 epochs) | full (GPU)."
     ),
@@ -91,6 +91,15 @@ def train_summarizer(
         None, "--retrieval-index", help="The index --retrieval-negatives searches (default: the set-up index)."
     ),
     diversity_weight: float | None = typer.Option(None, "--diversity-weight"),
+    rank_weight: float | None = typer.Option(
+        None, "--rank-weight", help="Variant rank: weight of the FAQ-among-its-hard-negatives likelihood loss."
+    ),
+    rank_prior: float | None = typer.Option(
+        None, "--rank-prior", help="Variant rank: weight of log P(FAQ | no question) subtracted from each score."
+    ),
+    rank_temperature: float | None = typer.Option(
+        None, "--rank-temperature", help="Variant rank: temperature of the softmax over the summed scores."
+    ),
     generator_lr: float | None = typer.Option(None, "--generator-lr"),
     lr: float | None = typer.Option(None, "--lr"),
     weight_decay: float | None = typer.Option(None, "--weight-decay"),

@@ -109,57 +109,77 @@ class SummaryLikelihood:
 
     def token_scores(self, query: str, candidates: Sequence[str]) -> TokenScores:
         """Summed log P(candidate tokens | query) and token counts, all candidates in one batch sharing `query`."""
-        targets = [self._target_ids(text) for text in candidates]
-        width = max(len(ids) for ids in targets)
-        labels = torch.tensor([ids + [-100] * (width - len(ids)) for ids in targets], dtype=torch.long)
+        labels = padded_targets([self._target_ids(text) for text in candidates])
         with torch.inference_mode():
-            logits = self._causal_logits(query, labels) if self.causal else self._seq2seq_logits(query, labels)
-            log_probs = torch.log_softmax(logits.float(), dim=-1)
-            scored = labels != -100
-            picked = log_probs.gather(-1, labels.clamp(min=0).unsqueeze(-1)).squeeze(-1)
-            total = (picked * scored).sum(dim=1)
-        return TokenScores(total.double().numpy(), scored.sum(dim=1).numpy())
+            if self.causal:
+                prompt = torch.tensor([prompt_ids(self.tokenizer, query, self.max_source_len)[0]])
+                logits = causal_logits(self.model, prompt, labels, self._cache_argument)
+            else:
+                encoded = self.tokenizer(
+                    clean_question(query), max_length=self.max_source_len, truncation=True, return_tensors="pt"
+                )
+                logits = seq2seq_logits(self.model, encoded, labels)
+            total = summed_log_probs(logits, labels)
+        return TokenScores(total.double().numpy(), (labels != -100).sum(dim=1).numpy())
 
     def _target_ids(self, text: str) -> list[int]:
-        if self.causal:
-            ids = self.tokenizer(
-                " " + clean_question(text), max_length=self.max_target_len, truncation=True, add_special_tokens=False
-            )["input_ids"]
-            return [*ids, self.tokenizer.eos_token_id]
-        ids = self.tokenizer(text, max_length=self.max_target_len, truncation=True)["input_ids"]
-        return ids[1:] if self._strip_start is not None and ids[:1] == [self._strip_start] else ids
+        return target_ids(self.tokenizer, text, self.max_target_len, self.causal, self._strip_start)
 
-    def _causal_logits(self, query: str, labels: torch.Tensor) -> torch.Tensor:
-        """Logits predicting each target token: the prompt runs once, its KV cache repeated for every candidate,
-        which all continue it at once (right-padded: padding comes after every real token, so it changes none)."""
-        from transformers import DynamicCache
 
-        prompt = torch.tensor([prompt_ids(self.tokenizer, query, self.max_source_len)[0]])
-        cache = DynamicCache(config=self.model.config)
-        prefix = self.model(input_ids=prompt, use_cache=True, logits_to_keep=1, **{self._cache_argument: cache})
-        first = prefix.logits[:, -1:].expand(len(labels), -1, -1)  # predicts every candidate's first token
-        if labels.size(1) == 1:
-            return first
-        cache.batch_repeat_interleave(len(labels))
-        inputs = labels[:, :-1]
-        mask = torch.cat([torch.ones(len(labels), prompt.size(1), dtype=torch.long), (inputs != -100).long()], dim=1)
-        rest = self.model(
-            input_ids=inputs.clamp(min=0), attention_mask=mask, use_cache=True, **{self._cache_argument: cache}
-        ).logits
-        return torch.cat([first, rest], dim=1)
+def target_ids(tokenizer, text: str, max_len: int, causal: bool, strip_start: int | None = None) -> list[int]:
+    """The tokens a summarizer learns and is scored on for the FAQ question `text`: a decoder-only model's
+    " " + question + EOS after its prompt; a seq2seq model's target tokens, without a leading `strip_start` (the
+    [CLS] a BERT2BERT decoder starts from)."""
+    if causal:
+        ids = tokenizer(" " + clean_question(text), max_length=max_len, truncation=True, add_special_tokens=False)
+        return [*ids["input_ids"], tokenizer.eos_token_id]
+    ids = tokenizer(text, max_length=max_len, truncation=True)["input_ids"]
+    return ids[1:] if strip_start is not None and ids[:1] == [strip_start] else ids
 
-    def _seq2seq_logits(self, query: str, labels: torch.Tensor) -> torch.Tensor:
-        """Logits predicting each target token: the question encoded once, every candidate's decoder reading it."""
-        encoded = self.tokenizer(
-            clean_question(query), max_length=self.max_source_len, truncation=True, return_tensors="pt"
-        )
-        hidden = self.model.get_encoder()(**encoded).last_hidden_state
-        rows = len(labels)
-        return self.model(
-            encoder_outputs=(hidden.expand(rows, -1, -1),),
-            attention_mask=encoded["attention_mask"].expand(rows, -1),
-            labels=labels,
-        ).logits
+
+def padded_targets(rows: Sequence[Sequence[int]]) -> torch.Tensor:
+    """Target token rows right-padded with -100 into one (N, T) tensor."""
+    width = max(len(row) for row in rows)
+    return torch.tensor([[*row, *[-100] * (width - len(row))] for row in rows], dtype=torch.long)
+
+
+def causal_logits(model, prompt: torch.Tensor, labels: torch.Tensor, cache_argument: str) -> torch.Tensor:
+    """A decoder-only model's logits predicting each target token of `labels` (N, T; -100-padded) after the one
+    `prompt` (1, P): the prompt runs once, its KV cache repeated for every candidate, which all continue it at once
+    (right-padded: padding comes after every real token, so it changes none). Differentiable outside inference mode.
+    """
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=model.config)
+    prefix = model(input_ids=prompt, use_cache=True, logits_to_keep=1, **{cache_argument: cache})
+    first = prefix.logits[:, -1:].expand(len(labels), -1, -1)  # predicts every candidate's first token
+    if labels.size(1) == 1:
+        return first
+    cache.batch_repeat_interleave(len(labels))
+    inputs = labels[:, :-1]
+    prompt_mask = torch.ones(len(labels), prompt.size(1), dtype=torch.long, device=labels.device)
+    mask = torch.cat([prompt_mask, (inputs != -100).long()], dim=1)
+    rest = model(input_ids=inputs.clamp(min=0), attention_mask=mask, use_cache=True, **{cache_argument: cache}).logits
+    return torch.cat([first, rest], dim=1)
+
+
+def seq2seq_logits(model, encoded: dict[str, torch.Tensor], labels: torch.Tensor) -> torch.Tensor:
+    """An encoder-decoder's logits predicting each target token of `labels` (N, T; -100-padded): the one source
+    `encoded` (1, S) is encoded once and every candidate's decoder reads it. Differentiable outside inference mode."""
+    hidden = model.get_encoder()(**encoded).last_hidden_state
+    rows = len(labels)
+    return model(
+        encoder_outputs=(hidden.expand(rows, -1, -1).contiguous(),),
+        attention_mask=encoded["attention_mask"].expand(rows, -1),
+        decoder_input_ids=model.prepare_decoder_input_ids_from_labels(labels),
+    ).logits
+
+
+def summed_log_probs(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Each row's summed log-probability of its target tokens (`labels` -100-padded), in fp32."""
+    log_probs = torch.log_softmax(logits.float(), dim=-1)
+    picked = log_probs.gather(-1, labels.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+    return (picked * (labels != -100)).sum(dim=1)
 
 
 def combine(given: TokenScores, prior: TokenScores, prior_weight: float, per_token: bool) -> np.ndarray:

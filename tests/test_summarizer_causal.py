@@ -142,6 +142,8 @@ def test_each_variant_trains_resumes_reloads_and_generates(variant, tiny_gemma_d
         assert "train_scl_dec" in record and "train_hcl_dec" in record
     if variant == "learned":
         assert "train_lcl" in record and "train_diversity" in record
+    if variant == "rank":
+        assert "train_rank" in record and not any(key.startswith("train_cos") for key in record)
     assert json.loads((out / CONFIG_FILE).read_text())["variant"] == variant
     summarizer = Summarizer.load(out)
     summaries = summarizer.summarize([PAIRS[0][0], PAIRS[1][0], "short"], Decoding(max_length=5), batch_size=2)

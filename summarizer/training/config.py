@@ -10,7 +10,7 @@ from pathlib import Path
 from medfaq.common.runtime import PRECISIONS, MedfaqError
 from medfaq.summarizer.modeling import backbone_is_causal
 
-VARIANTS = ("ecl", "mle", "ecl-s", "ecl-h", "qfcl", "learned")
+VARIANTS = ("ecl", "mle", "ecl-s", "ecl-h", "qfcl", "learned", "rank")
 CONFIG_FILE = "train_config.json"
 RETRIEVAL_NEGATIVES_FILE = "retrieval_negatives.jsonl"  # beside a model trained with retrieval negatives
 
@@ -35,6 +35,12 @@ class SummarizerTrainConfig:
     n_retrieval_negatives: int = 0  # extra hard negatives per pair: the retrieval's near misses for its CHQ
     retrieval_negatives: str = ""  # their JSONL ({"chq", "negatives"}), saved beside the model when training starts
     diversity_weight: float = 1.0
+    # variant rank: L = L_ce + rank_weight x L_rank, L_rank the cross-entropy of the reference FAQ among its hard
+    # negatives under the softmax of (log P(FAQ | CHQ) - rank_prior x log P(FAQ | no CHQ)) / rank_temperature, the
+    # log-probabilities summed over the FAQ's tokens: the score the pipeline's likelihood stage ranks hits by
+    rank_weight: float = 1.0
+    rank_prior: float = 1.0
+    rank_temperature: float = 1.0
     generator_lr: float = 1e-4
     lr: float = 1e-4
     freeze_embeddings: bool = True  # decoder-only backbones: keep the (tied) token embedding frozen
@@ -73,6 +79,8 @@ class SummarizerTrainConfig:
             raise MedfaqError("the numbers of hard, frame, learned and retrieval negatives must be 0 or more")
         if self.lora_rank < 0:
             raise MedfaqError(f"--lora-rank must be 0 (off) or positive, got {self.lora_rank}")
+        if self.rank_temperature <= 0:
+            raise MedfaqError(f"--rank-temperature must be positive, got {self.rank_temperature}")
         if self.precision not in PRECISIONS:
             raise MedfaqError(f"unknown precision {self.precision!r}; choose one of {', '.join(PRECISIONS)}")
 
@@ -82,7 +90,7 @@ class SummarizerTrainConfig:
 
     @property
     def uses_hard(self) -> bool:
-        return self.variant in {"ecl", "ecl-s", "qfcl"}
+        return self.variant in {"ecl", "ecl-s", "qfcl", "rank"}
 
     @property
     def hard_slots(self) -> int:
@@ -91,7 +99,7 @@ class SummarizerTrainConfig:
 
     @property
     def uses_moco(self) -> bool:
-        return self.variant != "mle"
+        return self.variant not in {"mle", "rank"}
 
     def save(self, directory: Path) -> None:
         (directory / CONFIG_FILE).write_text(json.dumps(dataclasses.asdict(self), indent=2) + "\n", encoding="utf-8")

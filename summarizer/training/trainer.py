@@ -2,8 +2,10 @@
 
 One trainer runs every variant (`config.VARIANTS`): ``ecl``, ``mle`` (= ECL−s−h), ``ecl-s`` (no simple negatives),
 ``ecl-h`` (no hard negatives), ``qfcl`` (focus hard negatives and a decoder anchor: L = L_ce + ½(α·L_scl + β·L_hcl)_enc
-+ ½(α·L_scl + β·L_hcl)_dec, with α = 1, β = 0.5) and ``learned`` (queue negatives plus K negatives made by a small
-generator trained adversarially to maximise the contrastive loss at its own temperature, with a diversity loss).
++ ½(α·L_scl + β·L_hcl)_dec, with α = 1, β = 0.5), ``learned`` (queue negatives plus K negatives made by a small
+generator trained adversarially to maximise the contrastive loss at its own temperature, with a diversity loss) and
+``rank`` (no key encoder: the hard negatives compete with the reference FAQ on the sequence log-likelihood itself,
+the score the pipeline's likelihood stage reads; see `SummarizerTrainConfig.rank_weight`).
 
 Backbones: seq2seq (anchor = the encoder's CHQ states) or decoder-only causal LMs (input = CHQ + separator + FAQ, loss
 and LM-head logits on the FAQ tokens only, anchor = the CHQ tokens' last hidden states, embedding frozen by default;
@@ -32,7 +34,8 @@ import torch
 import torch.nn.functional as F
 
 from medfaq.common.runtime import MedfaqError, autocast, choose_device, resolve_precision, seed_everything
-from medfaq.summarizer.modeling import is_causal_lm, load_backbone
+from medfaq.summarizer.likelihood import causal_logits, seq2seq_logits, summed_log_probs
+from medfaq.summarizer.modeling import cache_argument, is_causal_lm, load_backbone, prompt_ids
 from medfaq.summarizer.training.collator import Batch, Collator
 from medfaq.summarizer.training.config import RETRIEVAL_NEGATIVES_FILE, SummarizerTrainConfig
 from medfaq.summarizer.training.contrastive import MoCo, diversity_loss, info_nce, masked_mean, mean_cosine
@@ -84,6 +87,7 @@ class SummarizerTrainer:
         # with LoRA, last/ holds the adapter only: the run continues from the backbone plus that adapter
         self.network, self.tokenizer = load_backbone(last if resume and not config.lora_rank else config.backbone)
         self.causal = is_causal_lm(self.network)
+        self._cache_argument = cache_argument(self.network) if self.causal else ""
         self.model = self.network
         if config.lora_rank:
             if not self.causal:
@@ -105,7 +109,9 @@ class SummarizerTrainer:
             config.hard_slots,
             causal=self.causal,
             strip_start=self.network.config.decoder_start_token_id if bert2bert else None,
+            rank_targets=config.variant == "rank",
         )
+        self._empty_source = self._source_for("")  # the prior's question: none
         self.history: list[dict] = []
         self.best_score = -math.inf
         self.bad_epochs = 0
@@ -178,8 +184,13 @@ class SummarizerTrainer:
         parts = {"ce": float(ce.detach())}
         cosines: dict[str, float | None] = {}
         if self.moco is None:
-            parts["loss"] = parts["ce"]
-            return ce, parts, cosines
+            objective = ce
+            if config.variant == "rank":
+                rank = self._rank_loss(batch)
+                parts["rank"] = float(rank.detach())
+                objective = ce + config.rank_weight * rank
+            parts["loss"] = float(objective.detach())
+            return objective, parts, cosines
         tau, size = config.temperature, batch.ids.size(0)
         anchor = masked_mean(anchor_hidden, batch.anchor_mask)
         all_keys = self.moco.keys(**batch.keys)  # positives and hard negatives in one pass
@@ -228,6 +239,47 @@ class SummarizerTrainer:
         if config.uses_queue:
             self.moco.queue.enqueue(positive, batch.ids)
         return total, parts, cosines
+
+    def _source_for(self, text: str) -> torch.Tensor | dict[str, torch.Tensor]:
+        """The model's input for the question `text` alone: a decoder-only model's prompt ids (1, P), a seq2seq
+        model's encoder inputs."""
+        if self.causal:
+            prompt = prompt_ids(self.tokenizer, text, self.config.max_source_len)[0]
+            return torch.tensor([prompt], device=self.device)
+        encoded = self.tokenizer(text, max_length=self.config.max_source_len, truncation=True, return_tensors="pt")
+        return {key: value.to(self.device) for key, value in encoded.items()}
+
+    def _row_source(self, batch: Batch, row: int) -> torch.Tensor | dict[str, torch.Tensor]:
+        """Example `row`'s CHQ input, unpadded (decoder-only: the prompt before its first target token)."""
+        if self.causal:
+            length = int((batch.labels[row] != -100).nonzero()[0])
+            return batch.source["input_ids"][row : row + 1, :length]
+        length = int(batch.source["attention_mask"][row].sum())
+        return {key: value[row : row + 1, :length] for key, value in batch.source.items()}
+
+    def _summed_log_probs(self, source, labels: torch.Tensor) -> torch.Tensor:
+        """log P(each row of `labels` | `source`), the source read once and shared, as the likelihood stage reads it."""
+        if self.causal:
+            logits = causal_logits(self.model, source, labels, self._cache_argument)
+        else:
+            logits = seq2seq_logits(self.model, source, labels)
+        return summed_log_probs(logits, labels)
+
+    def _rank_loss(self, batch: Batch) -> torch.Tensor:
+        """L_rank (variant rank, see the config): for each example with a hard negative, the cross-entropy of its
+        reference FAQ (candidate 0) among its candidates, scored log P(c | CHQ) - rank_prior x log P(c | no CHQ)."""
+        config, losses = self.config, []
+        for row in range(batch.ids.size(0)):
+            valid = torch.cat([batch.negative_mask.new_ones(1), batch.negative_mask[row]])
+            if int(valid.sum()) < 2:
+                continue
+            labels = batch.candidates[row][valid]
+            labels = labels[:, : int((labels != -100).sum(dim=1).max())]
+            scores = self._summed_log_probs(self._row_source(batch, row), labels)
+            if config.rank_prior:
+                scores = scores - config.rank_prior * self._summed_log_probs(self._empty_source, labels)
+            losses.append(-torch.log_softmax(scores / config.rank_temperature, dim=0)[0])
+        return torch.stack(losses).mean() if losses else torch.zeros((), device=self.device)
 
     # ----- the loop -------------------------------------------------------------------------------------------
     def _optimizers(self, steps_total: int):
