@@ -38,6 +38,7 @@ import itertools
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -267,15 +268,21 @@ def load_rows(
     return (rows[:limit] if limit else rows), qrels
 
 
-def replay(args: argparse.Namespace) -> dict[str, Any]:
-    dev = {name: load_rows(args.out, name, args.benchmarks, args.limit) for name in DEV_SETS}
-    dense = {name: replay_set(rows, qrels, None) for name, (rows, qrels) in dev.items()}
+Replay = Callable[[list[dict[str, Any]], dict[str, dict[str, int]], Any], tuple[dict[str, float], set[str]]]
+"""(stored rows, qrels, a setting or None for dense search) -> (metrics, ids of the questions answered at rank 1)."""
+
+
+def choose_on_dev(
+    dev: dict[str, tuple[list, dict]], replay_one: Replay, settings: list[dict], tie_break
+) -> tuple[list[dict], dict[str, dict[str, float]]]:
+    """Every setting scored against dense search on each development set, ordered by the rule (see the module
+    docstring), `tie_break(setting)` (a sort key) last: the chosen setting first; and dense search's metrics."""
+    dense = {name: replay_one(rows, qrels, None) for name, (rows, qrels) in dev.items()}
     candidates = []
-    for values in itertools.product(*GRID.values()):
-        changes = dict(zip(GRID, values, strict=True))
+    for setting in settings:
         cells = {}
         for name, (rows, qrels) in dev.items():
-            metrics, firsts = replay_set(rows, qrels, changes)
+            metrics, firsts = replay_one(rows, qrels, setting)
             base, base_firsts = dense[name]
             cells[name] = {
                 "delta_r1": metrics["recall@1"] - base["recall@1"],
@@ -285,50 +292,56 @@ def replay(args: argparse.Namespace) -> dict[str, Any]:
             }
         candidates.append(
             {
-                "setting": changes,
+                "setting": setting,
                 "sets": cells,
                 "worst_delta_r1": min(c["delta_r1"] for c in cells.values()),
                 "lost": sum(c["lost"] for c in cells.values()),
                 "summed_delta_mrr": sum(c["delta_mrr"] for c in cells.values()),
             }
         )
-    candidates.sort(
-        key=lambda c: (
-            -c["worst_delta_r1"],
-            c["lost"],
-            -c["summed_delta_mrr"],
-            c["setting"]["likelihood_weight"],
-            -c["setting"]["rerank_rrf_k"],
-        )
-    )
-    chosen = candidates[0]["setting"]
-    report: dict[str, Any] = {
-        "limit": args.limit,
-        "dev_questions": {name: len(rows) for name, (rows, _) in dev.items()},
-        "dense_dev": {name: metrics for name, (metrics, _) in dense.items()},
-        "candidates": candidates,
-        "chosen": chosen,
-        "test": {},
-    }
+    candidates.sort(key=lambda c: (-c["worst_delta_r1"], c["lost"], -c["summed_delta_mrr"], tie_break(c["setting"])))
+    return candidates, {name: metrics for name, (metrics, _) in dense.items()}
+
+
+def report_tests(load, replay_one: Replay, systems: list[tuple[str, Any]]) -> dict[str, Any]:
+    """Dense search and each (label, setting) of `systems` on every test set `load(name)` returns rows for."""
+    report: dict[str, Any] = {}
     for name in [*TEST_SETS, "medquad-chq-long"]:
         try:
-            rows, qrels = load_rows(args.out, name, args.benchmarks, args.limit)
+            rows, qrels = load(name)
         except MedfaqError as error:
-            report["test"][name] = {"missing": str(error)}
+            report[name] = {"missing": str(error)}
             continue
-        base, base_firsts = replay_set(rows, qrels, None)
+        base, base_firsts = replay_one(rows, qrels, None)
         result = {"questions": len(rows), "dense": base}
-        systems = (
-            ("likelihood", chosen),
-            ("likelihood-gated", {**chosen, "rerank_margin": GATE}),
-            ("likelihood-equal (not chosen)", EQUAL),
-            ("likelihood alone (not chosen)", ALONE),
-        )
-        for label, changes in systems:
-            metrics, firsts = replay_set(rows, qrels, changes)
+        for label, setting in systems:
+            metrics, firsts = replay_one(rows, qrels, setting)
             result[label] = {**metrics, "lost": len(base_firsts - firsts), "gained": len(firsts - base_firsts)}
-        report["test"][name] = result
+        report[name] = result
     return report
+
+
+def replay(args: argparse.Namespace) -> dict[str, Any]:
+    dev = {name: load_rows(args.out, name, args.benchmarks, args.limit) for name in DEV_SETS}
+    settings = [dict(zip(GRID, values, strict=True)) for values in itertools.product(*GRID.values())]
+    candidates, dense = choose_on_dev(
+        dev, replay_set, settings, lambda setting: (setting["likelihood_weight"], -setting["rerank_rrf_k"])
+    )
+    chosen = candidates[0]["setting"]
+    systems = [
+        ("likelihood", chosen),
+        ("likelihood-gated", {**chosen, "rerank_margin": GATE}),
+        ("likelihood-equal (not chosen)", EQUAL),
+        ("likelihood alone (not chosen)", ALONE),
+    ]
+    return {
+        "limit": args.limit,
+        "dev_questions": {name: len(rows) for name, (rows, _) in dev.items()},
+        "dense_dev": dense,
+        "candidates": candidates,
+        "chosen": chosen,
+        "test": report_tests(lambda name: load_rows(args.out, name, args.benchmarks, args.limit), replay_set, systems),
+    }
 
 
 def print_tables(report: dict[str, Any]) -> None:

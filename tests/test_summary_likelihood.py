@@ -252,3 +252,42 @@ def test_the_replay_reorders_stored_hits_as_the_pipeline_does():
     assert moved["recall@1"] == 100.0 and firsts == {"q1"}
     gated, _ = replay_set([row], qrels, {**changes, "rerank_margin": 0.001})  # top two 0.01 apart: sure
     assert gated["recall@1"] == 0.0
+
+
+def test_the_beams_rankings_fuse_with_the_raw_ranking_by_weighted_rrf():
+    from medfaq.eval.summary_queries import replay_set
+
+    row = {
+        "qid": "q1",
+        "hits": [{"id": doc_id} for doc_id in ("f0", "gold", "f2")],  # the raw question ranks the gold second
+        "summaries": ["first beam", "second beam"],
+        "summary_hits": [["gold", "f0"], ["gold", "f2"]],  # both beams rank it first
+    }
+    qrels = {"q1": {"gold": 1}}
+    assert replay_set([row], qrels, None)[0]["recall@1"] == 0.0
+    one_beam, _ = replay_set([row], qrels, {"summaries": 1, "weight": 0.5, "k": 60})
+    assert one_beam["recall@1"] == 0.0  # 1/62 + 0.5/61 < 1/61 + 0.5/62
+    two_beams, firsts = replay_set([row], qrels, {"summaries": 2, "weight": 0.5, "k": 60})
+    assert two_beams["recall@1"] == 100.0 and firsts == {"q1"}  # 1/62 + 2 x 0.5/61 > 1/61 + 0.5/62
+
+
+def test_the_development_rule_puts_the_worst_set_first_then_fewest_losses():
+    from medfaq.eval.summary_ranking import choose_on_dev
+
+    outcomes = {  # setting -> per set: (R@1, questions answered at rank 1)
+        None: {"a": (50.0, {"1", "2"}), "b": (50.0, {"3"})},
+        "helps a, hurts b": {"a": (100.0, {"1", "2", "4", "5"}), "b": (0.0, set())},
+        "changes nothing": {"a": (50.0, {"1", "2"}), "b": (50.0, {"3"})},
+        "swaps one in a": {"a": (50.0, {"1", "4"}), "b": (50.0, {"3"})},
+    }
+
+    def replay_one(rows, qrels, setting):
+        r1, firsts = outcomes[setting][rows]
+        return {"recall@1": r1, "mrr@10": r1}, firsts
+
+    dev = {"a": ("a", {}), "b": ("b", {})}
+    settings = ["helps a, hurts b", "swaps one in a", "changes nothing"]
+    candidates, dense = choose_on_dev(dev, replay_one, settings, lambda setting: setting)
+    assert [c["setting"] for c in candidates] == ["changes nothing", "swaps one in a", "helps a, hurts b"]
+    assert candidates[1]["sets"]["a"] == {"delta_r1": 0.0, "delta_mrr": 0.0, "lost": 1, "gained": 1}
+    assert dense["b"]["recall@1"] == 50.0

@@ -1,0 +1,162 @@
+"""Several summaries, not one: the summarizer's n best beams as extra queries, each searched and fused with the raw
+question's dense ranking; scored once, every fusion replayed from the stored rankings.
+
+``score``: for each query set (as in :mod:`medfaq.eval.summary_ranking`), the dense top `--depth` of the raw question
+and the `--beams` best beams of the summarizer (best first), each searched the same way, stored in
+``OUT/<set>.jsonl``; questions already stored are skipped, so an interrupted run resumes.
+
+``replay``: the raw ranking (weight 1) fused by weighted RRF with the rankings of the first `summaries` beams (weight
+`weight` each) at constant `k`, the top 10 cut; development sets choose the setting by the rule of
+:mod:`medfaq.eval.summary_ranking`, written before any scoring: (1) the highest worst development-set ΔR@1 against
+dense search; (2) the fewest development questions lost at rank 1; (3) the largest summed ΔMRR@10; (4) fewer
+summaries, then a smaller weight, then a larger k. The test sets are then reported with the chosen setting, and,
+not chosen, with the best beam alone fused at equal weight (the pipeline's ``--query both``) and with all beams
+fused at equal weight.
+
+    python -m medfaq.eval.summary_queries score --summarizer NAME --out DIR [--sets ...] [--beams 4] [--limit N]
+    python -m medfaq.eval.summary_queries replay --out DIR [--limit N] [--json report.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from medfaq.common.runtime import MedfaqError, medfaq_home
+from medfaq.eval.script_args import print_report
+from medfaq.eval.summary_ranking import (
+    CUTOFF,
+    DEV_SETS,
+    TEST_SETS,
+    choose_on_dev,
+    dense_pipeline,
+    load_rows,
+    print_tables,
+    query_set,
+    report_tests,
+)
+
+GRID = {"summaries": (1, 2, 4), "weight": (0.25, 0.5, 1.0), "k": (10, 60)}
+BEST_BEAM = {"summaries": 1, "weight": 1.0, "k": 60}
+ALL_BEAMS = {"summaries": 4, "weight": 1.0, "k": 60}
+
+
+def score(args: argparse.Namespace) -> dict[str, Any]:
+    from tqdm.auto import tqdm
+
+    from medfaq.retriever.stages import locate_summarizer
+    from medfaq.summarizer.decoding import Decoding
+    from medfaq.summarizer.generation import Summarizer
+
+    model = locate_summarizer(args.summarizer)
+    summarizer = Summarizer.load(model)
+    decoding = Decoding(num_beams=args.beams, max_length=summarizer.decoding.max_length, mbr=args.beams)
+    args.out.mkdir(parents=True, exist_ok=True)
+    settings = {"summarizer": str(model), "beams": args.beams, "depth": args.depth}
+    (args.out / "summarizer.json").write_text(json.dumps(settings) + "\n", encoding="utf-8")
+    report: dict[str, Any] = {**settings, "sets": {}}
+    for name in args.sets:
+        directory, texts, _ = query_set(name, args.benchmarks)
+        store = args.out / f"{name}.jsonl"
+        done = {json.loads(line)["qid"] for line in store.open(encoding="utf-8")} if store.is_file() else set()
+        pipeline = dense_pipeline(directory / "index", args.depth)
+        todo = [q for q in list(texts)[: args.limit] if q not in done]
+        with store.open("a", encoding="utf-8") as out:
+            for qid in tqdm(todo, desc=name, unit="question"):
+                beams = summarizer.candidates([texts[qid]], decoding, batch_size=1)[0]
+                row = {
+                    "qid": qid,
+                    "hits": [hit.to_dict() for hit in pipeline.run(texts[qid]).hits],
+                    "summaries": beams,
+                    "summary_hits": [[hit.id for hit in pipeline.run(beam or texts[qid]).hits] for beam in beams],
+                }
+                out.write(json.dumps(row) + "\n")
+                out.flush()
+        report["sets"][name] = {"scored": len(todo), "stored": len(done) + len(todo)}
+    return report
+
+
+def replay_set(rows: list[dict[str, Any]], qrels: dict[str, dict[str, int]], setting: dict[str, Any] | None):
+    """Metrics of dense search (`setting` None) or of the raw ranking fused with the beams' rankings, and the ids of
+    the questions answered at rank 1."""
+    from medfaq.eval.retrieval import ranking_metrics
+    from medfaq.retriever.search import reciprocal_rank_fusion
+
+    run: dict[str, dict[str, float]] = {}
+    for row in rows:
+        ranking = [hit["id"] for hit in row["hits"]]
+        if setting is not None:
+            lists = [ranking, *row["summary_hits"][: setting["summaries"]]]
+            weights = [1.0] + [setting["weight"]] * (len(lists) - 1)
+            fused = reciprocal_rank_fusion([[(i, 0.0) for i in ids] for ids in lists], setting["k"], weights)
+            ranking = [doc_id for doc_id, _ in fused]
+        run[row["qid"]] = {doc_id: float(CUTOFF - rank) for rank, doc_id in enumerate(ranking[:CUTOFF])}
+    metrics, per_query = ranking_metrics(run, {q: qrels[q] for q in run})
+    return metrics, {q for q, values in per_query.items() if values["recall@1"] > 0}
+
+
+def replay(args: argparse.Namespace) -> dict[str, Any]:
+    dev = {name: load_rows(args.out, name, args.benchmarks, args.limit) for name in DEV_SETS}
+    settings = [dict(zip(GRID, values, strict=True)) for values in itertools.product(*GRID.values())]
+    candidates, dense = choose_on_dev(dev, replay_set, settings, lambda s: (s["summaries"], s["weight"], -s["k"]))
+    chosen = candidates[0]["setting"]
+    systems = [
+        ("summaries", chosen),
+        ("best beam, equal weight (not chosen)", BEST_BEAM),
+        ("4 beams, equal weight (not chosen)", ALL_BEAMS),
+    ]
+    return {
+        "limit": args.limit,
+        "dev_questions": {name: len(rows) for name, (rows, _) in dev.items()},
+        "dense_dev": dense,
+        "candidates": candidates,
+        "chosen": chosen,
+        "test": report_tests(lambda name: load_rows(args.out, name, args.benchmarks, args.limit), replay_set, systems),
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m medfaq.eval.summary_queries", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    scored = commands.add_parser("score", help="store the dense rankings of the question and of its best beams")
+    scored.add_argument("--summarizer", default=None, help="a trained summarizer (default: the best one trained)")
+    scored.add_argument("--sets", default=",".join((*DEV_SETS, *TEST_SETS)), help="comma-separated query sets")
+    scored.add_argument("--beams", type=int, default=4, help="beams searched and stored per question")
+    scored.add_argument("--depth", type=int, default=10, help="hits per ranking")
+    replayed = commands.add_parser("replay", help="choose the fusion on development sets, report the test sets")
+    for command in (scored, replayed):
+        command.add_argument("--out", type=Path, required=True, help="the directory of the stored rankings")
+        command.add_argument(
+            "--limit", type=int, default=None, help="only the first N questions of each set (in the set's order)"
+        )
+        command.add_argument("--benchmarks", type=Path, default=medfaq_home() / "benchmarks")
+        command.add_argument("--json", type=Path, default=None, help="also write the report here")
+    args = parser.parse_args(argv)
+    args.out, args.benchmarks = args.out.expanduser(), args.benchmarks.expanduser()
+    try:
+        if args.command == "score":
+            if args.beams < 1 or args.depth < 1:
+                raise MedfaqError("--beams and --depth must be at least 1")
+            args.sets = [name.strip() for name in args.sets.split(",") if name.strip()]
+            unknown = sorted(set(args.sets) - {*DEV_SETS, *TEST_SETS, "medquad-chq-long"})
+            if unknown:
+                raise MedfaqError(f"unknown query set(s) {', '.join(unknown)}")
+            report = score(args)
+        else:
+            report = replay(args)
+    except MedfaqError as error:
+        sys.exit(f"error: {error}")
+    if args.command == "replay":
+        print_tables(report)
+        if args.json is not None:
+            args.json.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    else:
+        print_report(report, args.json)
+
+
+if __name__ == "__main__":
+    main()
