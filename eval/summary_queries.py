@@ -22,12 +22,10 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 from medfaq.common.runtime import MedfaqError, medfaq_home
-from medfaq.eval.script_args import print_report
 from medfaq.eval.summary_ranking import (
     CUTOFF,
     DEV_SETS,
@@ -35,9 +33,9 @@ from medfaq.eval.summary_ranking import (
     choose_on_dev,
     dense_pipeline,
     load_rows,
-    print_tables,
     query_set,
     report_tests,
+    run_command,
 )
 
 GRID = {"summaries": (1, 2, 4), "weight": (0.25, 0.5, 1.0), "k": (10, 60)}
@@ -52,6 +50,8 @@ def score(args: argparse.Namespace) -> dict[str, Any]:
     from medfaq.summarizer.decoding import Decoding
     from medfaq.summarizer.generation import Summarizer
 
+    if args.beams < 1 or args.depth < 1:
+        raise MedfaqError("--beams and --depth must be at least 1")
     model = locate_summarizer(args.summarizer)
     summarizer = Summarizer.load(model)
     decoding = Decoding(num_beams=args.beams, max_length=summarizer.decoding.max_length, mbr=args.beams)
@@ -135,27 +135,7 @@ def main(argv: list[str] | None = None) -> None:
         )
         command.add_argument("--benchmarks", type=Path, default=medfaq_home() / "benchmarks")
         command.add_argument("--json", type=Path, default=None, help="also write the report here")
-    args = parser.parse_args(argv)
-    args.out, args.benchmarks = args.out.expanduser(), args.benchmarks.expanduser()
-    try:
-        if args.command == "score":
-            if args.beams < 1 or args.depth < 1:
-                raise MedfaqError("--beams and --depth must be at least 1")
-            args.sets = [name.strip() for name in args.sets.split(",") if name.strip()]
-            unknown = sorted(set(args.sets) - {*DEV_SETS, *TEST_SETS, "medquad-chq-long"})
-            if unknown:
-                raise MedfaqError(f"unknown query set(s) {', '.join(unknown)}")
-            report = score(args)
-        else:
-            report = replay(args)
-    except MedfaqError as error:
-        sys.exit(f"error: {error}")
-    if args.command == "replay":
-        print_tables(report)
-        if args.json is not None:
-            args.json.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-    else:
-        print_report(report, args.json)
+    run_command(parser.parse_args(argv), {"score": score, "replay": replay})
 
 
 if __name__ == "__main__":

@@ -388,19 +388,25 @@ def main(argv: list[str] | None = None) -> None:
         )
         command.add_argument("--benchmarks", type=Path, default=medfaq_home() / "benchmarks")
         command.add_argument("--json", type=Path, default=None, help="also write the report here")
-    args = parser.parse_args(argv)
+    run_command(parser.parse_args(argv), {"score": score, "replay": replay, "latency": latency})
+
+
+def query_sets(text: str) -> list[str]:
+    """The query sets named in the comma-separated `text`; a one-line error for an unknown one."""
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = sorted(set(names) - {*DEV_SETS, *TEST_SETS, "medquad-chq-long"})
+    if unknown:
+        raise MedfaqError(f"unknown query set(s) {', '.join(unknown)}")
+    return names
+
+
+def run_command(args: argparse.Namespace, commands: dict[str, Callable[[argparse.Namespace], dict]]) -> None:
+    """Run `args.command`: exit with a one-line error on bad input; print replay's tables, any other report."""
     args.out, args.benchmarks = args.out.expanduser(), args.benchmarks.expanduser()
     try:
-        if args.command == "latency":
-            report = latency(args)
-        elif args.command == "score":
-            args.sets = [name.strip() for name in args.sets.split(",") if name.strip()]
-            unknown = sorted(set(args.sets) - {*DEV_SETS, *TEST_SETS, "medquad-chq-long"})
-            if unknown:
-                raise MedfaqError(f"unknown query set(s) {', '.join(unknown)}")
-            report = score(args)
-        else:
-            report = replay(args)
+        if isinstance(getattr(args, "sets", None), str):
+            args.sets = query_sets(args.sets)
+        report = commands[args.command](args)
     except MedfaqError as error:
         sys.exit(f"error: {error}")
     if args.command == "replay":
