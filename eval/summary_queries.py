@@ -22,19 +22,17 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-from pathlib import Path
 from typing import Any
 
-from medfaq.common.runtime import MedfaqError, medfaq_home
+from medfaq.common.runtime import MedfaqError
 from medfaq.eval.summary_ranking import (
     CUTOFF,
     DEV_SETS,
     TEST_SETS,
-    choose_on_dev,
+    add_store_arguments,
     dense_pipeline,
-    load_rows,
     query_set,
-    report_tests,
+    replay_report,
     run_command,
 )
 
@@ -100,23 +98,15 @@ def replay_set(rows: list[dict[str, Any]], qrels: dict[str, dict[str, int]], set
 
 
 def replay(args: argparse.Namespace) -> dict[str, Any]:
-    dev = {name: load_rows(args.out, name, args.benchmarks, args.limit) for name in DEV_SETS}
+    def systems(chosen: dict[str, Any]) -> list[tuple[str, Any]]:
+        return [
+            ("summaries", chosen),
+            ("best beam, equal weight (not chosen)", BEST_BEAM),
+            ("4 beams, equal weight (not chosen)", ALL_BEAMS),
+        ]
+
     settings = [dict(zip(GRID, values, strict=True)) for values in itertools.product(*GRID.values())]
-    candidates, dense = choose_on_dev(dev, replay_set, settings, lambda s: (s["summaries"], s["weight"], -s["k"]))
-    chosen = candidates[0]["setting"]
-    systems = [
-        ("summaries", chosen),
-        ("best beam, equal weight (not chosen)", BEST_BEAM),
-        ("4 beams, equal weight (not chosen)", ALL_BEAMS),
-    ]
-    return {
-        "limit": args.limit,
-        "dev_questions": {name: len(rows) for name, (rows, _) in dev.items()},
-        "dense_dev": dense,
-        "candidates": candidates,
-        "chosen": chosen,
-        "test": report_tests(lambda name: load_rows(args.out, name, args.benchmarks, args.limit), replay_set, systems),
-    }
+    return replay_report(args, replay_set, settings, lambda s: (s["summaries"], s["weight"], -s["k"]), systems)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -129,12 +119,7 @@ def main(argv: list[str] | None = None) -> None:
     scored.add_argument("--depth", type=int, default=10, help="hits per ranking")
     replayed = commands.add_parser("replay", help="choose the fusion on development sets, report the test sets")
     for command in (scored, replayed):
-        command.add_argument("--out", type=Path, required=True, help="the directory of the stored rankings")
-        command.add_argument(
-            "--limit", type=int, default=None, help="only the first N questions of each set (in the set's order)"
-        )
-        command.add_argument("--benchmarks", type=Path, default=medfaq_home() / "benchmarks")
-        command.add_argument("--json", type=Path, default=None, help="also write the report here")
+        add_store_arguments(command, "the directory of the stored rankings")
     run_command(parser.parse_args(argv), {"score": score, "replay": replay})
 
 

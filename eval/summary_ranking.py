@@ -321,27 +321,41 @@ def report_tests(load, replay_one: Replay, systems: list[tuple[str, Any]]) -> di
     return report
 
 
-def replay(args: argparse.Namespace) -> dict[str, Any]:
+def replay_report(
+    args: argparse.Namespace,
+    replay_one: Replay,
+    settings: list[dict],
+    tie_break,
+    systems: Callable[[dict], list[tuple[str, Any]]],
+) -> dict[str, Any]:
+    """Choose a setting on the development sets (:func:`choose_on_dev`), then report the test sets with the
+    `systems(chosen)` (label, setting) pairs beside dense search."""
     dev = {name: load_rows(args.out, name, args.benchmarks, args.limit) for name in DEV_SETS}
-    settings = [dict(zip(GRID, values, strict=True)) for values in itertools.product(*GRID.values())]
-    candidates, dense = choose_on_dev(
-        dev, replay_set, settings, lambda setting: (setting["likelihood_weight"], -setting["rerank_rrf_k"])
-    )
+    candidates, dense = choose_on_dev(dev, replay_one, settings, tie_break)
     chosen = candidates[0]["setting"]
-    systems = [
-        ("likelihood", chosen),
-        ("likelihood-gated", {**chosen, "rerank_margin": GATE}),
-        ("likelihood-equal (not chosen)", EQUAL),
-        ("likelihood alone (not chosen)", ALONE),
-    ]
     return {
         "limit": args.limit,
         "dev_questions": {name: len(rows) for name, (rows, _) in dev.items()},
         "dense_dev": dense,
         "candidates": candidates,
         "chosen": chosen,
-        "test": report_tests(lambda name: load_rows(args.out, name, args.benchmarks, args.limit), replay_set, systems),
+        "test": report_tests(
+            lambda name: load_rows(args.out, name, args.benchmarks, args.limit), replay_one, systems(chosen)
+        ),
     }
+
+
+def replay(args: argparse.Namespace) -> dict[str, Any]:
+    def systems(chosen: dict[str, Any]) -> list[tuple[str, Any]]:
+        return [
+            ("likelihood", chosen),
+            ("likelihood-gated", {**chosen, "rerank_margin": GATE}),
+            ("likelihood-equal (not chosen)", EQUAL),
+            ("likelihood alone (not chosen)", ALONE),
+        ]
+
+    settings = [dict(zip(GRID, values, strict=True)) for values in itertools.product(*GRID.values())]
+    return replay_report(args, replay_set, settings, lambda s: (s["likelihood_weight"], -s["rerank_rrf_k"]), systems)
 
 
 def print_tables(report: dict[str, Any]) -> None:
@@ -382,13 +396,18 @@ def main(argv: list[str] | None = None) -> None:
     timed.add_argument("--benchmarks", type=Path, default=medfaq_home() / "benchmarks")
     timed.add_argument("--json", type=Path, default=None, help="also write the report here")
     for command in (scored, replayed):
-        command.add_argument("--out", type=Path, required=True, help="the directory of the stored scores")
-        command.add_argument(
-            "--limit", type=int, default=None, help="only the first N questions of each set (in the set's order)"
-        )
-        command.add_argument("--benchmarks", type=Path, default=medfaq_home() / "benchmarks")
-        command.add_argument("--json", type=Path, default=None, help="also write the report here")
+        add_store_arguments(command, "the directory of the stored scores")
     run_command(parser.parse_args(argv), {"score": score, "replay": replay, "latency": latency})
+
+
+def add_store_arguments(command: argparse.ArgumentParser, store: str) -> None:
+    """The options of a command that reads or writes a store: --out (`store`), --limit, --benchmarks, --json."""
+    command.add_argument("--out", type=Path, required=True, help=store)
+    command.add_argument(
+        "--limit", type=int, default=None, help="only the first N questions of each set (in the set's order)"
+    )
+    command.add_argument("--benchmarks", type=Path, default=medfaq_home() / "benchmarks")
+    command.add_argument("--json", type=Path, default=None, help="also write the report here")
 
 
 def query_sets(text: str) -> list[str]:
