@@ -91,3 +91,15 @@ def test_train_data_spec_trains_on_the_named_splits_and_is_saved(tmp_path, tiny_
     assert result.exit_code == 0, result.output
     assert json.loads((out / "history.json").read_text())[-1]["step"] == 3  # 6 pairs in batches of 2
     assert json.loads((out / "train_config.json").read_text())["train_data"] == "meqsum:train+meqsum:valid"
+
+
+def test_rank_options_reach_the_saved_config(tmp_path, tiny_bert_dir):
+    result = tiny_training(
+        tmp_path, tiny_bert_dir, "rank", "--rank-weight", 0.5, "--rank-prior", 0, "--rank-temperature", 2
+    )
+    assert result.exit_code == 0, result.output
+    saved = json.loads((tmp_path / "model" / "train_config.json").read_text())
+    assert (saved["rank_weight"], saved["rank_prior"], saved["rank_temperature"]) == (0.5, 0.0, 2.0)
+    assert "train_rank" in json.loads((tmp_path / "model" / "history.json").read_text())[-1]
+    bad = tiny_training(tmp_path / "bad", tiny_bert_dir, "rank", "--rank-temperature", 0)
+    one_line_error(bad, "--rank-temperature must be positive")
