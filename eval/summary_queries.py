@@ -20,7 +20,6 @@ fused at equal weight.
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 from typing import Any
 
@@ -105,8 +104,7 @@ def replay(args: argparse.Namespace) -> dict[str, Any]:
             ("4 beams, equal weight (not chosen)", ALL_BEAMS),
         ]
 
-    settings = [dict(zip(GRID, values, strict=True)) for values in itertools.product(*GRID.values())]
-    return replay_report(args, replay_set, settings, lambda s: (s["summaries"], s["weight"], -s["k"]), systems)
+    return replay_report(args, replay_set, GRID, lambda s: (s["summaries"], s["weight"], -s["k"]), systems)
 
 
 def main(argv: list[str] | None = None) -> None:

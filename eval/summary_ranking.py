@@ -324,12 +324,14 @@ def report_tests(load, replay_one: Replay, systems: list[tuple[str, Any]]) -> di
 def replay_report(
     args: argparse.Namespace,
     replay_one: Replay,
-    settings: list[dict],
+    grid: dict[str, tuple],
     tie_break,
     systems: Callable[[dict], list[tuple[str, Any]]],
 ) -> dict[str, Any]:
-    """Choose a setting on the development sets (:func:`choose_on_dev`), then report the test sets with the
-    `systems(chosen)` (label, setting) pairs beside dense search."""
+    """Choose a setting of `grid` (every combination of its values) on the development sets
+    (:func:`choose_on_dev`), then report the test sets with the `systems(chosen)` (label, setting) pairs beside
+    dense search."""
+    settings = [dict(zip(grid, values, strict=True)) for values in itertools.product(*grid.values())]
     dev = {name: load_rows(args.out, name, args.benchmarks, args.limit) for name in DEV_SETS}
     candidates, dense = choose_on_dev(dev, replay_one, settings, tie_break)
     chosen = candidates[0]["setting"]
@@ -354,8 +356,7 @@ def replay(args: argparse.Namespace) -> dict[str, Any]:
             ("likelihood alone (not chosen)", ALONE),
         ]
 
-    settings = [dict(zip(GRID, values, strict=True)) for values in itertools.product(*GRID.values())]
-    return replay_report(args, replay_set, settings, lambda s: (s["likelihood_weight"], -s["rerank_rrf_k"]), systems)
+    return replay_report(args, replay_set, GRID, lambda s: (s["likelihood_weight"], -s["rerank_rrf_k"]), systems)
 
 
 def print_tables(report: dict[str, Any]) -> None:

@@ -133,11 +133,8 @@ class Collator:
         mask = torch.tensor([[slot < len(g) for slot in range(self.n_hard)] for g in negatives], dtype=torch.bool)
         candidates = None
         if self.rank_targets:
-            slots = [e.targets + [[]] * (1 + self.n_hard - len(e.targets)) for e in encoded]
-            width = max(len(ids) for e in encoded for ids in e.targets)
-            candidates = torch.tensor(
-                [[[*ids, *[-100] * (width - len(ids))] for ids in row] for row in slots], dtype=torch.long
-            )
+            slots = [ids for e in encoded for ids in e.targets + [[]] * (1 + self.n_hard - len(e.targets))]
+            candidates = pad(slots, -100).view(len(encoded), 1 + self.n_hard, -1)
         return Batch(
             torch.tensor([e.id for e in examples], dtype=torch.long),
             source,

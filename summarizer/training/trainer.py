@@ -111,7 +111,7 @@ class SummarizerTrainer:
             strip_start=self.network.config.decoder_start_token_id if bert2bert else None,
             rank_targets=config.variant == "rank",
         )
-        self._empty_source = self._source_for("")  # the prior's question: none
+        self._empty_source = self._source_for("") if config.variant == "rank" else None  # the prior's: no question
         self.history: list[dict] = []
         self.best_score = -math.inf
         self.bad_epochs = 0
