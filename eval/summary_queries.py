@@ -20,19 +20,15 @@ fused at equal weight.
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
 from medfaq.common.runtime import MedfaqError
 from medfaq.eval.summary_ranking import (
     CUTOFF,
-    DEV_SETS,
-    TEST_SETS,
-    add_store_arguments,
-    dense_pipeline,
-    query_set,
+    fill_stores,
     replay_report,
     run_command,
+    summary_commands,
 )
 
 GRID = {"summaries": (1, 2, 4), "weight": (0.25, 0.5, 1.0), "k": (10, 60)}
@@ -41,8 +37,6 @@ ALL_BEAMS = {"summaries": 4, "weight": 1.0, "k": 60}
 
 
 def score(args: argparse.Namespace) -> dict[str, Any]:
-    from tqdm.auto import tqdm
-
     from medfaq.retriever.stages import locate_summarizer
     from medfaq.summarizer.decoding import Decoding
     from medfaq.summarizer.generation import Summarizer
@@ -52,29 +46,17 @@ def score(args: argparse.Namespace) -> dict[str, Any]:
     model = locate_summarizer(args.summarizer)
     summarizer = Summarizer.load(model)
     decoding = Decoding(num_beams=args.beams, max_length=summarizer.decoding.max_length, mbr=args.beams)
-    args.out.mkdir(parents=True, exist_ok=True)
+
+    def row_for(name: str, pipeline: Any, question: str) -> dict[str, Any]:
+        beams = summarizer.candidates([question], decoding, batch_size=1)[0]
+        return {
+            "hits": [hit.to_dict() for hit in pipeline.run(question).hits],
+            "summaries": beams,
+            "summary_hits": [[hit.id for hit in pipeline.run(beam or question).hits] for beam in beams],
+        }
+
     settings = {"summarizer": str(model), "beams": args.beams, "depth": args.depth}
-    (args.out / "summarizer.json").write_text(json.dumps(settings) + "\n", encoding="utf-8")
-    report: dict[str, Any] = {**settings, "sets": {}}
-    for name in args.sets:
-        directory, texts, _ = query_set(name, args.benchmarks)
-        store = args.out / f"{name}.jsonl"
-        done = {json.loads(line)["qid"] for line in store.open(encoding="utf-8")} if store.is_file() else set()
-        pipeline = dense_pipeline(directory / "index", args.depth)
-        todo = [q for q in list(texts)[: args.limit] if q not in done]
-        with store.open("a", encoding="utf-8") as out:
-            for qid in tqdm(todo, desc=name, unit="question"):
-                beams = summarizer.candidates([texts[qid]], decoding, batch_size=1)[0]
-                row = {
-                    "qid": qid,
-                    "hits": [hit.to_dict() for hit in pipeline.run(texts[qid]).hits],
-                    "summaries": beams,
-                    "summary_hits": [[hit.id for hit in pipeline.run(beam or texts[qid]).hits] for beam in beams],
-                }
-                out.write(json.dumps(row) + "\n")
-                out.flush()
-        report["sets"][name] = {"scored": len(todo), "stored": len(done) + len(todo)}
-    return report
+    return {**settings, "sets": fill_stores(args, settings, row_for)}
 
 
 def replay_set(rows: list[dict[str, Any]], qrels: dict[str, dict[str, int]], setting: dict[str, Any] | None):
@@ -108,16 +90,14 @@ def replay(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m medfaq.eval.summary_queries", description=__doc__.splitlines()[0])
-    commands = parser.add_subparsers(dest="command", required=True)
-    scored = commands.add_parser("score", help="store the dense rankings of the question and of its best beams")
-    scored.add_argument("--summarizer", default=None, help="a trained summarizer (default: the best one trained)")
-    scored.add_argument("--sets", default=",".join((*DEV_SETS, *TEST_SETS)), help="comma-separated query sets")
+    parser, _, scored = summary_commands(
+        "python -m medfaq.eval.summary_queries",
+        __doc__,
+        "store the dense rankings of the question and of its best beams",
+        "rankings",
+    )
     scored.add_argument("--beams", type=int, default=4, help="beams searched and stored per question")
     scored.add_argument("--depth", type=int, default=10, help="hits per ranking")
-    replayed = commands.add_parser("replay", help="choose the fusion on development sets, report the test sets")
-    for command in (scored, replayed):
-        add_store_arguments(command, "the directory of the stored rankings")
     run_command(parser.parse_args(argv), {"score": score, "replay": replay})
 
 

@@ -108,44 +108,56 @@ def dense_pipeline(index_dir: Path, depth: int) -> Any:
     return Pipeline(FaqIndex.load(index_dir), config)
 
 
-def score(args: argparse.Namespace) -> dict[str, Any]:
+def fill_stores(
+    args: argparse.Namespace, settings: dict[str, Any], row_for: Callable[[str, Any, str], dict[str, Any]]
+) -> dict[str, dict[str, int]]:
+    """Store ``row_for(set name, dense pipeline, question)`` (with the question's ``qid``) for the first `args.limit`
+    questions of each set of `args.sets` in ``OUT/<set>.jsonl``, skipping those already stored, so an interrupted run
+    resumes; `settings` go to ``OUT/summarizer.json``. Returns how many questions each set scored and holds."""
     from tqdm.auto import tqdm
 
-    from medfaq.retriever.stages import locate_summarizer
-    from medfaq.summarizer.likelihood import SummaryLikelihood
-
-    scorer = SummaryLikelihood.load(locate_summarizer(args.summarizer), quantize=args.quantize)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "summarizer.json").write_text(json.dumps({"summarizer": scorer.name, "depth": args.depth}) + "\n")
-    report: dict[str, Any] = {"summarizer": scorer.name, "sets": {}}
+    (args.out / "summarizer.json").write_text(json.dumps(settings) + "\n", encoding="utf-8")
+    counts = {}
     for name in args.sets:
         directory, texts, _ = query_set(name, args.benchmarks)
         store = args.out / f"{name}.jsonl"
         done = {json.loads(line)["qid"] for line in store.open(encoding="utf-8")} if store.is_file() else set()
         pipeline = dense_pipeline(directory / "index", args.depth)
         todo = [q for q in list(texts)[: args.limit] if q not in done]
-        spent = []
         with store.open("a", encoding="utf-8") as out:
             for qid in tqdm(todo, desc=name, unit="question"):
-                hits = pipeline.run(texts[qid]).hits
-                questions = [hit.question for hit in hits]
-                start = time.perf_counter()
-                given = scorer.token_scores(texts[qid], questions)
-                prior = scorer.prior_scores(questions)
-                spent.append((time.perf_counter() - start) * 1000)
-                row = {
-                    "qid": qid,
-                    "hits": [hit.to_dict() for hit in hits],
-                    "given": given.log_prob.tolist(),
-                    "tokens": given.tokens.tolist(),
-                    "prior": prior.log_prob.tolist(),
-                }
-                out.write(json.dumps(row) + "\n")
+                out.write(json.dumps({"qid": qid, **row_for(name, pipeline, texts[qid])}) + "\n")
                 out.flush()
-        report["sets"][name] = {"scored": len(todo), "stored": len(done) + len(todo)}
-        if spent:
-            report["sets"][name]["median_ms_per_question"] = sorted(spent)[len(spent) // 2]
-    return report
+        counts[name] = {"scored": len(todo), "stored": len(done) + len(todo)}
+    return counts
+
+
+def score(args: argparse.Namespace) -> dict[str, Any]:
+    from medfaq.retriever.stages import locate_summarizer
+    from medfaq.summarizer.likelihood import SummaryLikelihood
+
+    scorer = SummaryLikelihood.load(locate_summarizer(args.summarizer), quantize=args.quantize)
+    spent: dict[str, list[float]] = {}
+
+    def row_for(name: str, pipeline: Any, question: str) -> dict[str, Any]:
+        hits = pipeline.run(question).hits
+        questions = [hit.question for hit in hits]
+        start = time.perf_counter()
+        given = scorer.token_scores(question, questions)
+        prior = scorer.prior_scores(questions)
+        spent.setdefault(name, []).append((time.perf_counter() - start) * 1000)
+        return {
+            "hits": [hit.to_dict() for hit in hits],
+            "given": given.log_prob.tolist(),
+            "tokens": given.tokens.tolist(),
+            "prior": prior.log_prob.tolist(),
+        }
+
+    counts = fill_stores(args, {"summarizer": scorer.name, "depth": args.depth}, row_for)
+    for name, times in spent.items():
+        counts[name]["median_ms_per_question"] = sorted(times)[len(times) // 2]
+    return {"summarizer": scorer.name, "sets": counts}
 
 
 def latency(args: argparse.Namespace) -> dict[str, Any]:
@@ -381,14 +393,11 @@ def print_tables(report: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m medfaq.eval.summary_ranking", description=__doc__.splitlines()[0])
-    commands = parser.add_subparsers(dest="command", required=True)
-    scored = commands.add_parser("score", help="store the dense hits and their likelihoods")
-    scored.add_argument("--summarizer", default=None, help="a trained summarizer (default: the best one trained)")
-    scored.add_argument("--sets", default=",".join((*DEV_SETS, *TEST_SETS)), help="comma-separated query sets")
+    parser, commands, scored = summary_commands(
+        "python -m medfaq.eval.summary_ranking", __doc__, "store the dense hits and their likelihoods", "scores"
+    )
     scored.add_argument("--depth", type=int, default=10, help="hits scored per question")
     scored.add_argument("--quantize", action="store_true", help="int8 linear layers")
-    replayed = commands.add_parser("replay", help="choose the fusion on development sets, report the test sets")
     timed = commands.add_parser("latency", help="the likelihood stage's milliseconds per question")
     timed.add_argument("--summarizer", default=None, help="a trained summarizer (default: the best one trained)")
     timed.add_argument("--set", default="medquad-chq-long", help="the query set whose questions are timed")
@@ -396,19 +405,27 @@ def main(argv: list[str] | None = None) -> None:
     timed.add_argument("--out", type=Path, default=Path("."), help=argparse.SUPPRESS)
     timed.add_argument("--benchmarks", type=Path, default=medfaq_home() / "benchmarks")
     timed.add_argument("--json", type=Path, default=None, help="also write the report here")
-    for command in (scored, replayed):
-        add_store_arguments(command, "the directory of the stored scores")
     run_command(parser.parse_args(argv), {"score": score, "replay": replay, "latency": latency})
 
 
-def add_store_arguments(command: argparse.ArgumentParser, store: str) -> None:
-    """The options of a command that reads or writes a store: --out (`store`), --limit, --benchmarks, --json."""
-    command.add_argument("--out", type=Path, required=True, help=store)
-    command.add_argument(
-        "--limit", type=int, default=None, help="only the first N questions of each set (in the set's order)"
-    )
-    command.add_argument("--benchmarks", type=Path, default=medfaq_home() / "benchmarks")
-    command.add_argument("--json", type=Path, default=None, help="also write the report here")
+def summary_commands(prog: str, doc: str, score_help: str, stored: str):
+    """The parser of a summary evaluation, its subcommands and its ``score`` command: ``score`` (--summarizer,
+    --sets) and ``replay``, both with --out (the directory of the stored `stored`), --limit, --benchmarks and --json;
+    the caller adds its own options and commands."""
+    parser = argparse.ArgumentParser(prog=prog, description=doc.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    scored = commands.add_parser("score", help=score_help)
+    scored.add_argument("--summarizer", default=None, help="a trained summarizer (default: the best one trained)")
+    scored.add_argument("--sets", default=",".join((*DEV_SETS, *TEST_SETS)), help="comma-separated query sets")
+    replayed = commands.add_parser("replay", help="choose the fusion on development sets, report the test sets")
+    for command in (scored, replayed):
+        command.add_argument("--out", type=Path, required=True, help=f"the directory of the stored {stored}")
+        command.add_argument(
+            "--limit", type=int, default=None, help="only the first N questions of each set (in the set's order)"
+        )
+        command.add_argument("--benchmarks", type=Path, default=medfaq_home() / "benchmarks")
+        command.add_argument("--json", type=Path, default=None, help="also write the report here")
+    return parser, commands, scored
 
 
 def query_sets(text: str) -> list[str]:
