@@ -78,6 +78,12 @@ def test_rank_training_teaches_the_reference_over_its_negatives_and_mle_does_not
     assert ranking_loss_after("rank") < 0.5 * ranking_loss_after("mle")
 
 
-def test_rank_needs_a_positive_temperature():
+def test_rank_settings_are_checked():
     with pytest.raises(MedfaqError, match="rank-temperature"):
         tiny_summarizer_config("rank", rank_temperature=0)
+    for option in ("rank_weight", "rank_prior"):
+        with pytest.raises(MedfaqError, match="--rank-weight and --rank-prior must be 0 or more"):
+            tiny_summarizer_config("rank", **{option: -1.0})
+    with pytest.raises(MedfaqError, match="--n-hard-negatives or --retrieval-negatives"):
+        tiny_summarizer_config("rank", n_hard_negatives=0)
+    assert tiny_summarizer_config("rank", n_hard_negatives=0, n_retrieval_negatives=2).hard_slots == 2

@@ -79,8 +79,14 @@ class SummarizerTrainConfig:
             raise MedfaqError("the numbers of hard, frame, learned and retrieval negatives must be 0 or more")
         if self.lora_rank < 0:
             raise MedfaqError(f"--lora-rank must be 0 (off) or positive, got {self.lora_rank}")
+        if min(self.rank_weight, self.rank_prior) < 0:
+            raise MedfaqError("--rank-weight and --rank-prior must be 0 or more")
         if self.rank_temperature <= 0:
             raise MedfaqError(f"--rank-temperature must be positive, got {self.rank_temperature}")
+        if self.variant == "rank" and self.hard_slots == 0:
+            raise MedfaqError(
+                "variant rank ranks the FAQ among hard negatives: give --n-hard-negatives or --retrieval-negatives"
+            )
         if self.precision not in PRECISIONS:
             raise MedfaqError(f"unknown precision {self.precision!r}; choose one of {', '.join(PRECISIONS)}")
 
