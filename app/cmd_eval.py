@@ -249,7 +249,6 @@ def eval_retrieval(
 ) -> None:
     """Recall@1/5/10, MRR@10, nDCG@10, P@5 on the judged test queries; with out-of-scope queries also abstention
     AUROC and accuracy at the threshold calibrated on the dev queries. `--compare` puts the variants side by side."""
-    import medfaq.retriever.stages  # noqa: F401  (registers the summarizer, reranker and NER stage loaders)
     from medfaq.eval.benchmarks import read_beir_queries, read_qrels
     from medfaq.eval.retrieval import RetrievalEvaluator, compare_variants, format_table, run_pipeline, stages_needed
     from medfaq.index.faq_index import FaqIndex

@@ -18,7 +18,6 @@ BY = typer.Option("", "--by", help="Who answers (recorded with the change).")
 def _queue(index: Path | None):
     """The queue of `index` (the set-up index when None) with the questions logged since it was last read, and the
     index directory."""
-    import medfaq.retriever.stages  # noqa: F401  (registers the summarizer loader for the groups' titles)
     from medfaq.index.faq_index import FaqIndex
     from medfaq.retriever.pipeline import PipelineConfig
     from medfaq.retriever.question_queue import open_queue

@@ -41,7 +41,6 @@ def open_pipeline(index: Path, flags: StageFlags, shown_entities: bool = True, *
     """The index with its pipeline.json, overridden by the flags and `changes` (None values ignored); the config
     is checked before the index and the models are loaded. Without `shown_entities` the entity recogniser (seconds
     to load) is left out unless the key-term filter or the unanswered log needs it."""
-    import medfaq.retriever.stages  # noqa: F401  (registers the summarizer, reranker and NER stage loaders)
     from medfaq.index.faq_index import FaqIndex
 
     config = flags.apply(PipelineConfig.load(index), **changes)

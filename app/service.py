@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import medfaq.retriever.stages  # noqa: F401  (registers the summarizer, reranker and NER stage loaders)
 from medfaq.app.batching import BatchSettings, MicroBatcher
 from medfaq.common.runtime import MedfaqError
 from medfaq.index.faq_index import FaqIndex, disk_version

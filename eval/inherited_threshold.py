@@ -39,7 +39,6 @@ def confidences(pipeline: Pipeline, texts: list[str]) -> list[float | None]:
 
 def measure(benchmark: Path, split: str = "test") -> dict[str, Any]:
     """The abstention figures of one benchmark directory at its index's threshold (see the module docstring)."""
-    import medfaq.retriever.stages  # noqa: F401  (registers the reranker loader, for a pipeline.json that reranks)
     from medfaq.index.faq_index import FaqIndex
 
     rows = read_beir_queries(benchmark / "queries.jsonl")

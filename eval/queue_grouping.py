@@ -166,7 +166,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     encoder = load_encoder(choose_encoder(args.encoder))
     detector = None
     if args.detector != "none":
-        import medfaq.retriever.stages  # noqa: F401  (registers the reranker loader)
         from medfaq.retriever.model_cache import shared_cache
         from medfaq.retriever.pipeline import PipelineConfig
 

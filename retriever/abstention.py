@@ -177,7 +177,6 @@ def _calibration_config(model_dir: Path) -> tuple[str, Any]:
 def calibrate_model(model_dir: str | Path, data_root: Path | None = None, seed: int = 0) -> ModelThreshold:
     """Calibrate the abstention threshold of the bi-encoder or reranker in `model_dir` on the development split
     (the module docstring's rule) and save it there as ``threshold.json``."""
-    import medfaq.retriever.stages  # noqa: F401  (registers the reranker loader)
     from medfaq.index.concepts import concept_lexicon
     from medfaq.index.encoder import load_encoder
     from medfaq.index.faq_index import FaqIndex

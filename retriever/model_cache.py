@@ -2,8 +2,9 @@
 runs (the summarizer of the ``rewrite`` stage, the cross-encoder of ``rerank``, the recogniser of ``entities``) and
 opens the index's query encoder, for the command line, the server and the demo alike.
 
-A stage is built by the loader registered for its kind (:func:`register_stage_loader`; ``retriever.stages``
-registers the real ones) and cached under a :class:`StageKey` made of
+A stage is built by the loader of its kind, from the registry :data:`retriever.stages.STAGE_LOADERS` (imported
+here, so every process building a pipeline has every stage; :func:`register_stage_loader` replaces one) and cached
+under a :class:`StageKey` made of
 
 * the loader;
 * the model it reads, as the loader's `locate` resolves the configured name (None = its default, e.g. the best
@@ -27,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from medfaq.common.runtime import MedfaqError
 from medfaq.retriever.pipeline import STAGE_KINDS, Pipeline, PipelineConfig
+from medfaq.retriever.stages import STAGE_LOADERS, StageLoader, StageSettings
 
 if TYPE_CHECKING:
     from medfaq.index.faq_index import FaqIndex
@@ -56,19 +58,7 @@ class StageError(MedfaqError):
         self.kind = kind
 
 
-@dataclass(frozen=True)
-class StageLoader:
-    """How a stage kind is built: ``load(model, settings)`` returns the stage object (``load(model)`` when it `reads`
-    no setting); `reads`: the :class:`PipelineConfig` fields it reads, handed to it as `settings`;
-    ``locate(name)``: the model the configured `name` means (None = the default), resolved, or a one-line
-    :class:`MedfaqError` naming the fix; without it `model` is `name` as configured."""
-
-    load: Callable[..., Any]
-    reads: tuple[str, ...] = ()
-    locate: Callable[[str | None], str | None] | None = None
-
-
-_STAGE_LOADERS: dict[str, StageLoader] = {}
+_STAGE_LOADERS: dict[str, StageLoader] = dict(STAGE_LOADERS)
 
 
 def register_stage_loader(
@@ -85,20 +75,6 @@ def register_stage_loader(
     if unknown:
         raise ValueError(f"the {kind} stage loader reads unknown pipeline setting(s): {', '.join(unknown)}")
     _STAGE_LOADERS[kind] = StageLoader(load, tuple(reads), locate)
-
-
-class StageSettings:
-    """The config fields a stage loader declared it reads, as attributes; reading another one is an error (a value
-    the stage depends on would be missing from its cache key)."""
-
-    def __init__(self, kind: str, values: dict[str, Any]) -> None:
-        self._kind, self._values = kind, values
-
-    def __getattr__(self, name: str) -> Any:
-        values = self.__dict__.get("_values", {})
-        if name not in values:
-            raise AttributeError(f"the {self._kind} stage loader reads {name!r} without declaring it in `reads`")
-        return values[name]
 
 
 def model_stamp(location: str | None) -> Stamp | None:

@@ -3,7 +3,7 @@
 Stages are small protocols, so the components (the ECL summarizer, the cross-encoder, the NER) plug in without
 callers changing: build a :class:`Pipeline` with the stage objects, or let
 :func:`retriever.model_cache.build_pipeline` take them for a :class:`PipelineConfig` from the process's stage cache
-(whose registered loaders build them; ``retriever.stages`` registers the real ones).
+(whose loaders, declared in ``retriever.stages``, build them).
 
 A Pipeline may be shared between threads: each stage runs under a lock belonging to its stage object (tokenizers and
 some models are not re-entrant), so concurrent searches return exactly what serial ones do while different stages

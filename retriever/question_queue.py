@@ -505,7 +505,6 @@ class SummarizerTitles:
 
     def rewrite(self, texts: list[str]) -> list[str]:
         if self._summarizer is None and not self._missing:
-            import medfaq.retriever.stages  # noqa: F401  (registers the summarizer loader)
             from medfaq.retriever.model_cache import shared_cache
 
             try:

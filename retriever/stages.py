@@ -1,4 +1,5 @@
-"""The real pipeline stages, registered with :func:`retriever.model_cache.register_stage_loader` on import.
+"""The pipeline stages' loaders, declared in one registry (:data:`STAGE_LOADERS`) that the stage cache
+(:mod:`retriever.model_cache`) imports: every process that builds a pipeline has all of them.
 
 * ``rewrite``: :class:`summarizer.generation.Summarizer` (default: the best summarizer `medfaq setup` trained
   under ``$MEDFAQ_HOME/models``, see :mod:`retriever.setup_plan`), generating with the config's beams and length;
@@ -15,20 +16,45 @@ first: a set-up model that is not trained yet is a one-line error naming `medfaq
 
 With ``quantize`` in the config, the summarizer's and the reranker's linear layers are converted to int8 with
 PyTorch dynamic quantisation (CPU only, `common.runtime.quantize_linear`); an ONNX reranker runs its int8 graph.
-Import this module (the CLI, the server and the demo do) before :func:`retriever.model_cache.build_pipeline`.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from medfaq.common.runtime import MedfaqError, resolve_model
-from medfaq.retriever.model_cache import StageSettings, register_stage_loader
 from medfaq.retriever.setup_plan import RERANKER, SUMMARIZER_ECL, best_summarizer, missing_model_hint, trained
 
 DEFAULT_RERANKER = RERANKER.model
+
+
+@dataclass(frozen=True)
+class StageLoader:
+    """How a stage kind is built: ``load(model, settings)`` returns the stage object (``load(model)`` when it `reads`
+    no setting); `reads`: the :class:`PipelineConfig` fields it reads, handed to it as `settings`;
+    ``locate(name)``: the model the configured `name` means (None = the default), resolved, or a one-line
+    :class:`MedfaqError` naming the fix; without it `model` is `name` as configured."""
+
+    load: Callable[..., Any]
+    reads: tuple[str, ...] = ()
+    locate: Callable[[str | None], str | None] | None = None
+
+
+class StageSettings:
+    """The config fields a stage loader declared it reads, as attributes; reading another one is an error (a value
+    the stage depends on would be missing from its cache key)."""
+
+    def __init__(self, kind: str, values: dict[str, Any]) -> None:
+        self._kind, self._values = kind, values
+
+    def __getattr__(self, name: str) -> Any:
+        values = self.__dict__.get("_values", {})
+        if name not in values:
+            raise AttributeError(f"the {self._kind} stage loader reads {name!r} without declaring it in `reads`")
+        return values[name]
 
 
 def set_up_model(name: str | None, kind: str, default: str | None) -> str:
@@ -117,14 +143,16 @@ def load_entities(name: str | None) -> Any:
     return load_recognizer(name or "auto")
 
 
-register_stage_loader(
-    "rewrite", load_rewriter, reads=("quantize", "summary_beams", "summary_max_length"), locate=locate_summarizer
-)
-register_stage_loader(
-    "rerank",
-    load_reranker,
-    reads=("quantize", "rerank_max_length", "rerank_precision", "encoder_backend"),
-    locate=locate_reranker,
-)
-register_stage_loader("likelihood", load_likelihood, reads=("quantize",), locate=locate_summarizer)
-register_stage_loader("entities", load_entities)
+STAGE_LOADERS: dict[str, StageLoader] = {
+    "rewrite": StageLoader(
+        load_rewriter, reads=("quantize", "summary_beams", "summary_max_length"), locate=locate_summarizer
+    ),
+    "rerank": StageLoader(
+        load_reranker,
+        reads=("quantize", "rerank_max_length", "rerank_precision", "encoder_backend"),
+        locate=locate_reranker,
+    ),
+    "likelihood": StageLoader(load_likelihood, reads=("quantize",), locate=locate_summarizer),
+    "entities": StageLoader(load_entities),
+}
+"""The loader of each stage kind (:data:`retriever.pipeline.STAGE_KINDS`)."""

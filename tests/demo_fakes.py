@@ -96,7 +96,6 @@ def build_demo_home(home: Path, encoder) -> dict[str, str]:
 
 def install(set_attribute=setattr) -> None:
     """Make the demo load the stand-ins instead of real models (`set_attribute`: e.g. ``monkeypatch.setattr``)."""
-    import medfaq.retriever.stages  # noqa: F401  (the real loaders register on import; the stand-ins replace them)
     from medfaq.retriever import model_cache
 
     stand_ins = {"rewrite": FakeSummarizer, "rerank": FakeReranker, "entities": FakeEntities}

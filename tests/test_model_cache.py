@@ -5,6 +5,8 @@ first requests load a stage once."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -106,6 +108,39 @@ def test_a_retrained_model_is_a_new_stage_and_the_old_one_is_dropped(tmp_path):
         assert cache.stage("rerank", str(model), depth) is second
 
 
+FRESH_BUILD = """
+import sys
+from medfaq.common.runtime import MedfaqError
+from medfaq.index.faq_index import FaqIndex
+from medfaq.retriever.model_cache import build_pipeline
+from medfaq.retriever.pipeline import PipelineConfig
+
+index, reranker = sys.argv[1:]
+config = PipelineConfig(rerank=True, reranker=reranker, entities=True, encoder_backend="torch")
+pipeline = build_pipeline(FaqIndex.load(index), config)
+print(type(pipeline.reranker).__name__, pipeline.entity_finder is not None)
+for wanted in ({"summarize": True, "query_source": "summary"}, {"likelihood": True}):
+    try:
+        build_pipeline(FaqIndex.load(index), config.updated(summarizer="no-such-summarizer", **wanted))
+    except MedfaqError as error:
+        print(error)
+"""
+
+
+def test_a_fresh_interpreter_importing_only_the_pipeline_builder_gets_every_stage(index_dir, reranker_dir):
+    """No module has to be imported for its side effect first: the builder's own registry holds every stage."""
+    ran = subprocess.run(
+        [sys.executable, "-c", FRESH_BUILD, str(index_dir), str(reranker_dir)], capture_output=True, text=True
+    )
+    assert ran.returncode == 0, ran.stderr
+    built, *summarizer_errors = ran.stdout.splitlines()
+    assert built == "CrossEncoderReranker True"
+    assert len(summarizer_errors) == 2
+    assert all(
+        "no-such-summarizer" in line and "not available in this installation" not in line for line in summarizer_errors
+    )
+
+
 def test_a_loader_reads_only_what_it_declares_and_errors_stay_one_line(index_dir):
     with pytest.MonkeyPatch.context() as patch:
         patch.setitem(model_cache._STAGE_LOADERS, "rerank", StageLoader(lambda name, s: s.top_k, reads=("quantize",)))
@@ -113,7 +148,6 @@ def test_a_loader_reads_only_what_it_declares_and_errors_stay_one_line(index_dir
             StageCache().stage("rerank", None, PipelineConfig())
     with pytest.raises(ValueError, match="unknown pipeline setting"):
         register_stage_loader("rerank", lambda name, s: None, reads=("rerank_speed",))
-    import medfaq.retriever.stages  # noqa: F401  (the real loaders)
 
     missing = index_dir.parent / "no-such-reranker"
     with pytest.raises(MedfaqError) as error:

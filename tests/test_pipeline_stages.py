@@ -274,7 +274,6 @@ def test_concurrent_searches_equal_serial_ones(index):
 def test_real_stage_loaders_are_registered_and_pass_settings(monkeypatch, index):
     import torch
 
-    import medfaq.retriever.stages  # noqa: F401  (registers the real loaders)
     import medfaq.summarizer.generation as generation
     from medfaq.common.runtime import models_dir, quantize_linear
     from medfaq.retriever.model_cache import _STAGE_LOADERS
@@ -377,7 +376,6 @@ def test_weighted_hybrid_fusion_follows_the_dense_list(index):
 
 
 def test_a_missing_set_up_model_names_the_fix(index):
-    import medfaq.retriever.stages  # noqa: F401  (registers the real loaders)
     from medfaq.common.runtime import models_dir
 
     for config, model in (

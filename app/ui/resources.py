@@ -13,7 +13,6 @@ from pathlib import Path
 
 import streamlit as st
 
-import medfaq.retriever.stages  # noqa: F401  (registers the summarizer, reranker and NER stage loaders)
 from medfaq.app.setup_state import DemoSettings, SetupRunner, model_ready
 from medfaq.index.faq_index import FaqIndex
 from medfaq.retriever.feedback import FeedbackStore
