@@ -9,6 +9,7 @@ from pathlib import Path
 
 import typer
 
+from medfaq.app.options import NO_STAGE_FLAGS, StageFlags, takes_stage_flags
 from medfaq.app.setup_state import ENV_NO_TRAIN, EXAMPLE_QUESTIONS, SHARED_DATA, DemoSettings
 from medfaq.common.runtime import DEFAULT_ENCODER
 from medfaq.retriever.setup_plan import index_built
@@ -40,19 +41,23 @@ def streamlit_command(port: int = 8501, address: str = "localhost", script: Path
     ]
 
 
+DEMO_TOP_K = 5  # results per example question (--cli), unless --top-k says otherwise
+
+
+@takes_stage_flags(only=("mode", "top_k"))
 def demo(
     cli: bool = typer.Option(False, "--cli", help="Print the example questions' results instead of serving the page."),
     no_train: bool = typer.Option(False, "--no-train", help="Do not train missing models; run without them."),
     port: int = typer.Option(8501, "--port", help="Port of the web page."),
     address: str = typer.Option("localhost", "--address", help="Address to serve on (0.0.0.0 for all interfaces)."),
-    top_k: int = typer.Option(5, "--top-k", help="Results per question (--cli)."),
-    mode: str | None = typer.Option(None, "--mode", help="dense|bm25|hybrid (--cli; default: the pipeline default)."),
+    flags: StageFlags = NO_STAGE_FLAGS,
 ) -> None:
     """Serve the demo at http://localhost:8501; on first run the page runs `medfaq setup` (fetches MedQuAD, builds
     the index, trains the quick summarizers and reranker; or, with --no-train, runs without them), using the best
-    summarizer on disk while a better one trains."""
+    summarizer on disk while a better one trains. --mode and --top-k are for --cli (default: the index's
+    pipeline.json, 5 results)."""
     if cli:
-        answer_examples(top_k, mode)
+        answer_examples(flags)
         return
     env = {**os.environ, **({ENV_NO_TRAIN: "1"} if no_train else {})}
     typer.echo(f"medfaq demo: open http://{address}:{port} (Ctrl-C stops it)", err=True)
@@ -61,7 +66,7 @@ def demo(
         raise typer.Exit(code)
 
 
-def answer_examples(top_k: int, mode: str | None) -> None:
+def answer_examples(flags: StageFlags) -> None:
     """Fetch MedQuAD (from ../shared/data when present), build the default index if missing, run example questions."""
     from medfaq.app.render import hits_table
     from medfaq.index.collections import load_collection
@@ -69,7 +74,7 @@ def answer_examples(top_k: int, mode: str | None) -> None:
     from medfaq.index.encoder import load_encoder
     from medfaq.index.faq_index import FaqIndex
     from medfaq.retriever.model_cache import build_pipeline
-    from medfaq.retriever.pipeline import PipelineConfig
+    from medfaq.retriever.pipeline_file import read_config
 
     fetch_dataset("medquad", SHARED_DATA if SHARED_DATA.is_dir() else None)
     directory = DemoSettings.from_env().index_dir  # the fine-tuned encoder's index once `medfaq setup` built it
@@ -79,7 +84,7 @@ def answer_examples(top_k: int, mode: str | None) -> None:
         typer.echo(report.summary(), err=True)
         FaqIndex.build(records, load_encoder(DEFAULT_ENCODER)).save(directory)
     stages_off = {"summarize": False, "rerank": False, "entities": False}  # the table shows the hits alone
-    config = PipelineConfig.load(directory).updated(mode=mode, top_k=top_k, **stages_off)
+    config = flags.apply(read_config(directory).updated(top_k=DEMO_TOP_K), **stages_off)
     pipeline = build_pipeline(FaqIndex.load(directory), config)
     for question in EXAMPLE_QUESTIONS:
         typer.echo(hits_table(pipeline.run(question)) + "\n")

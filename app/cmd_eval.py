@@ -28,9 +28,9 @@ from medfaq.app.options import (
 )
 from medfaq.common.runtime import MedfaqError, resolve_model
 from medfaq.retriever.model_cache import build_pipeline, shared_cache
-from medfaq.retriever.pipeline import PipelineConfig, store_threshold
+from medfaq.retriever.pipeline import PipelineConfig
+from medfaq.retriever.pipeline_file import read_config, store_threshold
 from medfaq.retriever.runs import check_not_an_input, check_output, write_run
-from medfaq.retriever.search import MODES
 
 
 def eval_summarizer(
@@ -224,7 +224,7 @@ def eval_duplicates(
         typer.echo(json.dumps(result))
 
 
-@takes_stage_flags()
+@takes_stage_flags(without=("top_k",))  # the metrics read the top 10
 def eval_retrieval(
     index: Path = typer.Option(..., "--index", help="Index directory (of the benchmark's corpus)."),
     queries: Path = typer.Option(..., "--queries", help="queries.jsonl (BEIR, or medfaq id/question lines)."),
@@ -235,7 +235,6 @@ def eval_retrieval(
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the metrics as JSON."),
     run_out: Path | None = typer.Option(None, "--run-out", help="Write the run as a TREC file (not with --compare)."),
-    mode: str | None = typer.Option(None, "--mode", help=f"Retrieval mode: {'|'.join(MODES)}."),
     save_threshold: bool = typer.Option(
         False,
         "--save-threshold",
@@ -278,7 +277,7 @@ def eval_retrieval(
         ood_ids={r["_id"] for r in rows if r["metadata"].get("ood")},
         dev_ids={r["_id"] for r in rows if r["metadata"].get("split") == "dev"},
     )
-    config = flags.apply(PipelineConfig.load(index), mode=mode, top_k=10)
+    config = flags.apply(read_config(index), top_k=10)
     faq_index = FaqIndex.load(index)
     result: dict[str, Any] = {"queries": len(texts), "judged_test": len(evaluator.test_qrels())}
     if compare:

@@ -19,11 +19,11 @@ def _queue(index: Path | None):
     """The queue of `index` (the set-up index when None) with the questions logged since it was last read, and the
     index directory."""
     from medfaq.index.faq_index import FaqIndex
-    from medfaq.retriever.pipeline import PipelineConfig
+    from medfaq.retriever.pipeline_file import read_config
     from medfaq.retriever.question_queue import open_queue
 
     directory = index or set_up_index()
-    config = PipelineConfig.load(directory)
+    config = read_config(directory)
     queue = open_queue(FaqIndex.load(directory), config)
     queue.sync()
     return queue, directory

@@ -12,7 +12,7 @@ from medfaq.app.options import INDEX, NO_STAGE_FLAGS, StageFlags, takes_stage_fl
 from medfaq.app.render import hits_table
 from medfaq.common.runtime import MedfaqError
 from medfaq.retriever.model_cache import build_pipeline
-from medfaq.retriever.pipeline import PipelineConfig
+from medfaq.retriever.pipeline_file import read_config
 from medfaq.retriever.runs import (
     RUN_FORMATS,
     check_not_an_input,
@@ -22,7 +22,7 @@ from medfaq.retriever.runs import (
     write_run,
     write_text_atomic,
 )
-from medfaq.retriever.search import MODES, check_query
+from medfaq.retriever.search import check_query
 from medfaq.retriever.setup_plan import set_up_index
 
 if TYPE_CHECKING:
@@ -43,7 +43,7 @@ def open_pipeline(index: Path, flags: StageFlags, shown_entities: bool = True, *
     to load) is left out unless the key-term filter or the unanswered log needs it."""
     from medfaq.index.faq_index import FaqIndex
 
-    config = flags.apply(PipelineConfig.load(index), **changes)
+    config = flags.apply(read_config(index), **changes)
     if not shown_entities:
         may_log = config.abstain and config.log_unanswered and config.active_threshold() is not None
         config = config.updated(entities=config.key_terms or may_log)
@@ -66,12 +66,6 @@ def run_in_batches(pipeline: Pipeline, questions: list[str], batch_size: int = S
 def search(
     question: str | None = typer.Argument(None, help="The question (omit with --queries)."),
     index: Path | None = INDEX,
-    top_k: int | None = typer.Option(None, "--top-k", min=1, help="Number of results (default 10)."),
-    mode: str | None = typer.Option(
-        None,
-        "--mode",
-        help=f"Retrieval mode: {'|'.join(MODES)} (default: pipeline.json's, {PipelineConfig.mode} unless changed).",
-    ),
     as_json: bool = typer.Option(False, "--json", help="Print the response as JSON."),
     queries: Path | None = typer.Option(
         None, "--queries", help='Batch: JSONL file of {"id", "question"} lines ("-": standard input).'
@@ -101,9 +95,7 @@ def search(
     index = index or set_up_index()
     if question is not None:
         check_query(question)  # invalid text fails before anything is loaded
-        pipeline = open_pipeline(
-            index, flags, shown_entities=as_json, mode=mode, top_k=top_k, log_unanswered=log_unanswered or None
-        )
+        pipeline = open_pipeline(index, flags, shown_entities=as_json, log_unanswered=log_unanswered or None)
         response = pipeline.run(question)
         text = json.dumps(response.to_dict(), indent=2, ensure_ascii=False) if as_json else hits_table(response)
         if output is None or is_stdio(output):
@@ -122,7 +114,7 @@ def search(
             f"{report.loaded} queries read",
             err=True,
         )
-    pipeline = open_pipeline(index, flags, mode=mode, top_k=top_k, log_unanswered=log_unanswered)
+    pipeline = open_pipeline(index, flags, log_unanswered=log_unanswered)
     responses = run_in_batches(pipeline, query_file.questions)
     write_run(output, query_file.ids, responses, format, run_name)
     where = "stdout" if is_stdio(output) else output
@@ -133,7 +125,6 @@ def search(
 def bench(
     index: Path | None = INDEX,
     queries: int = typer.Option(100, "--queries", min=1, help="Number of timed single-question searches."),
-    top_k: int = typer.Option(10, "--top-k", min=1, help="Results per search."),
     as_json: bool = typer.Option(False, "--json", help="Print the measurements as JSON."),
     query_file: Path | None = typer.Option(
         None, "--query-file", help="Time these questions (JSONL, - for stdin) instead of FAQ questions of the index."
@@ -152,7 +143,7 @@ def bench(
     flags = flags.replace(abstain=False)
     index = index or set_up_index()
     texts = read_queries(query_file).questions[:queries] if query_file else None
-    pipeline = open_pipeline(index, flags, top_k=top_k, log_unanswered=False)
+    pipeline = open_pipeline(index, flags, log_unanswered=False)
     texts = texts or speed.sample_queries(pipeline.index, queries)
     run = speed.run_bench(pipeline, texts, batch_size, peers, ann_vectors)
     result = speed.bench_result(run, pipeline, index)

@@ -14,8 +14,9 @@ from typing import Any, TypeVar, get_type_hints
 
 import typer
 
-from medfaq.common.runtime import BACKEND_HELP, PRECISION_HELP, MedfaqError
-from medfaq.retriever.pipeline import QUERY_SOURCES, PipelineConfig
+from medfaq.common.runtime import PRECISION_HELP, MedfaqError
+from medfaq.common.settings import Declared, check_setting
+from medfaq.retriever.pipeline import PipelineConfig, pipeline_settings
 from medfaq.retriever.setup_plan import AUTO_ENCODER
 
 
@@ -76,12 +77,10 @@ DEVICE = typer.Option(None, "--device", help="cpu | cuda (default: cuda when ava
 
 @dataclass(frozen=True)
 class SharedOption:
-    """One option of a group several commands take together: the type of its value, its typer option and the keyword
-    its value goes to (default: its own name)."""
+    """One option of a group several commands take together: the type of its value and its typer option."""
 
     kind: Any
     option: Any
-    keyword: str = ""
 
 
 Command = TypeVar("Command", bound=Callable[..., Any])
@@ -119,8 +118,8 @@ def takes_group(
 
 
 def keywords(group: dict[str, SharedOption], values: dict[str, Any]) -> dict[str, Any]:
-    """`values` (by option name) under the keywords their options go to; None where not given."""
-    return {option.keyword or name: values.get(name) for name, option in group.items()}
+    """`values` of every option of `group`, by name; None where not given."""
+    return {name: values.get(name) for name in group}
 
 
 # `train biencoder|crossencoder` and `eval duplicates`: the training preset's overrides (None: the preset's value),
@@ -196,108 +195,30 @@ def takes_training_overrides() -> Callable[[Command], Command]:
     return takes_group(TRAINING_OVERRIDES, "overrides", lambda **values: keywords(TRAINING_OVERRIDES, values))
 
 
-# `search`, `bench` and `eval retrieval`: the pipeline flags (None: the index's pipeline.json), declared once; a
-# command takes them with @takes_stage_flags() where its `flags` parameter stands, as the `PipelineConfig.with_flags`
-# keywords they are. A new flag is one entry here plus its use in the pipeline.
+def stage_flag(declared: Declared) -> SharedOption:
+    """The option of a :class:`PipelineConfig` field that declares a flag (None: not given), built from its declaration:
+    a bool is ``--x/--no-x``; a value the declaration refuses is a one-line usage error."""
+
+    def checked(value: Any) -> Any:
+        if value is None:  # not given
+            return None
+        try:
+            check_setting(declared, value)
+        except MedfaqError as error:
+            raise typer.BadParameter(str(error)) from None
+        return value
+
+    flag = declared.setting.flag
+    switch = f"{flag}/--no-{flag.removeprefix('--')}" if declared.kind is bool else flag
+    option = typer.Option(None, switch, callback=checked, help=declared.describe())
+    return SharedOption(declared.kind | None, option)
+
+
+# `search`, `bench`, `eval retrieval` and `demo --cli`: the pipeline flags (None: the index's pipeline.json), built from
+# the PipelineConfig fields that declare a flag and named as those fields; a command takes them with
+# @takes_stage_flags() where its `flags` parameter stands, as the `PipelineConfig.with_flags` keywords they are.
 STAGE_FLAGS: dict[str, SharedOption] = {
-    "summarize": SharedOption(
-        bool | None,
-        typer.Option(
-            None,
-            "--summarize/--no-summarize",
-            help="Summarize the question first (default: the index's pipeline.json).",
-        ),
-    ),
-    "query": SharedOption(
-        str | None,
-        typer.Option(
-            None,
-            "--query",
-            help=f"Search with the {'|'.join(QUERY_SOURCES)} question (summary/both imply --summarize).",
-        ),
-        "query_source",
-    ),
-    "rerank": SharedOption(
-        bool | None,
-        typer.Option(None, "--rerank/--no-rerank", help="Rerank the top hits with a cross-encoder."),
-    ),
-    "likelihood": SharedOption(
-        bool | None,
-        typer.Option(
-            None,
-            "--likelihood/--no-likelihood",
-            help="Rerank the top hits by how likely the summarizer finds each FAQ question as the question's summary.",
-        ),
-    ),
-    "likelihood_depth": SharedOption(
-        int | None,
-        typer.Option(None, "--likelihood-depth", min=1, help="How many top hits the summary likelihood scores."),
-    ),
-    "abstain": SharedOption(
-        bool | None,
-        typer.Option(None, "--abstain/--no-abstain", help="Abstain (and log the question) below the threshold."),
-    ),
-    "summarizer": SharedOption(
-        str | None,
-        typer.Option(None, "--summarizer", help="Summarizer model (directory or name under $MEDFAQ_HOME/models)."),
-    ),
-    "reranker": SharedOption(
-        str | None,
-        typer.Option(None, "--reranker", help="Cross-encoder model (directory or name under $MEDFAQ_HOME/models)."),
-    ),
-    "threshold": SharedOption(
-        float | None,
-        typer.Option(
-            None, "--threshold", callback=finite, help="Abstain when the confidence is below this (a finite number)."
-        ),
-    ),
-    "beams": SharedOption(
-        int | None,
-        typer.Option(None, "--beams", min=1, help="Summarizer beams (1 = greedy)."),
-        "summary_beams",
-    ),
-    "quantize": SharedOption(
-        bool | None,
-        typer.Option(None, "--quantize/--no-quantize", help="int8 dynamic quantisation of summarizer and reranker."),
-    ),
-    "rerank_fusion": SharedOption(
-        str | None,
-        typer.Option(
-            None,
-            "--rerank-fusion",
-            help="replace: order by the cross-encoder; rrf: RRF of retrieval and cross-encoder ranks; "
-            "auto: replace for a reranker trained with --prior-scale, else rrf.",
-        ),
-    ),
-    "rerank_depth": SharedOption(
-        int | None,
-        typer.Option(None, "--rerank-depth", min=1, help="How many top hits the cross-encoder rescores."),
-    ),
-    "rerank_margin": SharedOption(
-        float | None,
-        typer.Option(
-            None,
-            "--rerank-margin",
-            min=0.0,
-            callback=finite,
-            help="Rerank (cross-encoder and likelihood) only questions whose top two dense cosines differ by less "
-            "than this (e.g. 0.05); default: all.",
-        ),
-    ),
-    "rerank_max_length": SharedOption(
-        int | None,
-        typer.Option(
-            None, "--rerank-max-length", min=8, help="Tokens per (question, FAQ) pair the cross-encoder reads."
-        ),
-    ),
-    "rerank_precision": SharedOption(
-        str | None,
-        typer.Option(None, "--rerank-precision", help=f"The cross-encoder's arithmetic: {PRECISION_HELP}"),
-    ),
-    "encoder_backend": SharedOption(
-        str | None,
-        typer.Option(None, "--encoder-backend", help=f"Query encoder. {BACKEND_HELP}"),
-    ),
+    name: stage_flag(declared) for name, declared in pipeline_settings().items() if declared.setting.flag
 }
 
 
@@ -314,22 +235,19 @@ class StageFlags:
         """These flags with `values` set (e.g. a command that never abstains: ``abstain=False``)."""
         return StageFlags(**{**self.values, **values})
 
-    def overrides(self) -> dict[str, Any]:
-        """The `PipelineConfig.with_flags` keywords the flags stand for (None where not given)."""
-        query = self.values.get("query")
-        if query is not None and query not in QUERY_SOURCES:
-            raise MedfaqError(f"unknown --query {query!r}; choose one of {', '.join(QUERY_SOURCES)}")
-        return keywords(STAGE_FLAGS, self.values)
-
     def apply(self, config: PipelineConfig, **changes: Any) -> PipelineConfig:
-        """`config` with the flags given, and `changes` (None values ignored), applied."""
-        return config.with_flags(**self.overrides(), **changes)
+        """`config` with the flags given, then `changes` (None values ignored), applied."""
+        given = {name: self.values.get(name) for name in STAGE_FLAGS}
+        return config.with_flags(**given | {name: value for name, value in changes.items() if value is not None})
 
 
 NO_STAGE_FLAGS = StageFlags()  # the default of a command's `flags` parameter, where the options go
 
 
-def takes_stage_flags(*, without: tuple[str, ...] = ()) -> Callable[[Command], Command]:
-    """The options of STAGE_FLAGS (all but `without`) in place of the command's `flags` parameter, which gets the
-    values given as one StageFlags."""
-    return takes_group(STAGE_FLAGS, "flags", StageFlags, without)
+def takes_stage_flags(
+    *, without: tuple[str, ...] = (), only: tuple[str, ...] | None = None
+) -> Callable[[Command], Command]:
+    """The options of STAGE_FLAGS (those of `only`, else all but `without`) in place of the command's `flags`
+    parameter, which gets the values given as one StageFlags."""
+    skipped = without if only is None else tuple(name for name in STAGE_FLAGS if name not in only)
+    return takes_group(STAGE_FLAGS, "flags", StageFlags, skipped)

@@ -21,23 +21,10 @@ from medfaq.index.faq_index import FaqIndex, disk_version
 from medfaq.index.records import FaqRecord
 from medfaq.retriever.feedback import Feedback, FeedbackStore
 from medfaq.retriever.model_cache import StageError, shared_cache, wanted_stages
-from medfaq.retriever.pipeline import PIPELINE_FILE, Pipeline, PipelineConfig, saved_config
+from medfaq.retriever.pipeline import Pipeline
+from medfaq.retriever.pipeline_file import config_bytes, parse_config
 from medfaq.retriever.question_queue import QuestionQueue, open_queue
 from medfaq.retriever.unanswered import UnansweredLog
-
-OVERRIDABLE = (
-    "mode",
-    "top_k",
-    "rerank",
-    "likelihood",
-    "summarize",
-    "abstain",
-    "threshold",
-    "query_source",
-    "rerank_fusion",
-    "rerank_margin",
-)
-"""PipelineConfig fields a request may set for itself."""
 
 logger = logging.getLogger("medfaq.service")
 
@@ -87,12 +74,12 @@ class SearchService:
         self._failed: tuple[str, bytes | None] | None = None  # the index version and pipeline.json tried in vain
         self._queue: tuple[FaqIndex, QuestionQueue] | None = None  # opened for that index on first use
         self.fault: str | None = None
-        self._load(FaqIndex.load(self.index_dir), saved_config(self.index_dir))
+        self._load(FaqIndex.load(self.index_dir), config_bytes(self.index_dir))
 
     def _load(self, index: FaqIndex | None, saved: bytes | None) -> None:
         """Serve the pipeline.json read as `saved` over `index` (None: the loaded one, opened again when the config
         asks for another encoder backend); the query encoder is loaded now, never inside a request's timings."""
-        config = PipelineConfig.parse(saved, self.index_dir / PIPELINE_FILE)
+        config = parse_config(saved, self.index_dir)
         if index is None:
             same_backend = config.encoder_backend == self.config.encoder_backend
             index = self.index if same_backend else FaqIndex.load(self.index_dir)
@@ -108,7 +95,7 @@ class SearchService:
             if version is None:
                 self._report(f"no index at {self.index_dir} any more; serving version {self.index.version}")
                 return False
-            on_disk = (version, saved_config(self.index_dir))
+            on_disk = (version, config_bytes(self.index_dir))
             if on_disk == self._serving:
                 self.fault = None
                 return False

@@ -88,6 +88,7 @@ def prepare(out: Path, encoder_name: str, data_root: Path | None) -> dict[str, A
     from medfaq.index.encoder import load_encoder
     from medfaq.index.faq_index import FaqIndex
     from medfaq.retriever.pipeline import PipelineConfig
+    from medfaq.retriever.pipeline_file import write_config
     from medfaq.retriever.question_queue import QuestionQueue, queue_beside
     from medfaq.retriever.setup_plan import choose_encoder
 
@@ -98,7 +99,7 @@ def prepare(out: Path, encoder_name: str, data_root: Path | None) -> dict[str, A
     records = [FaqRecord(id=faq_id(c), question=texts[0], source="covid_q") for c, texts in classes.items()]
     index_dir, log = out / "index", out / "queue" / "unanswered.jsonl"  # an index save replaces its directory
     FaqIndex.build(records, encoder).save(index_dir)
-    PipelineConfig(unanswered_log=str(log)).save(index_dir)
+    write_config(index_dir, PipelineConfig(unanswered_log=str(log)))
     queue = QuestionQueue(queue_beside(log), encoder)
     faq_texts = {record.question for record in records}
     class_of = {text: c for c, texts in classes.items() for text in texts[1:] if text not in faq_texts}

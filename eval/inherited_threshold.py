@@ -23,7 +23,8 @@ from medfaq.eval.benchmarks import read_beir_queries, read_qrels
 from medfaq.eval.script_args import print_report
 from medfaq.retriever.abstention import at_threshold, without_answers
 from medfaq.retriever.model_cache import build_pipeline
-from medfaq.retriever.pipeline import Pipeline, PipelineConfig
+from medfaq.retriever.pipeline import Pipeline
+from medfaq.retriever.pipeline_file import read_config
 
 SPLITS = ("test", "dev")
 BATCH = 64
@@ -46,7 +47,7 @@ def measure(benchmark: Path, split: str = "test") -> dict[str, Any]:
     wanted = [row for row in rows if (row["metadata"].get("split") == "dev") == (split == "dev")]
     in_scope = [row for row in wanted if row["_id"] in qrels and not row["metadata"].get("ood")]
     ood = [row for row in wanted if row["metadata"].get("ood")]
-    config = PipelineConfig.load(benchmark / "index").updated(entities=False, log_unanswered=False)
+    config = read_config(benchmark / "index").updated(entities=False, log_unanswered=False)
     threshold = config.active_threshold()
     if not config.abstain or threshold is None:
         raise MedfaqError(f"{benchmark / 'index'} has no abstention threshold for {config.threshold_key}")

@@ -93,9 +93,10 @@ def dense_pipeline(index_dir: Path, depth: int) -> Any:
     """Dense search of the raw question over the index in `index_dir` with its pipeline.json's other settings, no
     other stage and no abstention: the top `depth` hits the likelihood is scored on."""
     from medfaq.index.faq_index import FaqIndex
-    from medfaq.retriever.pipeline import Pipeline, PipelineConfig
+    from medfaq.retriever.pipeline import Pipeline
+    from medfaq.retriever.pipeline_file import read_config
 
-    config = PipelineConfig.load(index_dir).replace(
+    config = read_config(index_dir).replace(
         top_k=depth,
         abstain=False,
         log_unanswered=False,

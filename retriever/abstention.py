@@ -243,17 +243,19 @@ def inherit_thresholds(index_dir: str | Path, encoder: str, reranker: str | Path
     """Write the thresholds an index encoded by `encoder` inherits (:func:`model_thresholds`) into its
     ``pipeline.json``, each marked as inherited with where it came from; inherited ones of an earlier encoder are
     dropped, thresholds calibrated on the index itself (``--save-threshold``) kept. Returns the thresholds written."""
-    from medfaq.index.faq_index import write_lock
-    from medfaq.retriever.pipeline import PIPELINE_FILE, PipelineConfig
+    from medfaq.retriever.pipeline import PipelineConfig
+    from medfaq.retriever.pipeline_file import update_config
 
     found = model_thresholds(encoder, reranker)
-    with write_lock(index_dir):  # read, change and write under one lock, as `store_threshold` does
-        saved = PipelineConfig.load(index_dir)
-        if not found and not saved.inherited_thresholds:
-            return {}
-        thresholds = {k: v for k, v in saved.thresholds.items() if k not in saved.inherited_thresholds}
+
+    def inherit(saved: PipelineConfig | None) -> PipelineConfig | None:
+        config = saved or PipelineConfig()
+        thresholds = {k: v for k, v in config.thresholds.items() if k not in config.inherited_thresholds}
         inherited = {key: origin for key, (_, origin) in found.items() if key not in thresholds}
+        if not inherited and (saved is None or not saved.inherited_thresholds):
+            return None  # nothing to inherit, nothing inherited to drop
         thresholds |= {key: found[key][0] for key in inherited}
-        if inherited or (Path(index_dir) / PIPELINE_FILE).is_file():
-            saved.replace(thresholds=thresholds, inherited_thresholds=inherited).save(index_dir)
-    return {key: thresholds[key] for key in inherited}
+        return config.replace(thresholds=thresholds, inherited_thresholds=inherited)
+
+    written = update_config(index_dir, inherit)
+    return {key: written.thresholds[key] for key in written.inherited_thresholds} if written else {}

@@ -238,5 +238,6 @@ def build_pipeline(index: FaqIndex, config: PipelineConfig | None = None) -> Pip
 def open_pipeline(directory: str | Path, config: PipelineConfig | None = None) -> Pipeline:
     """The index in `directory` with its saved ``pipeline.json`` (or `config`), ready to search."""
     from medfaq.index.faq_index import FaqIndex
+    from medfaq.retriever.pipeline_file import read_config
 
-    return build_pipeline(FaqIndex.load(directory), config or PipelineConfig.load(directory))
+    return build_pipeline(FaqIndex.load(directory), config or read_config(directory))

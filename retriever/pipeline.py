@@ -12,22 +12,20 @@ still overlap; pipelines built per request around the same cached stage objects 
 
 from __future__ import annotations
 
-import json
 import math
 import threading
 import time
 from dataclasses import asdict, dataclass, field, fields
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from medfaq.common.runtime import ENCODER_BACKENDS, PRECISIONS, MedfaqError
+from medfaq.common.runtime import BACKEND_HELP, ENCODER_BACKENDS, PRECISION_HELP, PRECISIONS, MedfaqError
+from medfaq.common.settings import Declared, check_setting, declared_settings, setting
 from medfaq.retriever.search import MAX_QUERY_CHARS, MODES, RRF_K, Hit, Retriever, clean_queries, reciprocal_rank_fusion
 from medfaq.retriever.unanswered import UnansweredLog
 
 if TYPE_CHECKING:
     from medfaq.index.faq_index import FaqIndex
 
-PIPELINE_FILE = "pipeline.json"
 QUERY_SOURCES = ("raw", "summary", "both")
 RERANK_QUERIES = ("auto", "raw", "summary")
 RERANK_FUSIONS = ("auto", "replace", "rrf")
@@ -71,13 +69,9 @@ class EntityFinder(Protocol):
     def find(self, text: str) -> list[Any]: ...
 
 
-def _finite_number(value: object) -> bool:
-    return isinstance(value, int | float) and math.isfinite(value)
-
-
 @dataclass
 class PipelineConfig:
-    """What the pipeline runs; saved as ``pipeline.json`` beside an index.
+    """What the pipeline runs; saved as ``pipeline.json`` beside an index (:mod:`retriever.pipeline_file`).
 
     The defaults are the best configuration measured (docs/results.md, "Retrieval pipeline" and "Query -> FAQ
     training set"): raw-question dense search (over an index encoded by the fine-tuned bi-encoder once `medfaq
@@ -124,78 +118,108 @@ class PipelineConfig:
     ``$MEDFAQ_HOME/unanswered.jsonl``) when `log_unanswered`.
     """
 
-    mode: str = "dense"
-    top_k: int = 10
-    candidates: int = 50
-    query_source: str = "raw"
-    summarize: bool = False
-    summarizer: str | None = None
-    summary_beams: int | None = None
-    summary_max_length: int | None = None
-    rerank: bool = False
-    reranker: str | None = None
-    rerank_depth: int = 20
-    rerank_max_length: int | None = None
-    rerank_query: str = "auto"
-    rerank_fusion: str = "rrf"
-    rerank_retrieval_weight: float = 3.0
-    rerank_rrf_k: int = 10
-    rerank_margin: float | None = None
-    rerank_precision: str = "fp32"
-    likelihood: bool = False
-    likelihood_depth: int = 10
-    likelihood_prior: float = 1.0
-    likelihood_per_token: bool = True
-    likelihood_weight: float = 1.0
-    quantize: bool = False
-    encoder_backend: str = "auto"
-    entities: bool = True
-    key_terms: bool = False
-    dense_weight: float = 1.0
-    abstain: bool = True
-    threshold: float | None = None
-    thresholds: dict[str, float] = field(default_factory=dict)
-    inherited_thresholds: dict[str, str] = field(default_factory=dict)
-    log_unanswered: bool = True
-    unanswered_log: str | None = None
-    max_query_chars: int = MAX_QUERY_CHARS
-    rrf_k: int = RRF_K
+    mode: str = setting("dense", help="Retrieval mode.", flag="--mode", choices=MODES, request=True)
+    top_k: int = setting(10, help="Number of results.", flag="--top-k", ge=1, request=True)
+    candidates: int = setting(50, help="Hits per list before hybrid or raw+summary fusion.", ge=1)
+    query_source: str = setting(
+        "raw",
+        help="Search with the raw question, its summary or both fused (summary/both imply --summarize).",
+        flag="--query",
+        choices=QUERY_SOURCES,
+        request=True,
+    )
+    summarize: bool = setting(False, help="Summarize the question first.", flag="--summarize", request=True)
+    summarizer: str | None = setting(
+        None, help="Summarizer model (directory or name under $MEDFAQ_HOME/models).", flag="--summarizer"
+    )
+    summary_beams: int | None = setting(None, help="Summarizer beams (1 = greedy).", flag="--beams", ge=1)
+    summary_max_length: int | None = setting(None, help="Summarizer's longest summary, in tokens.", ge=1)
+    rerank: bool = setting(False, help="Rerank the top hits with a cross-encoder.", flag="--rerank", request=True)
+    reranker: str | None = setting(
+        None, help="Cross-encoder model (directory or name under $MEDFAQ_HOME/models).", flag="--reranker"
+    )
+    rerank_depth: int = setting(20, help="How many top hits the cross-encoder rescores.", flag="--rerank-depth", ge=1)
+    rerank_max_length: int | None = setting(
+        None, help="Tokens per (question, FAQ) pair the cross-encoder reads.", flag="--rerank-max-length", ge=8
+    )
+    rerank_query: str = setting(
+        "auto",
+        help="What the cross-encoder reads (auto: the summary when the search used it alone).",
+        choices=RERANK_QUERIES,
+    )
+    rerank_fusion: str = setting(
+        "rrf",
+        help="replace: order by the cross-encoder; rrf: RRF of retrieval and cross-encoder ranks; auto: replace for "
+        "a reranker trained with --prior-scale, else rrf.",
+        flag="--rerank-fusion",
+        choices=RERANK_FUSIONS,
+        request=True,
+    )
+    rerank_retrieval_weight: float = setting(3.0, help="Weight of the retrieval ranking in the reranking RRF.", gt=0)
+    rerank_rrf_k: int = setting(10, help="The constant k of the reranking RRF.", ge=0)
+    rerank_margin: float | None = setting(
+        None,
+        help="Rerank (cross-encoder and likelihood) only questions whose top two dense cosines differ by less than "
+        "this (e.g. 0.05); default: all.",
+        flag="--rerank-margin",
+        ge=0,
+        request=True,
+    )
+    rerank_precision: str = setting(
+        "fp32", help="The cross-encoder's arithmetic: " + PRECISION_HELP, flag="--rerank-precision", choices=PRECISIONS
+    )
+    likelihood: bool = setting(
+        False,
+        help="Rerank the top hits by how likely the summarizer finds each FAQ question as the question's summary.",
+        flag="--likelihood",
+        request=True,
+    )
+    likelihood_depth: int = setting(
+        10, help="How many top hits the summary likelihood scores.", flag="--likelihood-depth", ge=1
+    )
+    likelihood_prior: float = setting(1.0, help="Weight of an FAQ question's likelihood given no question.", ge=0)
+    likelihood_per_token: bool = setting(True, help="Score the likelihood per token (else summed).")
+    likelihood_weight: float = setting(1.0, help="Weight of the likelihood ranking in the reranking RRF.", gt=0)
+    quantize: bool = setting(False, help="int8 dynamic quantisation of summarizer and reranker.", flag="--quantize")
+    encoder_backend: str = setting(
+        "auto", help="Query encoder. " + BACKEND_HELP, flag="--encoder-backend", choices=ENCODER_BACKENDS
+    )
+    entities: bool = setting(True, help="Find the question's medical entities.")
+    key_terms: bool = setting(False, help="Drop hits sharing no key term with the question.")
+    dense_weight: float = setting(1.0, help="Weight of the dense list against BM25's 1 in hybrid RRF.", gt=0)
+    abstain: bool = setting(
+        True,
+        help="Abstain (and log the question) below the threshold.",
+        flag="--abstain",
+        request=True,
+        needs_key=True,
+    )
+    threshold: float | None = setting(
+        None,
+        help="Abstain when the confidence is below this (a finite number).",
+        flag="--threshold",
+        request=True,
+        needs_key=True,
+    )
+    thresholds: dict[str, float] = setting(
+        default_factory=dict, help="The calibrated threshold of each configuration (mode x rerank x query source)."
+    )
+    inherited_thresholds: dict[str, str] = setting(
+        default_factory=dict, help="The threshold.json each threshold inherited from a model came from."
+    )
+    log_unanswered: bool = setting(True, help="Append abstained questions to the unanswered log.")
+    unanswered_log: str | None = setting(None, help="The unanswered log (default: $MEDFAQ_HOME/unanswered.jsonl).")
+    max_query_chars: int = setting(MAX_QUERY_CHARS, help="Questions are cut to this many characters.", ge=1)
+    rrf_k: int = setting(RRF_K, help="The constant k of hybrid and raw+summary RRF.", ge=0)
 
     def __post_init__(self) -> None:
-        choices = {
-            "mode": MODES,
-            "query_source": QUERY_SOURCES,
-            "rerank_query": RERANK_QUERIES,
-            "rerank_fusion": RERANK_FUSIONS,
-            "rerank_precision": PRECISIONS,
-            "encoder_backend": ENCODER_BACKENDS,
-        }
-        for name, allowed in choices.items():
-            if getattr(self, name) not in allowed:
-                label = name.replace("_", " ")
-                raise MedfaqError(f"unknown {label} {getattr(self, name)!r}; choose one of {', '.join(allowed)}")
+        for declared in pipeline_settings().values():
+            check_setting(declared, getattr(self, declared.name))
         if self.query_source != "raw" and not self.summarize:
             raise MedfaqError(f"query source {self.query_source!r} needs summarize=true")
-        if self.top_k < 1 or self.candidates < 1 or self.rerank_depth < 1 or self.likelihood_depth < 1:
-            raise MedfaqError("top_k, candidates, rerank_depth and likelihood_depth must be at least 1")
-        if (self.summary_beams or 1) < 1 or (self.summary_max_length or 1) < 1 or (self.rerank_max_length or 8) < 8:
-            raise MedfaqError("summary_beams and summary_max_length must be at least 1, rerank_max_length at least 8")
-        weights = [self.dense_weight, self.rerank_retrieval_weight, self.likelihood_weight]
-        values = [*weights, self.likelihood_prior, *([] if self.threshold is None else [self.threshold])]
-        if not all(_finite_number(v) for v in [*values, *self.thresholds.values()]):
-            raise MedfaqError(f"weights and thresholds must be finite numbers, got {values} {self.thresholds}")
-        if min(weights) <= 0:
-            raise MedfaqError(
-                f"dense_weight, rerank_retrieval_weight and likelihood_weight must be above 0, got {weights}"
-            )
-        if self.likelihood_prior < 0:
-            raise MedfaqError(f"likelihood_prior must be at least 0, got {self.likelihood_prior}")
-        if not all(isinstance(k, int) and not isinstance(k, bool) and k >= 0 for k in (self.rrf_k, self.rerank_rrf_k)):
-            raise MedfaqError(
-                f"rrf_k and rerank_rrf_k must be whole numbers of at least 0, got {self.rrf_k} {self.rerank_rrf_k}"
-            )
-        if self.rerank_margin is not None and not (_finite_number(self.rerank_margin) and self.rerank_margin >= 0):
-            raise MedfaqError(f"rerank_margin must be a finite number of at least 0, got {self.rerank_margin}")
+        thresholds = [*self.thresholds.values()]
+        if not all(isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) for v in thresholds):
+            raise MedfaqError(f"thresholds must be finite numbers, got {self.thresholds}")
 
     @property
     def threshold_key(self) -> str:
@@ -248,58 +272,10 @@ class PipelineConfig:
             query_source = "raw"
         return self.updated(summarize=summarize, query_source=query_source, **changes)
 
-    def save(self, directory: str | Path) -> Path:
-        """Write ``pipeline.json`` into `directory` (an index directory); the file survives index saves."""
-        from medfaq.index.faq_index import write_lock
 
-        path = Path(directory) / PIPELINE_FILE
-        with write_lock(directory):  # an index save beside this one copies the finished file
-            tmp = path.with_suffix(".json.tmp")
-            tmp.write_text(json.dumps(self.to_dict(), indent=2) + "\n", encoding="utf-8")
-            tmp.replace(path)
-        return path
-
-    @classmethod
-    def load(cls, directory: str | Path) -> PipelineConfig:
-        """``pipeline.json`` of `directory`, or the defaults when there is none."""
-        return cls.parse(saved_config(directory), Path(directory) / PIPELINE_FILE)
-
-    @classmethod
-    def parse(cls, saved: bytes | None, path: str | Path) -> PipelineConfig:
-        """The settings of the ``pipeline.json`` at `path` read as `saved` (None: there is none, the defaults)."""
-        if saved is None:
-            return cls()
-        try:
-            data = json.loads(saved.decode("utf-8"))
-            if not isinstance(data, dict):
-                raise MedfaqError(f"expected a JSON object of settings, got {type(data).__name__}")
-            return cls.from_dict(data)
-        except (UnicodeDecodeError, json.JSONDecodeError, TypeError, MedfaqError) as error:
-            raise MedfaqError(f"{path} is not a valid pipeline config: {error}") from None
-
-
-def saved_config(directory: str | Path) -> bytes | None:
-    """The bytes of `directory`'s ``pipeline.json`` (None when it has none): cheap to compare with what was loaded."""
-    path = Path(directory) / PIPELINE_FILE
-    if not path.is_file():
-        return None
-    try:
-        return path.read_bytes()
-    except FileNotFoundError:  # removed since
-        return None
-
-
-def store_threshold(directory: str | Path, config: PipelineConfig, value: float) -> Path:
-    """Save `value` as the calibrated threshold of `config`'s configuration in `directory`'s ``pipeline.json``
-    (abstention on; it replaces a threshold inherited from the encoder); the file's other settings and other
-    configurations' thresholds stay as they are."""
-    from medfaq.index.faq_index import write_lock
-
-    with write_lock(directory):  # read, change and write under one lock: a concurrent save is never lost
-        saved = PipelineConfig.load(directory)
-        thresholds = {**saved.thresholds, config.threshold_key: float(value)}
-        inherited = {k: v for k, v in saved.inherited_thresholds.items() if k != config.threshold_key}
-        return saved.replace(abstain=True, thresholds=thresholds, inherited_thresholds=inherited).save(directory)
+def pipeline_settings() -> dict[str, Declared]:
+    """Every :class:`PipelineConfig` field's declaration, in the class's order."""
+    return declared_settings(PipelineConfig)
 
 
 @dataclass

@@ -9,6 +9,7 @@ import json
 import re
 from pathlib import Path
 
+from medfaq.retriever.pipeline_file import store_threshold, write_config
 from medfaq.summarizer.entities import Entity
 
 FAQS = [
@@ -72,13 +73,12 @@ def build_demo_home(home: Path, encoder) -> dict[str, str]:
     configuration only) and two stand-in model directories under `home`; returns the demo's environment variables."""
     from medfaq.index.collections import load_collection
     from medfaq.index.faq_index import FaqIndex
-    from medfaq.retriever.pipeline import store_threshold
 
     home.mkdir(parents=True, exist_ok=True)
     records, _ = load_collection(str(write_collection(home / "faqs.jsonl")))
     index_dir = home / "indexes" / "tiny"
     FaqIndex.build(records, encoder, progress=False).save(index_dir)
-    page_default_config().save(index_dir)  # every stage on, as a pipeline.json may ask
+    write_config(index_dir, page_default_config())  # every stage on, as a pipeline.json may ask
     store_threshold(index_dir, page_default_config(), 0.5)
     models = {}
     for name in ("summarizer", "reranker"):

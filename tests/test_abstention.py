@@ -20,7 +20,7 @@ from medfaq.retriever.abstention import (
     inherit_thresholds,
     model_thresholds,
 )
-from medfaq.retriever.pipeline import PIPELINE_FILE, PipelineConfig, store_threshold
+from medfaq.retriever.pipeline_file import PIPELINE_FILE, read_config, store_threshold
 from medfaq.retriever.setup_plan import BIENCODER_MODEL, choose_encoder
 
 QUESTIONS = [
@@ -86,15 +86,15 @@ def test_calibrated_threshold_is_inherited_by_a_new_index_and_overridden(tmp_pat
     assert result.exit_code == 0, result.output
     assert f"encoder: {tuned} (auto: the fine-tuned bi-encoder" in result.output
     assert json.loads((out / "manifest.json").read_text())["encoder"] == str(tuned)
-    config = PipelineConfig.load(out)
+    config = read_config(out)
     assert config.abstain and config.active_threshold() == stored.value
     assert config.inherited_thresholds == {"dense@raw": str(tuned / THRESHOLD_FILE)}
 
     store_threshold(out, config, 0.5)  # what `medfaq eval retrieval --save-threshold` writes
-    config = PipelineConfig.load(out)
+    config = read_config(out)
     assert config.active_threshold() == 0.5 and config.inherited_thresholds == {}
     assert inherit_thresholds(out, str(tuned)) == {}  # a threshold calibrated on the index stays
-    assert PipelineConfig.load(out).thresholds == {"dense@raw": 0.5}
+    assert read_config(out).thresholds == {"dense@raw": 0.5}
 
 
 def test_an_index_rebuilt_with_an_uncalibrated_encoder_drops_the_inherited_threshold(tmp_path, tiny_encoder_dir):
@@ -105,7 +105,7 @@ def test_an_index_rebuilt_with_an_uncalibrated_encoder_drops_the_inherited_thres
     index_dir.mkdir()
     assert inherit_thresholds(index_dir, str(calibrated)) == {"dense@raw": 0.3}
     assert inherit_thresholds(index_dir, str(tiny_encoder_dir)) == {}
-    assert PipelineConfig.load(index_dir).thresholds == {}
+    assert read_config(index_dir).thresholds == {}
     assert (index_dir / PIPELINE_FILE).is_file()
 
 
@@ -184,13 +184,13 @@ def test_calibrate_gives_an_index_built_before_the_threshold_it_would_have_inher
     runner = CliRunner()
     assert runner.invoke(app, ["index", "build", str(faqs), "--out", str(before)]).exit_code == 0
     assert runner.invoke(app, ["index", "build", str(faqs), "--out", str(other), "--encoder", str(tiny_encoder_dir)])
-    assert PipelineConfig.load(before).active_threshold() is None  # built before the model was calibrated
+    assert read_config(before).active_threshold() is None  # built before the model was calibrated
 
     args = ["train", "calibrate", str(tuned), "--from", str(dev_data), "--index", str(before), "--index", str(other)]
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     stored = ModelThreshold.load(tuned)
-    assert PipelineConfig.load(before).active_threshold() == stored.value
-    assert PipelineConfig.load(before).inherited_thresholds == {"dense@raw": str(tuned / THRESHOLD_FILE)}
+    assert read_config(before).active_threshold() == stored.value
+    assert read_config(before).inherited_thresholds == {"dense@raw": str(tuned / THRESHOLD_FILE)}
     assert f"warning: {other} left as it was" in result.stderr
-    assert PipelineConfig.load(other).active_threshold() is None
+    assert read_config(other).active_threshold() is None

@@ -10,6 +10,8 @@ from typer.testing import CliRunner
 
 from medfaq.app.cli import app
 from medfaq.app.options import NO_STAGE_FLAGS, STAGE_FLAGS, StageFlags, takes_stage_flags
+from medfaq.retriever.pipeline import PipelineConfig, pipeline_settings
+from medfaq.retriever.pipeline_file import read_config, store_threshold
 
 runner = CliRunner()
 
@@ -199,22 +201,40 @@ def test_stage_flags_are_declared_once_and_reach_the_command():
             command = command.commands[name]
         return {name for param in command.params for name in [*param.opts, *param.secondary_opts]}
 
-    assert declared <= options("search") and declared <= options("eval", "retrieval")
+    assert declared <= options("search")
+    assert declared - options("eval", "retrieval") == {"--top-k"}
     assert declared - options("bench") == {"--abstain", "--no-abstain", "--threshold"}
+    assert options("demo") >= {"--mode", "--top-k"}
 
     names = list(inspect.signature(_flagged).parameters)
     assert names == ["first", *[name for name in STAGE_FLAGS if name != "threshold"], "last"]
-    given = dict.fromkeys(names[1:-1]) | {"rerank": True, "beams": 3}
+    given = dict.fromkeys(names[1:-1]) | {"rerank": True, "summary_beams": 3}
     first, flags, last = _flagged(first=2, last="y", **given)
     assert (first, last) == (2, "y")
-    overrides = flags.overrides()
-    assert overrides["rerank"] is True and overrides["summary_beams"] == 3 and overrides["threshold"] is None
+    applied = flags.apply(PipelineConfig(threshold=0.5))
+    assert applied.rerank is True and applied.summary_beams == 3 and applied.threshold == 0.5
+
+
+def test_stage_flags_are_built_from_the_pipeline_settings_declarations():
+    """Each flag is a PipelineConfig field's declaration: its help, and its rule as a one-line usage error."""
+    settings = pipeline_settings()
+    flagged = {name for name, declared in settings.items() if declared.setting.flag}
+    assert set(STAGE_FLAGS) == flagged and {"top_k", "mode", "query_source", "summary_beams"} <= flagged
+    for name, option in STAGE_FLAGS.items():
+        assert option.option.help == settings[name].describe()
+        assert option.option.param_decls[0].split("/")[0] == settings[name].setting.flag
+    for arguments, rule in (
+        (["--rerank-depth", "0"], "rerank_depth must be a whole number of at least 1"),
+        (["--rerank-margin", "nan"], "rerank_margin must be a finite number of at least 0"),
+        (["--query", "nope"], "unknown query source 'nope'"),
+        (["--rerank-precision", "fp16"], "unknown rerank precision 'fp16'"),
+        (["--mode", "semantic"], "unknown mode 'semantic'"),
+    ):
+        assert_one_line_error(medfaq("search", *arguments, "a question"), rule)
 
 
 def test_queue_commands_list_link_and_undo(built):
-    from medfaq.retriever.pipeline import PipelineConfig, store_threshold
-
-    store_threshold(built, PipelineConfig.load(built).updated(entities=False), 2.0)  # every question abstains
+    store_threshold(built, read_config(built).updated(entities=False), 2.0)  # every question abstains
     asked = "zzqx blorf wibble glonk"
     for _ in range(2):
         assert "no FAQ matches well enough" in medfaq("search", "--index", built, asked).stdout

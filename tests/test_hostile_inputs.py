@@ -19,7 +19,7 @@ from medfaq.app.server import create_app
 from medfaq.app.service import SearchService
 from medfaq.index.faq_index import MANIFEST, FaqIndex, disk_version
 from medfaq.index.records import FaqRecord
-from medfaq.retriever.pipeline import PipelineConfig
+from medfaq.retriever.pipeline_file import read_config, write_config
 from tests.conftest import FAQ_ROWS, write_jsonl
 from tests.servers import serving
 
@@ -230,7 +230,7 @@ def test_a_corrupted_index_on_disk_leaves_the_loaded_one_serving(service, index_
         (index_dir / MANIFEST).write_bytes(manifest)
         healed = httpx.get(f"{url}/health").json()
         refused = httpx.post(f"{url}/search", json={"question": "flu", "rerank": True})
-        PipelineConfig.load(index_dir).updated(rerank=True).save(index_dir)  # the index's own pipeline reranks,
+        write_config(index_dir, read_config(index_dir).updated(rerank=True))  # the index's own pipeline reranks,
         FaqIndex.add_to(index_dir, [FaqRecord(id="n1", question="What is flu?")], tiny_encoder, progress=False)
         unavailable = httpx.post(f"{url}/search", json={"question": "flu"})
     assert after.status_code == 200 and after.json()["hits"] == before["hits"]

@@ -19,7 +19,8 @@ from medfaq.app.service import SearchService
 from medfaq.common.runtime import MedfaqError
 from medfaq.retriever import model_cache
 from medfaq.retriever.model_cache import StageCache, StageLoader, register_stage_loader, shared_cache
-from medfaq.retriever.pipeline import PIPELINE_FILE, PipelineConfig
+from medfaq.retriever.pipeline import PipelineConfig
+from medfaq.retriever.pipeline_file import PIPELINE_FILE, read_config, write_config
 from tests.conftest import FAQ_ROWS
 from tests.servers import serving
 from tests.test_onnx_reranker import trained
@@ -51,7 +52,7 @@ def test_server_demo_and_cli_take_the_same_stages_for_one_config(index_dir, rera
     from medfaq.app.cmd_search import StageFlags, open_pipeline
 
     resources, search_page = demo_page
-    PipelineConfig(rerank=True, reranker=str(reranker_dir), encoder_backend="torch", top_k=3).save(index_dir)
+    write_config(index_dir, PipelineConfig(rerank=True, reranker=str(reranker_dir), encoder_backend="torch", top_k=3))
     monkeypatch.setenv("MEDFAQ_DEMO_INDEX", str(index_dir))
     monkeypatch.setenv("MEDFAQ_DEMO_RERANKER", str(reranker_dir))
 
@@ -78,9 +79,9 @@ def test_server_demo_and_cli_take_the_same_stages_for_one_config(index_dir, rera
     for change in ({"rerank_max_length": 16}, {"rerank_precision": "bf16"}):
         flagged = open_pipeline(index_dir, StageFlags(**change)).reranker
         assert flagged is not served.reranker
-        PipelineConfig.load(index_dir).replace(**change).save(index_dir)
+        write_config(index_dir, read_config(index_dir).replace(**change))
         assert open_pipeline(index_dir, StageFlags()).reranker is flagged  # the same setting, the same stage
-        PipelineConfig.load(index_dir).replace(rerank_max_length=None, rerank_precision="fp32").save(index_dir)
+        write_config(index_dir, read_config(index_dir).replace(rerank_max_length=None, rerank_precision="fp32"))
     assert open_pipeline(index_dir, StageFlags()).reranker is served.reranker
 
 
@@ -165,17 +166,17 @@ def ask(url: str) -> dict:
 
 
 def test_a_running_server_answers_the_next_request_with_an_edited_pipeline_json(index_dir, tmp_path):
-    PipelineConfig(top_k=3, entities=False, log_unanswered=False).save(index_dir)
+    write_config(index_dir, PipelineConfig(top_k=3, entities=False, log_unanswered=False))
     service = SearchService(index_dir, feedback_path=tmp_path / "feedback.sqlite3")
     path = index_dir / PIPELINE_FILE
     with serving(create_app(service)) as url:
         assert len(ask(url)["hits"]) == 3
-        PipelineConfig.load(index_dir).replace(top_k=2).save(index_dir)
+        write_config(index_dir, read_config(index_dir).replace(top_k=2))
         assert len(ask(url)["hits"]) == 2
         path.write_text(path.read_text(encoding="utf-8").replace('"top_k": 2', '"top_k": 4'), encoding="utf-8")
         assert len(ask(url)["hits"]) == 4  # an edit in place of the same size, within the same second
         assert not ask(url)["abstained"]
-        PipelineConfig.load(index_dir).replace(abstain=True, threshold=2.0).save(index_dir)
+        write_config(index_dir, read_config(index_dir).replace(abstain=True, threshold=2.0))
         assert ask(url)["abstained"]
         assert httpx.get(f"{url}/health").json()["config"]["threshold"] == 2.0
 
@@ -186,7 +187,7 @@ def test_a_running_server_answers_the_next_request_with_an_edited_pipeline_json(
             health = httpx.get(f"{url}/health").json()
             assert health["status"] == "degraded" and "pipeline.json is not a valid pipeline config" in health["fault"]
             assert "\n" not in health["fault"] and health["config"]["top_k"] == 4
-        PipelineConfig(top_k=1, entities=False, log_unanswered=False).save(index_dir)
+        write_config(index_dir, PipelineConfig(top_k=1, entities=False, log_unanswered=False))
         answer = ask(url)
         assert len(answer["hits"]) == 1 and not answer["abstained"]
         assert httpx.get(f"{url}/health").json()["fault"] is None
@@ -203,7 +204,7 @@ def test_concurrent_first_requests_load_a_stage_once(index_dir, tmp_path, monkey
         return CountingReranker()
 
     monkeypatch.setitem(model_cache._STAGE_LOADERS, "rerank", StageLoader(slow_load, reads=("quantize",)))
-    PipelineConfig(rerank=True, reranker="counting", entities=False, log_unanswered=False).save(index_dir)
+    write_config(index_dir, PipelineConfig(rerank=True, reranker="counting", entities=False, log_unanswered=False))
     service = SearchService(index_dir, feedback_path=tmp_path / "feedback.sqlite3")
     with serving(create_app(service)) as url, ThreadPoolExecutor(8) as pool:
         answers = list(pool.map(lambda _: ask(url), range(8)))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -13,6 +14,7 @@ from medfaq.common.runtime import MedfaqError
 from medfaq.index.faq_index import FaqIndex
 from medfaq.retriever.model_cache import build_pipeline
 from medfaq.retriever.pipeline import Pipeline, PipelineConfig, confidence, key_stems
+from medfaq.retriever.pipeline_file import read_config, store_threshold, write_config
 from medfaq.retriever.unanswered import UnansweredLog
 
 
@@ -140,7 +142,7 @@ def test_rrf_rerank_fusion_combines_retrieval_and_reranker_ranks(index):
         with pytest.raises(MedfaqError, match="rerank_retrieval_weight|finite"):
             replace.updated(rerank_retrieval_weight=bad)
     for bad in (-1, 2.5, True):
-        with pytest.raises(MedfaqError, match="rerank_rrf_k must be whole numbers"):
+        with pytest.raises(MedfaqError, match="rerank_rrf_k must be a whole number of at least 0"):
             replace.updated(rerank_rrf_k=bad)
 
 
@@ -233,8 +235,8 @@ def test_default_unanswered_log_lives_in_medfaq_home(index):
 
 def test_config_round_trip_and_flag_overrides(tmp_path):
     config = PipelineConfig(mode="bm25", summarize=True, query_source="both", rerank=True, rerank_depth=7)
-    config.save(tmp_path)
-    loaded = PipelineConfig.load(tmp_path)
+    write_config(tmp_path, config)
+    loaded = read_config(tmp_path)
     assert loaded == config
     assert loaded.with_flags(summarize=False).query_source == "raw"
     assert loaded.with_flags(rerank=False, mode="dense").to_dict() == {
@@ -341,27 +343,25 @@ def test_each_configuration_uses_its_own_threshold(index):
 def test_old_one_threshold_pipeline_json_still_loads(tmp_path):
     old = {"mode": "dense", "rerank": True, "abstain": True, "threshold": 0.7, "top_k": 4}
     (tmp_path / "pipeline.json").write_text(json.dumps(old), encoding="utf-8")
-    config = PipelineConfig.load(tmp_path)
+    config = read_config(tmp_path)
     assert config.threshold is None and config.thresholds == {"dense+rerank@raw": 0.7}
     assert config.updated(rerank=False).active_threshold() is None
     never_calibrated = {**old, "abstain": False, "threshold": 0.5}
     (tmp_path / "pipeline.json").write_text(json.dumps(never_calibrated), encoding="utf-8")
-    assert PipelineConfig.load(tmp_path).thresholds == {}
+    assert read_config(tmp_path).thresholds == {}
     saved_before_rerank_rrf_k = {**old, "rerank_retrieval_weight": 1.5, "rrf_k": 60}  # keeps the fusion it had
     (tmp_path / "pipeline.json").write_text(json.dumps(saved_before_rerank_rrf_k), encoding="utf-8")
-    loaded = PipelineConfig.load(tmp_path)
+    loaded = read_config(tmp_path)
     assert (loaded.rerank_retrieval_weight, loaded.rerank_rrf_k) == (1.5, 60)
     (tmp_path / "pipeline.json").write_text(json.dumps({**old, "rerank_retrieval_weight": 0}), encoding="utf-8")
     with pytest.raises(MedfaqError, match=r"pipeline.json is not a valid pipeline config: .*rerank_retrieval_weight"):
-        PipelineConfig.load(tmp_path)  # a bad value names the file it came from
+        read_config(tmp_path)  # a bad value names the file it came from
 
 
 def test_store_threshold_keeps_other_configurations(tmp_path):
-    from medfaq.retriever.pipeline import store_threshold
-
-    PipelineConfig(mode="bm25", top_k=3, thresholds={"bm25@raw": 4.0}).save(tmp_path)
+    write_config(tmp_path, PipelineConfig(mode="bm25", top_k=3, thresholds={"bm25@raw": 4.0}))
     store_threshold(tmp_path, PipelineConfig(mode="dense"), 0.42)
-    saved = PipelineConfig.load(tmp_path)
+    saved = read_config(tmp_path)
     assert saved.mode == "bm25" and saved.top_k == 3 and saved.abstain
     assert saved.thresholds == {"bm25@raw": 4.0, "dense@raw": 0.42}
 
@@ -387,3 +387,23 @@ def test_a_missing_set_up_model_names_the_fix(index):
         message = str(error.value)
         assert "\n" not in message and model in message and "`medfaq setup`" in message
         assert "medfaq train " in message and f"--out {models_dir() / model}" in message
+
+
+def _names_the_pipeline_file(node: object) -> bool:
+    if isinstance(node, ast.Name | ast.alias):
+        return "PIPELINE_FILE" in (getattr(node, "id", None), getattr(node, "name", None))
+    return isinstance(node, ast.Constant) and node.value == "pipeline.json"
+
+
+def test_pipeline_json_is_read_and_written_in_one_module():
+    """Every other module asks retriever.pipeline_file: none names the file, and PipelineConfig has no file methods."""
+    from tests.test_layering import module_files
+
+    naming = sorted(
+        name
+        for name, path in module_files().items()
+        if name != "medfaq.retriever.pipeline_file"
+        and any(map(_names_the_pipeline_file, ast.walk(ast.parse(path.read_text(encoding="utf-8")))))
+    )
+    assert naming == []
+    assert not any(hasattr(PipelineConfig, method) for method in ("load", "save", "parse"))

@@ -12,7 +12,8 @@ from medfaq.app.service import SearchService
 from medfaq.index.encoder import Encoder
 from medfaq.index.faq_index import FaqIndex
 from medfaq.index.records import FaqRecord
-from medfaq.retriever.pipeline import PipelineConfig, store_threshold
+from medfaq.retriever.pipeline import PipelineConfig
+from medfaq.retriever.pipeline_file import store_threshold, write_config
 from tests.conftest import FAQ_ROWS
 from tests.servers import serving
 
@@ -70,7 +71,7 @@ def served(tmp_path, minilm_dir):
     index_dir = tmp_path / "idx"
     FaqIndex.build(records, Encoder(str(minilm_dir), device="cpu"), progress=False).save(index_dir)
     config = PipelineConfig(entities=False, encoder_backend="torch")
-    config.save(index_dir)
+    write_config(index_dir, config)
     store_threshold(index_dir, config, 0.7)
     service = SearchService(index_dir, tmp_path / "feedback.sqlite3")
     with serving(create_app(service, allow_writes=True)) as url, httpx.Client(base_url=url, timeout=120) as client:

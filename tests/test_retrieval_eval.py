@@ -25,7 +25,8 @@ from medfaq.eval.retrieval import (
     stages_needed,
 )
 from medfaq.index.faq_index import FaqIndex
-from medfaq.retriever.pipeline import PipelineConfig, SearchResponse, store_threshold
+from medfaq.retriever.pipeline import PipelineConfig, SearchResponse
+from medfaq.retriever.pipeline_file import read_config, store_threshold, write_config
 from medfaq.retriever.runs import write_run
 from medfaq.retriever.search import Hit
 from tests.conftest import FAQ_ROWS
@@ -235,10 +236,10 @@ def test_eval_retrieval_cli(bench_dir, tmp_path):
     assert table.exit_code == 0 and "hybrid" in table.stdout and "skipped" in table.stdout
     long_only = json.loads(medfaq("eval", "retrieval", *args, "--mode", "bm25", "--json", "--min-words", "4").stdout)
     assert long_only["queries"] == 4 and long_only["judged_test"] == 2  # "car insurance quotes" is left out
-    before = PipelineConfig.load(bench_dir / "index")
+    before = read_config(bench_dir / "index")
     saved = medfaq("eval", "retrieval", *args, "--mode", "bm25", "--save-threshold")
     assert saved.exit_code == 0, saved.output
-    config = PipelineConfig.load(bench_dir / "index")
+    config = read_config(bench_dir / "index")
     assert config.abstain and config.mode == before.mode and "bm25@raw saved" in saved.stdout
     assert set(config.thresholds) == {"bm25@raw"}
     threshold = config.thresholds["bm25@raw"]
@@ -275,7 +276,7 @@ def test_search_uses_pipeline_json_and_flags_override(bench_dir, monkeypatch):
     import medfaq.retriever.model_cache as model_cache
 
     directory = bench_dir / "index"
-    PipelineConfig(mode="bm25", top_k=2, entities=False).save(directory)
+    write_config(directory, PipelineConfig(mode="bm25", top_k=2, entities=False))
     saved = json.loads(medfaq("search", "--index", directory, "--json", "shingles treated").stdout)
     assert len(saved["hits"]) <= 2 and set(saved["hits"][0]["stage_scores"]) == {"bm25"}
     assert {"summary", "entities", "abstained", "timings_ms", "confidence"} <= set(saved)

@@ -9,6 +9,7 @@ from medfaq.common.runtime import MedfaqError
 from medfaq.index.faq_index import FaqIndex
 from medfaq.retriever.model_cache import build_pipeline, register_stage_loader
 from medfaq.retriever.pipeline import Pipeline, PipelineConfig, SearchResponse
+from medfaq.retriever.pipeline_file import read_config, write_config
 from medfaq.retriever.search import Retriever, clean_queries, reciprocal_rank_fusion
 
 
@@ -97,16 +98,16 @@ def test_abstain_uses_threshold(index):
 
 def test_pipeline_config_round_trip_and_validation(tmp_path, index):
     config = PipelineConfig(mode="dense", top_k=3, abstain=True, threshold=0.3)
-    config.save(tmp_path)
-    assert PipelineConfig.load(tmp_path) == config
-    assert PipelineConfig.load(tmp_path / "none") == PipelineConfig()
+    write_config(tmp_path, config)
+    assert read_config(tmp_path) == config
+    assert read_config(tmp_path / "none") == PipelineConfig()
     with pytest.raises(MedfaqError, match="unknown pipeline setting"):
         PipelineConfig.from_dict({"modes": "dense"})
     with pytest.raises(MedfaqError, match="needs summarize"):
         PipelineConfig(query_source="summary")
     with pytest.raises(MedfaqError, match="no query-rewrite stage"):
         Pipeline(index, PipelineConfig(summarize=True))
-    with pytest.raises(MedfaqError, match="rerank_max_length at least 8"):
+    with pytest.raises(MedfaqError, match="rerank_max_length must be a whole number of at least 8"):
         PipelineConfig(rerank_max_length=4)
     flags = StageFlags(rerank=True, rerank_depth=5, rerank_margin=0.05, rerank_max_length=64, rerank_precision="bf16")
     applied = flags.apply(config)

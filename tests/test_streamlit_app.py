@@ -12,7 +12,10 @@ from streamlit.testing.v1 import AppTest
 from typer.testing import CliRunner
 
 from medfaq.app.setup_state import EXAMPLE_QUESTIONS, DemoSettings, SetupRunner, SetupStep, default_steps
+from medfaq.app.ui.search_page import MODE_LABELS
 from medfaq.retriever.feedback import Feedback, FeedbackStore
+from medfaq.retriever.pipeline import pipeline_settings
+from medfaq.retriever.pipeline_file import read_config, write_config
 from medfaq.retriever.unanswered import UnansweredLog
 
 APP = str(Path(__file__).resolve().parents[1] / "app" / "streamlit_app.py")
@@ -72,6 +75,11 @@ def test_controls_switch_stages_and_mode(demo_env):
     app = AppTest.from_file(APP, default_timeout=TIMEOUT_S).run()
     app.toggle(key="ctl_summarizer_ready").set_value(False)
     app.toggle(key="ctl_reranker_ready").set_value(False)
+    settings = pipeline_settings()  # each widget is described by its setting's declaration
+    assert app.toggle(key="ctl_reranker_ready").help.startswith(settings["rerank"].describe())
+    assert app.selectbox(key="ctl_mode").options == [MODE_LABELS[mode] for mode in settings["mode"].setting.choices]
+    assert app.selectbox(key="ctl_mode").help == settings["mode"].describe()
+    assert app.slider(key="ctl_top_k").min == settings["top_k"].setting.ge
     app.selectbox(key="ctl_mode").set_value("bm25")
     app.slider(key="ctl_top_k").set_value(2)
     app.text_area(key="question").input("what are the symptoms of diabetes")
@@ -83,10 +91,8 @@ def test_controls_switch_stages_and_mode(demo_env):
 
 
 def test_stages_start_as_the_index_pipeline_json_says(demo_env):
-    from medfaq.retriever.pipeline import PipelineConfig
-
     index = demo_env["MEDFAQ_DEMO_INDEX"]
-    PipelineConfig.load(index).updated(summarize=False, query_source="raw", rerank=False).save(index)
+    write_config(index, read_config(index).updated(summarize=False, query_source="raw", rerank=False))
     app = ask(QUESTION)
     switches = [app.toggle(key=f"ctl_{stage}_ready") for stage in ("summarizer", "reranker", "likelihood")]
     assert [(switch.value, switch.disabled) for switch in switches] == [(False, False)] * 3  # ready, off
@@ -96,9 +102,7 @@ def test_stages_start_as_the_index_pipeline_json_says(demo_env):
 
 
 def test_the_page_applies_the_threshold_of_the_configuration_that_ran(demo_env):
-    from medfaq.retriever.pipeline import PipelineConfig
-
-    saved = PipelineConfig.load(demo_env["MEDFAQ_DEMO_INDEX"])
+    saved = read_config(demo_env["MEDFAQ_DEMO_INDEX"])
     assert list(saved.thresholds) == [demo_fakes.page_default_config().threshold_key]
     assert "No good match" in ask("Xylophone lessons near Zanzibar?").warning[0].value  # calibrated: abstains
     app = AppTest.from_file(APP, default_timeout=TIMEOUT_S).run()

@@ -12,6 +12,7 @@ import torch
 
 from medfaq.index.faq_index import FaqIndex
 from medfaq.retriever.pipeline import Pipeline, PipelineConfig
+from medfaq.retriever.pipeline_file import write_config
 from medfaq.summarizer.likelihood import SummaryLikelihood, TokenScores, combine
 from medfaq.summarizer.modeling import load_backbone, prompt_ids
 from tests.test_summarizer_causal import _save_causal, _tiny_sizes
@@ -207,7 +208,7 @@ def test_the_stage_switches_through_pipeline_json_the_cli_and_the_api(summarizer
 
     index_dir = summarizer_home
     question = "treatment of shingles rash"
-    PipelineConfig(likelihood=True, likelihood_depth=3, abstain=False).save(index_dir)
+    write_config(index_dir, PipelineConfig(likelihood=True, likelihood_depth=3, abstain=False))
     pipeline = open_pipeline(index_dir)
     assert isinstance(pipeline.likelihood, SummaryLikelihood)
     hits = pipeline.run(question).hits

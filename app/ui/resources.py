@@ -18,6 +18,7 @@ from medfaq.index.faq_index import FaqIndex
 from medfaq.retriever.feedback import FeedbackStore
 from medfaq.retriever.model_cache import shared_cache
 from medfaq.retriever.pipeline import EntityFinder, PipelineConfig, QueryRewriter, Reranker
+from medfaq.retriever.pipeline_file import read_config
 from medfaq.retriever.question_queue import QuestionQueue, open_queue
 
 LOADING = {
@@ -53,7 +54,7 @@ def base_config(demo: DemoSettings) -> PipelineConfig:
     """The index's saved ``pipeline.json`` (or the defaults): thresholds, depths, generation settings; with the
     demo's summarizer and reranker as its models."""
     models = {"summarizer": demo.summarizer, "reranker": demo.reranker}
-    return PipelineConfig.load(demo.index_dir).updated(**{k: str(v) for k, v in models.items() if v is not None})
+    return read_config(demo.index_dir).updated(**{k: str(v) for k, v in models.items() if v is not None})
 
 
 @st.cache_resource

@@ -14,11 +14,12 @@ from medfaq.app.setup_state import EXAMPLE_LABELS, EXAMPLE_QUESTIONS
 from medfaq.app.ui import common, resources
 from medfaq.retriever.feedback import Feedback
 from medfaq.retriever.model_cache import shared_cache
-from medfaq.retriever.pipeline import Pipeline, PipelineConfig, SearchResponse
-from medfaq.retriever.search import MODES, Hit
+from medfaq.retriever.pipeline import Pipeline, PipelineConfig, SearchResponse, pipeline_settings
+from medfaq.retriever.search import Hit
 
 MAX_PASTE_CHARS = 20_000
 MIN_TEXT_SHARE = 0.85
+MAX_RESULTS = 20  # the results slider's end
 MODE_LABELS = {"hybrid": "Hybrid (dense + BM25)", "dense": "Dense (MiniLM)", "bm25": "Keyword (BM25)"}
 STAGE_LABELS = {
     "rerank_rrf": "reranker",
@@ -86,28 +87,39 @@ def hit_stage(hit: Hit) -> str:
     return ranked[0] if ranked else "retrieval"
 
 
-def stage_switch(label: str, stage: str, notes: dict[str, str], ready: dict[str, bool], on: bool) -> bool:
-    """Enabled once the stage's model is ready, then on when the index's pipeline.json turns the stage on (`on`);
-    the key changes when the model becomes ready, so the switch takes that default by itself."""
+def stage_switch(label: str, name: str, stage: str, notes: dict[str, str], ready: dict[str, bool], on: bool) -> bool:
+    """The switch of the pipeline setting `name`, described by its declaration: enabled once the stage's model is
+    ready, then on when the index's pipeline.json turns the stage on (`on`); the key changes when the model becomes
+    ready, so the switch takes that default by itself."""
     return st.sidebar.toggle(
         label,
         value=ready[stage] and on,
         disabled=not ready[stage],
         key=f"ctl_{stage}_{'ready' if ready[stage] else 'missing'}",
-        help=f"{stage}: {notes[stage]}",
+        help=f"{pipeline_settings()[name].describe()} {stage}: {notes[stage]}",
     )
 
 
 def controls(notes: dict[str, str], ready: dict[str, bool], base: PipelineConfig) -> Controls:
     """The sidebar's settings, starting from the index's pipeline.json (`base`), as `medfaq search` does."""
     st.sidebar.markdown("**Search settings**")
-    summarize = stage_switch("Summarize my question", "summarizer", notes, ready, base.summarize)
-    rerank = stage_switch("Rerank with the cross-encoder", "reranker", notes, ready, base.rerank)
-    likelihood = stage_switch("Rank by the summarizer's likelihood", "likelihood", notes, ready, base.likelihood)
-    mode = st.sidebar.selectbox(
-        "Search mode", MODES, index=MODES.index(base.mode), key="ctl_mode", format_func=MODE_LABELS.get
+    settings = pipeline_settings()
+    summarize = stage_switch("Summarize my question", "summarize", "summarizer", notes, ready, base.summarize)
+    rerank = stage_switch("Rerank with the cross-encoder", "rerank", "reranker", notes, ready, base.rerank)
+    likelihood = stage_switch(
+        "Rank by the summarizer's likelihood", "likelihood", "likelihood", notes, ready, base.likelihood
     )
-    top_k = st.sidebar.slider("Results", 1, 20, 5, key="ctl_top_k")
+    modes = settings["mode"].setting.choices
+    mode = st.sidebar.selectbox(
+        "Search mode",
+        modes,
+        index=modes.index(base.mode),
+        key="ctl_mode",
+        format_func=MODE_LABELS.get,
+        help=settings["mode"].describe(),
+    )
+    first = int(settings["top_k"].setting.ge)
+    top_k = st.sidebar.slider("Results", first, MAX_RESULTS, 5, key="ctl_top_k", help=settings["top_k"].describe())
     return Controls(summarize, rerank, likelihood, mode, top_k)
 
 

@@ -282,11 +282,11 @@ def expert_links(index_dir: str | Path, seed: int = 0, held_back: bool = False) 
     """(question, FAQ id) of every question an expert linked or answered in the experts' queue of the index in
     `index_dir` (retriever/question_queue.py), FAQs since deleted left out. A seeded `EXPERT_HELDOUT_FRACTION` of
     the groups (by their first question) is held back for evaluation: those with `held_back`, the others without."""
-    from medfaq.retriever.pipeline import PipelineConfig
+    from medfaq.retriever.pipeline_file import read_config
     from medfaq.retriever.question_queue import QuestionQueue, queue_beside
     from medfaq.retriever.unanswered import UnansweredLog
 
-    log = UnansweredLog(PipelineConfig.load(index_dir).unanswered_log).path
+    log = UnansweredLog(read_config(index_dir).unanswered_log).path
     if not queue_beside(log).is_file():
         return []
     links = []
