@@ -7,12 +7,16 @@ included), bodies over `max_body_bytes` get 413 however they are framed, and a
 that cannot load) is a 503, never a 4xx. When the environment variable ``MEDFAQ_API_KEY`` is set, the write
 endpoints and the experts' queue need it in the ``X-API-Key`` header; without it the queue, which holds consumers'
 health questions, is served to loopback clients only unless `allow_public_queue`.
+
+The stage settings a search request may set are those :class:`~retriever.pipeline.PipelineConfig` declares
+`request` for, typed strictly from their declarations (:func:`setting_field`); a request that sets one declared
+`needs_key` (the threshold, abstention: what gets queued) sends its abstained questions to the experts' queue only
+with the API key.
 """
 
 from __future__ import annotations
 
 import ipaddress
-import math
 import os
 from dataclasses import dataclass
 from functools import partial
@@ -23,11 +27,24 @@ from fastapi import Depends, FastAPI, Header, HTTPException, Request
 from fastapi import Path as PathParameter
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    create_model,
+    field_validator,
+    model_validator,
+)
 
 from medfaq.app.service import SearchService, ServiceStatus, ServiceUnavailable
-from medfaq.common.runtime import MedfaqError
+from medfaq.common.runtime import MedfaqError, NotFound
+from medfaq.common.settings import Declared
 from medfaq.index.records import FaqRecord, record_problem
+from medfaq.retriever.pipeline import pipeline_settings
 from medfaq.retriever.search import check_query, invalid_text_position
 
 API_KEY_ENV = "MEDFAQ_API_KEY"
@@ -54,31 +71,45 @@ def _utf8(value: str | None) -> str | None:
     return value
 
 
-class SearchRequest(StrictModel):
-    """One `question` or a batch of `questions`, with optional stage settings named as PipelineConfig fields."""
+def _not_blank(value: str) -> str:
+    if not value.strip():
+        raise ValueError("must not be empty")
+    return value
+
+
+NonBlank = Annotated[str, AfterValidator(_not_blank)]
+"""Text that is not empty or white space alone."""
+
+
+def setting_field(declared: Declared) -> tuple[Any, Any]:
+    """The type and default of a request's optional override of a declared pipeline setting: strict (no bool for a
+    number, no text for a number or a bool), within the declaration's bounds and choices."""
+    rule = declared.setting
+    if rule.choices:
+        kind: Any = Literal[rule.choices]
+    elif declared.kind is bool:
+        kind = StrictBool
+    elif declared.kind is int:
+        kind = Annotated[StrictInt, Field(ge=rule.ge, gt=rule.gt)]
+    elif declared.kind is float:
+        kind = Annotated[float, Field(strict=True, allow_inf_nan=False, ge=rule.ge, gt=rule.gt)]
+    else:
+        kind = StrictStr
+    return kind | None, Field(None, description=declared.describe())
+
+
+REQUEST_SETTINGS = {name: declared for name, declared in pipeline_settings().items() if declared.setting.request}
+"""The pipeline settings a search request may set for itself."""
+
+
+class SearchQuestions(StrictModel):
+    """One `question` or a batch of `questions`; :class:`SearchRequest` adds the settings."""
 
     question: str | None = None
     questions: list[str] | None = Field(None, min_length=1)
-    top_k: int | None = Field(None, ge=1)
-    mode: Literal["dense", "bm25", "hybrid"] | None = None
-    rerank: bool | None = None
-    likelihood: bool | None = None
-    summarize: bool | None = None
-    abstain: bool | None = None
-    threshold: float | None = None
-    query_source: Literal["raw", "summary", "both"] | None = None
-    rerank_fusion: Literal["auto", "replace", "rrf"] | None = None
-    rerank_margin: float | None = Field(None, ge=0)
-
-    @field_validator("threshold", "rerank_margin")
-    @classmethod
-    def _finite(cls, value: float | None, info: ValidationInfo) -> float | None:
-        if value is not None and not math.isfinite(value):
-            raise ValueError(f"{info.field_name} must be a finite number")
-        return value
 
     @model_validator(mode="after")
-    def _one_kind(self) -> SearchRequest:
+    def _one_kind(self) -> SearchQuestions:
         if (self.question is None) == (self.questions is None):
             raise ValueError("give either 'question' or 'questions'")
         texts = [self.question] if self.question is not None else self.questions or []
@@ -89,8 +120,24 @@ class SearchRequest(StrictModel):
                 raise ValueError(str(error)) from None
         return self
 
-    def overrides(self) -> dict:
+    def overrides(self) -> dict[str, Any]:
+        """The settings the request set."""
         return self.model_dump(exclude={"question", "questions"}, exclude_none=True)
+
+    def sets_queue_settings(self) -> bool:
+        """Whether the request sets a setting that changes what gets queued (declared `needs_key`)."""
+        return any(REQUEST_SETTINGS[name].setting.needs_key for name in self.overrides())
+
+
+SearchRequest = create_model(
+    "SearchRequest",
+    __base__=SearchQuestions,
+    __doc__="One `question` or a batch of `questions`, with optional stage settings named as PipelineConfig fields.",
+    **{name: setting_field(declared) for name, declared in REQUEST_SETTINGS.items()},
+)
+
+
+NOT_JSON = "the request body must be a JSON object, sent with the header Content-Type: application/json"
 
 
 def _one_line(error: RequestValidationError) -> str:
@@ -101,6 +148,8 @@ def _one_line(error: RequestValidationError) -> str:
         message = str(item.get("msg", "invalid")).removeprefix("Value error, ")  # our validators' own words
         if item.get("type") == "extra_forbidden":
             message = "unknown field"
+        if item.get("type") == "model_attributes_type" and not where:  # no JSON object: a form, text, no type
+            message = NOT_JSON
         parts.append(f"{where}: {message}" if where else message)
     return "; ".join(parts) or "invalid request"
 
@@ -216,15 +265,15 @@ class GroupsOut(BaseModel):
 
 
 class LinkRequest(StrictModel):
-    faq_id: str = Field(min_length=1)
+    faq_id: NonBlank
     by: str = ""
 
     _valid_text = field_validator("faq_id", "by")(_utf8)
 
 
 class AnswerRequest(StrictModel):
-    question: str = Field(min_length=1)
-    answer: str = Field(min_length=1)
+    question: NonBlank
+    answer: NonBlank
     by: str = ""
 
     _valid_text = field_validator("question", "answer", "by")(_utf8)
@@ -257,6 +306,7 @@ def errors(*codes: int) -> dict[int | str, dict[str, Any]]:
         400: "refused by the pipeline",
         401: "missing or wrong API key",
         403: "not allowed on this server",
+        404: "not found",
         413: "request body or batch too large",
         422: "invalid request",
         503: "a stage of the server is not available",
@@ -351,6 +401,10 @@ def create_app(
     async def user_error(_request: Request, error: MedfaqError) -> JSONResponse:
         return JSONResponse({"detail": str(error)}, status_code=400)
 
+    @app.exception_handler(NotFound)
+    async def not_found(_request: Request, error: NotFound) -> JSONResponse:
+        return JSONResponse({"detail": str(error)}, status_code=404)
+
     @app.exception_handler(ServiceUnavailable)
     async def server_fault(_request: Request, error: ServiceUnavailable) -> JSONResponse:
         return JSONResponse({"detail": str(error)}, status_code=503)
@@ -377,14 +431,18 @@ def create_app(
     WRITE = [Depends(require_writes), Depends(require_key)]
 
     @app.post("/search", response_model=SearchOut | BatchOut, responses=errors(400, 413, 422, 503))
-    async def search(body: SearchRequest):
+    async def search(body: SearchRequest, x_api_key: str | None = Header(None)):
         questions = [body.question] if body.question is not None else body.questions
         if len(questions) > limits.max_batch:
             raise HTTPException(413, f"at most {limits.max_batch} questions per request")
         if body.top_k is not None and body.top_k > limits.max_top_k:
             raise HTTPException(422, f"top_k must be at most {limits.max_top_k}")
+        overrides = body.overrides()
+        expected = os.environ.get(API_KEY_ENV)
+        if body.sets_queue_settings() and not (expected and x_api_key == expected):
+            overrides["log_unanswered"] = False  # its own threshold may not fill the experts' queue
         limiter = batched if len(questions) == 1 else threads
-        results = await run_in_threadpool(service.search, questions, body.overrides(), limiter=limiter)
+        results = await run_in_threadpool(service.search, questions, overrides, limiter=limiter)
         return results[0] if body.question is not None else {"results": results}
 
     @app.post(
@@ -409,7 +467,7 @@ def create_app(
         groups = await run_in_threadpool(service.queue_groups, None if status == "all" else status)
         return {"groups": groups}
 
-    QUEUE_WRITE = dict(dependencies=WRITE, response_model=GroupOut, responses=errors(400, 401, 403, 413, 422))
+    QUEUE_WRITE = dict(dependencies=WRITE, response_model=GroupOut, responses=errors(400, 401, 403, 404, 413, 422))
 
     @app.post("/queue/{group_id}/link", **QUEUE_WRITE)
     async def link(group_id: GroupId, body: LinkRequest):

@@ -38,6 +38,10 @@ class MedfaqError(Exception):
     """An error caused by the user's input or environment; the CLI prints it as one line."""
 
 
+class NotFound(MedfaqError):
+    """What the input names does not exist (e.g. a group of the experts' queue); HTTP 404."""
+
+
 class ModelNotFoundError(MedfaqError):
     """A model name that is neither a local path, a trained model, nor a hub id cached on disk."""
 

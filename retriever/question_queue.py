@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from medfaq.common.runtime import MedfaqError, medfaq_home
+from medfaq.common.runtime import MedfaqError, NotFound, medfaq_home
 from medfaq.index.encoder import SentenceEncoder
 from medfaq.index.faq_index import FaqIndex
 from medfaq.index.records import FaqRecord
@@ -339,7 +339,7 @@ class QuestionQueue:
     def _group_row(db: sqlite3.Connection, group_id: int) -> tuple:
         row = db.execute("SELECT * FROM groups WHERE id = ?", (int(group_id),)).fetchone()
         if row is None:
-            raise MedfaqError(f"no group {group_id} in the experts' queue")
+            raise NotFound(f"no group {group_id} in the experts' queue")
         return row
 
     @staticmethod

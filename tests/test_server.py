@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from fastapi.testclient import TestClient
 
-from medfaq.app.server import ServerLimits, create_app
+from medfaq.app.server import API_KEY_ENV, NOT_JSON, ServerLimits, create_app
 from medfaq.app.service import SearchService
 from medfaq.eval.load_test import run_load, serial_answers
 from medfaq.index.faq_index import FaqIndex
@@ -71,6 +71,77 @@ def test_bad_requests_are_4xx_with_a_message(service, payload, status):
     response = client_for(service).post("/search", json=payload)
     assert response.status_code == status
     assert response.json()["detail"]
+
+
+@pytest.mark.parametrize(
+    "setting",
+    [
+        {"top_k": True},
+        {"top_k": "3"},
+        {"top_k": 2.5},
+        {"threshold": "0.5"},
+        {"threshold": True},
+        {"rerank_margin": False},
+        {"abstain": 1},
+        {"summarize": "yes"},
+        {"rerank": "true"},
+        {"mode": 1},
+    ],
+)
+def test_request_settings_take_their_declared_type_strictly(service, setting):
+    """No bool for a number, no text for a number or a bool: the request types come from the declarations."""
+    response = client_for(service).post("/search", json={"question": QUESTIONS[0], **setting})
+    assert response.status_code == 422
+    assert response.json()["detail"].startswith(f"{next(iter(setting))}: ")
+
+
+def test_the_request_model_is_built_from_the_pipeline_settings_declarations(service):
+    from medfaq.app.server import SearchRequest
+    from medfaq.retriever.pipeline import pipeline_settings
+
+    declared = {name: d for name, d in pipeline_settings().items() if d.setting.request}
+    fields = SearchRequest.model_fields
+    assert set(fields) == {"question", "questions", *declared}
+    assert all(fields[name].description == setting.describe() for name, setting in declared.items())
+    client = client_for(service)
+    whole = client.post("/search", json={"question": QUESTIONS[0], "threshold": 1, "top_k": 2})  # 1 is a number
+    assert whole.status_code == 200 and len(whole.json()["hits"]) == 2
+
+
+def test_a_body_that_is_no_json_object_is_one_clear_line(service):
+    client = client_for(service)
+    for headers in ({}, {"content-type": "text/plain"}, {"content-type": "application/x-www-form-urlencoded"}):
+        response = client.post("/search", content=b'{"question": "flu"}', headers=headers)
+        assert response.status_code == 422
+        assert response.json()["detail"] == NOT_JSON
+
+
+@pytest.mark.parametrize("key", [None, "secret"])
+def test_a_request_setting_its_own_threshold_queues_only_with_the_api_key(service, monkeypatch, key):
+    """`threshold` and `abstain` are declared `needs_key`: an anonymous request that sets them is answered, but its
+    abstained question never reaches the experts' queue; one with the API key queues it."""
+    if key:
+        monkeypatch.setenv(API_KEY_ENV, key)
+    client = client_for(service)
+    strict = {"question": QUESTIONS[0], "threshold": 2.0, "abstain": True}
+    anonymous = client.post("/search", json=strict)
+    assert anonymous.status_code == 200 and anonymous.json()["abstained"] is True
+    assert service.unanswered() == []
+    keyed = client.post("/search", json={**strict, "question": QUESTIONS[1]}, headers={"X-API-Key": key or "guess"})
+    assert keyed.json()["abstained"] is True
+    assert [row["query"] for row in service.unanswered()] == ([QUESTIONS[1]] if key else [])
+
+
+def test_queue_answers_blank_text_alike_and_an_unknown_group_is_404(service):
+    client = client_for(service, allow_writes=True)
+    blank = [
+        client.post("/queue/1/answer", json={"question": "q", "answer": answer}).json()["detail"]
+        for answer in ("", "   ")
+    ]
+    assert blank == ["answer: must not be empty"] * 2
+    assert client.post("/queue/1/link", json={"faq_id": " "}).status_code == 422
+    missing = client.post("/queue/999/link", json={"faq_id": "f1"})
+    assert missing.status_code == 404 and "no group 999" in missing.json()["detail"]
 
 
 def test_body_size_limit_and_invalid_json(service):
