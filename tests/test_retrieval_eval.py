@@ -263,7 +263,7 @@ def test_eval_retrieval_one_line_errors(bench_dir, tmp_path):
     both = medfaq("eval", "retrieval", *args, "--qrels", bench_dir / "qrels.tsv", "--compare", "--run-out", "x")
     assert both.exit_code == 2 and "leave out --compare" in both.stderr
     bad = medfaq("eval", "retrieval", *args, "--qrels", bench_dir / "qrels.tsv", "--query", "sideways")
-    assert bad.exit_code == 2 and "unknown --query" in bad.stderr
+    assert bad.exit_code == 2 and "'--query': unknown query source 'sideways'" in bad.stderr
     (tmp_path / "sums.jsonl").write_text('{"text": "How is shingles treated?"}\n')
     no_summary = medfaq("eval", "retrieval", *args, "--qrels", bench_dir / "qrels.tsv", "--compare", "--summaries",
                         tmp_path / "sums.jsonl")  # fmt: skip
