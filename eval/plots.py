@@ -9,10 +9,15 @@ import argparse
 import json
 from collections.abc import Sequence
 from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from medfaq.common.runtime import MedfaqError
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 SERIES = {"train_cos_hard": "hard negatives (entity swaps)", "train_cos_simple": "simple negatives (queue)"}
 
@@ -23,16 +28,31 @@ def _main_stage(history_file: Path) -> list[dict]:
     return [h for h in json.loads(Path(history_file).read_text(encoding="utf-8")) if h.get("stage") == "main"]
 
 
-def negative_similarity_plot(history_files: Sequence[Path], out_png: Path, title: str = "") -> Path:
-    """Plot mean cos(CHQ anchor, negative) per training epoch from trainers' ``history.json`` files (ECL Fig. 4).
-
-    With several runs (seeds), each series is the mean over the runs that reached the epoch, with its min-max band.
-    """
+def pyplot() -> ModuleType:
+    """matplotlib's pyplot on the file-only Agg backend (no display needed)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def save_figure(fig: Figure, out_png: Path) -> Path:
+    """Write the figure to `out_png` (its folder created) and free it."""
+    fig.tight_layout()
+    out_png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out_png)
+    pyplot().close(fig)
+    return out_png
+
+
+def negative_similarity_plot(history_files: Sequence[Path], out_png: Path, title: str = "") -> Path:
+    """Plot mean cos(CHQ anchor, negative) per training epoch from trainers' ``history.json`` files (ECL Fig. 4).
+
+    With several runs (seeds), each series is the mean over the runs that reached the epoch, with its min-max band.
+    """
+    plt = pyplot()
     histories = [_main_stage(Path(path)) for path in history_files]
     fig, ax = plt.subplots(figsize=(5, 3.4), dpi=150)
     plotted = False
@@ -60,11 +80,7 @@ def negative_similarity_plot(history_files: Sequence[Path], out_png: Path, title
     ax.set_title(title or f"CHQ vs. negatives during ECL training{runs}", fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    out_png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out_png)
-    plt.close(fig)
-    return out_png
+    return save_figure(fig, out_png)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

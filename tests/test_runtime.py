@@ -142,6 +142,7 @@ def test_make_once_makes_in_a_temporary_sibling_and_only_once(tmp_path):
         ("medfaq.eval.load_test", ["--queries", "q.jsonl", "--clients", "1,0"]),
         ("medfaq.eval.load_test", ["--queries", "q.jsonl", "--limit", "x"]),
         ("medfaq.eval.plots", ["history.json", "--out"]),
+        ("medfaq.eval.results_summary", ["summary.json", "--out"]),
         ("medfaq.eval.paired_summaries", ["--a", "a.jsonl", "--b", "b.jsonl", "--resamples", "0"]),
         ("medfaq.eval.paired_summaries", ["--a", "a.jsonl", "--b", "b.jsonl", "--metric", "bleu"]),
         ("medfaq.eval.queue_grouping", ["--quebec", "1"]),

@@ -1,0 +1,83 @@
+"""The figure of the summary at the top of docs/results.md, drawn from the numbers in docs/results/summary.json.
+
+``python -m medfaq.eval.results_summary docs/results/summary.json --out docs/figures/results_summary.png``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from medfaq.common.runtime import MedfaqError
+from medfaq.eval.plots import pyplot, save_figure
+
+
+def _bars(ax, labels: Sequence[str], series: dict[str, Sequence[float | None]], value_format: str) -> None:
+    """Grouped vertical bars, one group per label, each bar annotated with its value; a missing value is `n/a`."""
+    width = 0.8 / len(series)
+    positions = np.arange(len(labels))
+    for i, (name, values) in enumerate(series.items()):
+        offsets = positions + (i - (len(series) - 1) / 2) * width
+        heights = [0.0 if value is None else value for value in values]
+        bars = ax.bar(offsets, heights, width, label=name)
+        texts = ["n/a" if value is None else format(value, value_format) for value in values]
+        ax.bar_label(bars, labels=texts, fontsize=6.5, padding=1.5)
+    ax.set_xticks(positions, labels, fontsize=7.5, rotation=20, ha="right")
+    ax.tick_params(axis="y", labelsize=7.5)
+    ax.grid(axis="y", alpha=0.3)
+    ax.axhline(0, color="black", linewidth=0.6)
+    ax.margins(y=0.18)
+
+
+def results_summary_plot(summary_file: Path, out_png: Path) -> Path:
+    """Left: the default pipeline's R@1 and MRR@10 per benchmark; then each learned stage's R@1 change per benchmark."""
+    if not Path(summary_file).is_file():
+        raise MedfaqError(f"summary file {summary_file} not found")
+    summary = json.loads(Path(summary_file).read_text(encoding="utf-8"))
+    benchmarks = summary["default_pipeline"]["benchmarks"]
+    names = list(benchmarks)
+    stages = summary["stage_gains"]["stages"]
+    plt = pyplot()
+    fig, axes = plt.subplots(2, 2, figsize=(10, 6.4), dpi=150)
+    default_ax, encoder_ax, summarizer_ax, rerank_ax = axes.flat
+    _bars(
+        default_ax,
+        names,
+        {metric: [benchmarks[name][metric] for name in names] for metric in ("R@1", "MRR@10")},
+        ".1f",
+    )
+    default_ax.set_title("The default pipeline (dense, fine-tuned bi-encoder + synonyms), %", fontsize=9)
+    default_ax.set_ylim(0, 122)
+    default_ax.legend(fontsize=7, loc="upper center", ncol=2)
+    panels = [
+        (encoder_ax, ["bi-encoder fine-tuning + synonyms"], "Fine-tuned bi-encoder + synonyms vs stock MiniLM"),
+        (summarizer_ax, ["summarizer: search with the summary", "summarizer: question + summary (RRF)"], "Summarizer"),
+        (rerank_ax, ["reranker (3-seed mean)", "likelihood stage (gated)"], "Reranker and likelihood stage"),
+    ]
+    for ax, stage_names, title in panels:
+        _bars(ax, names, {stage: [stages[stage]["delta"][name] for name in names] for stage in stage_names}, "+.1f")
+        ax.set_title(f"{title}: R@1 change, points", fontsize=9)
+        if len(stage_names) > 1:
+            ax.legend(fontsize=7, loc="lower left")
+    return save_figure(fig, out_png)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m medfaq.eval.results_summary", description="Plot the summary numbers of docs/results.md."
+    )
+    parser.add_argument("summary", type=Path, help="the summary JSON (docs/results/summary.json)")
+    parser.add_argument("--out", type=Path, required=True, help="PNG to write")
+    args = parser.parse_args(argv)
+    try:
+        print(results_summary_plot(args.summary, args.out))
+    except MedfaqError as error:
+        parser.exit(2, f"error: {error}\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,38 @@
+"""The summary at the top of docs/results.md: its numbers file is complete and its figure is drawn from it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from medfaq.common.runtime import MedfaqError
+from medfaq.eval.results_summary import results_summary_plot
+
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+SUMMARY = DOCS / "results" / "summary.json"
+
+
+def sources(data: object) -> list[str]:
+    """Every `source` of the summary: the title of the results.md section its numbers come from."""
+    if not isinstance(data, dict):
+        return []
+    found = [data["source"]] if "source" in data else []
+    return found + [source for value in data.values() for source in sources(value)]
+
+
+def test_every_number_cites_a_section_and_every_stage_covers_every_benchmark():
+    summary = json.loads(SUMMARY.read_text(encoding="utf-8"))
+    headings = {line.lstrip("#").strip() for line in (DOCS / "results.md").read_text(encoding="utf-8").splitlines()}
+    assert set(sources(summary)) - headings == set()
+    benchmarks = set(summary["default_pipeline"]["benchmarks"])
+    for name, stage in summary["stage_gains"]["stages"].items():
+        assert set(stage["delta"]) == benchmarks, name
+
+
+def test_the_figure_is_drawn_from_the_summary(tmp_path):
+    out = results_summary_plot(SUMMARY, tmp_path / "figures" / "summary.png")
+    assert out.read_bytes().startswith(b"\x89PNG")
+    with pytest.raises(MedfaqError, match="not found"):
+        results_summary_plot(tmp_path / "missing.json", tmp_path / "x.png")
