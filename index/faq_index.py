@@ -93,6 +93,7 @@ class IndexManifest:
 
     `encoder_fingerprint` identifies the encoder's weights (empty in indexes built before it was recorded);
     `encoder_backend` the runtime that encoded the FAQs (torch, onnx, onnx-int8; empty before it was recorded);
+    `encoder_check` how that runtime's graph agreed with its source (index/graph_check.py; empty for torch);
     `generation` counts the saves of this directory; `sources` counts FAQs per source (for `index info`);
     `concepts` describes the concept lexicon FAQs are encoded with (empty: none).
     """
@@ -113,6 +114,7 @@ class IndexManifest:
     sources: dict[str, int] = field(default_factory=dict)
     concepts: dict[str, Any] = field(default_factory=dict)
     encoder_backend: str = ""
+    encoder_check: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -192,6 +194,7 @@ class FaqIndex:
             updated=now,
             encoder_fingerprint=encoder.fingerprint,
             encoder_backend=getattr(encoder, "backend", ""),
+            encoder_check=getattr(encoder, "check", {}),
             concepts=concepts.describe() if concepts else {},
         )
         index = cls(manifest, RecordTable(), store, Bm25Index.build([], []), encoder, concepts)

@@ -52,7 +52,8 @@ def ensure_export(location: str, export: Callable[[str, Path], None] | None = No
 class OnnxEncoder:
     """The :class:`index.encoder.Encoder` interface on ONNX Runtime (CPU): `name`, `dim`, `fingerprint`,
     `max_seq_length`, `encode`. `precision` ``int8`` runs the dynamically quantised graph (weights int8 per
-    channel); its fingerprint is the source model's, since it encodes with the same weights."""
+    channel), used only where it agrees with the fp32 graph (index/graph_check.py); its fingerprint is the source
+    model's, since it encodes with the same weights."""
 
     device = "cpu"
     thread_safe = True  # ONNX Runtime's `InferenceSession.run` and `tokenizers`' encoding take concurrent calls
@@ -63,10 +64,18 @@ class OnnxEncoder:
         self.backend = "onnx" if precision == "fp32" else f"onnx-{precision}"
         location = resolve_model(self.name)
         check_model_directory(location, self.name)
-        self.graph = OnnxGraph(ensure_export(location), precision)
+        self.graph = OnnxGraph(ensure_export(location), precision, name=self.name)
         self.dim = self.graph.info.dim
         self.fingerprint = self.graph.info.fingerprint
         logger.info("encoder %s (dim %d) on ONNX Runtime, %s", self.name, self.dim, precision)
+
+    @property
+    def check(self) -> dict:
+        """How this graph agreed with its source when it was checked (recorded in the manifest of an index it
+        encodes): the fp32 graph's largest difference from PyTorch, or the int8 graph's probe-search check."""
+        if self.graph.check_result is not None:
+            return self.graph.check_result.to_dict()
+        return {"backend": self.backend, **self.graph.info.checks.get("fp32", {})}
 
     @property
     def max_seq_length(self) -> int:

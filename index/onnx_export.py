@@ -2,9 +2,9 @@
 
 The whole module chain becomes one ONNX graph (TorchScript exporter, eager attention so ONNX Runtime's transformer
 optimizer can fuse it), written as ``model.onnx`` after fusion, and ``model_int8.onnx``, its dynamic int8
-quantisation with per-channel weight scales (per-tensor scales cost MiniLM up to 0.07 of cosine), each with its
-weights in a ``.data`` file beside it. The export is checked against sentence-transformers on probe texts before
-it is kept; a fused graph that drifts is replaced by the plain one.
+quantisation (the first setting whose probe search agrees with the fp32 graph's, index/graph_check.py; none: no
+int8 graph), each with its weights in a ``.data`` file beside it. The export is checked against
+sentence-transformers on probe texts before it is kept; a fused graph that drifts is replaced by the plain one.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from typing import Any
 import numpy as np
 
 from medfaq.common.runtime import MedfaqError
-from medfaq.index.onnx_graph import GRAPHS, TOKENIZER_FILE, ExportInfo, OnnxGraph, source_signature
+from medfaq.index.graph_check import GraphCheck
+from medfaq.index.onnx_graph import GRAPHS, PROBE_OUTPUTS, TOKENIZER_FILE, ExportInfo, OnnxGraph, source_signature
 
 logger = logging.getLogger("medfaq.encoder")
 
@@ -45,21 +46,27 @@ def export_encoder(location: str, out: Path) -> None:
     raw, info = trace_export(model, tokenizer, features, location, out, int(model.get_embedding_dimension()))
     expected = model.encode(PROBES, convert_to_numpy=True, normalize_embeddings=True)
     failure = f"the ONNX export of {location} differs from sentence-transformers by {{drift:.2g}}"
-    drift = finish_export(
-        raw, info, transformer.auto_model.config, lambda: _drift(out, info, expected), failure, TOLERANCE
-    )
+    config = transformer.auto_model.config
+    drift = finish_export(raw, info, config, lambda: _drift(out, info, expected), failure, TOLERANCE, location)
     logger.info("exported %s to ONNX in %s (fp32 within %.1g of torch)", location, out, drift)
 
 
 def finish_export(
-    raw: Path, info: ExportInfo, config: Any, drift: Callable[[], float], failure: str, tolerance: float
+    raw: Path,
+    info: ExportInfo,
+    config: Any,
+    drift: Callable[[], float],
+    failure: str,
+    tolerance: float,
+    name: str,
 ) -> float:
     """Make the graphs of the export beside `raw` (the traced graph) and save `info` there; returns the fp32 drift.
 
     The fp32 graph is `raw` fused by ONNX Runtime's optimizer, or `raw` itself where the fused graph's `drift()`
     (its largest difference from PyTorch, measured on probes) exceeds `tolerance`; a drift above it then is the
-    one-line error `failure` (``{drift}`` in it is filled in). Then the int8 graph, and every graph's weights in a
-    ``.data`` file beside it.
+    one-line error `failure` (``{drift}`` in it is filled in). Then the int8 graph of the first
+    :data:`QUANTIZATION_SETTINGS` whose probe search agrees with the fp32 graph's (:mod:`index.graph_check`; none:
+    no int8 graph, and the failed check is recorded), and every graph's weights in a ``.data`` file beside it.
     """
     out = raw.parent
     fp32 = out / GRAPHS["fp32"]
@@ -73,11 +80,33 @@ def finish_export(
     if error > tolerance:
         reason = failure.format(drift=error)
         raise MedfaqError(f"{reason} (more than {tolerance}); use --encoder-backend torch")
-    quantize(fp32, out / GRAPHS["int8"])
+    info.checks = {"fp32": {"max_difference_from_torch": error}}
+    info.checks["int8"] = quantize_checked(fp32, out / GRAPHS["int8"], info, name).to_dict()
     raw.unlink(missing_ok=True)
     store_weights_apart(out)
     info.save(out)
     return error
+
+
+def quantize_checked(fp32: Path, int8: Path, info: ExportInfo, name: str) -> GraphCheck:
+    """Quantise `fp32` into `int8` with the first of :data:`QUANTIZATION_SETTINGS` whose probe search agrees with
+    the fp32 graph's, saving the fp32 graph's probe outputs beside it; returns the last check made (failed: no
+    `int8` graph is left)."""
+    directory = fp32.parent
+    info.save(directory)
+    source = OnnxGraph(directory, "fp32").probe_outputs()
+    np.save(directory / PROBE_OUTPUTS, source, allow_pickle=False)
+    check = None
+    for setting, options in QUANTIZATION_SETTINGS.items():
+        quantize(fp32, int8, **options)
+        check = OnnxGraph(directory, "int8", verify=False).check(source, setting)
+        if check.passed:
+            logger.info("int8 graph of %s (%s): %s", name, setting, check.describe())
+            return check
+        logger.info("int8 graph of %s (%s) refused: %s", name, setting, check.describe())
+    int8.unlink(missing_ok=True)
+    logger.info("no int8 graph of %s agrees with its fp32 graph; only fp32 is kept (%s)", name, check.describe())
+    return check
 
 
 def _load(location: str) -> Any:
@@ -180,6 +209,14 @@ def _drift(directory: Path, info: ExportInfo, expected: np.ndarray) -> float:
     return float(np.abs(vectors - expected).max())
 
 
+QUANTIZATION_SETTINGS: dict[str, dict[str, bool]] = {
+    "per-channel": {},
+    "per-channel, feed-forward outputs in fp32": {"ffn_outputs": False},
+    "per-channel 7-bit, feed-forward outputs in fp32": {"ffn_outputs": False, "reduce_range": True},
+}
+"""The int8 settings tried in order, each kept only where its probe search agrees with the fp32 graph's."""
+
+
 def store_weights_apart(directory: Path) -> None:
     """Rewrite each graph in `directory` with its weights in a ``.data`` file beside it, which ONNX Runtime maps
     instead of parsing: a MiniLM session starts in 0.07 s of CPU instead of 0.19 s, and computes the same."""
@@ -187,16 +224,23 @@ def store_weights_apart(directory: Path) -> None:
 
     for name in GRAPHS.values():
         graph = directory / name
+        if not graph.is_file():
+            continue
         data = graph.with_name(graph.name + ".data")
         model = onnx.load(str(graph))
         onnx.save_model(model, str(graph), save_as_external_data=True, all_tensors_to_one_file=True, location=data.name)
         data.chmod(graph.stat().st_mode & 0o777)  # onnx writes it private; the graph's own permissions
 
 
-def quantize(fp32: Path, int8: Path) -> None:
+def quantize(fp32: Path, int8: Path, reduce_range: bool = False, ffn_outputs: bool = True) -> None:
+    """Dynamic int8 quantisation of `fp32` into `int8`, weights per channel (per-tensor scales cost MiniLM up to 0.07
+    of cosine); `reduce_range`: 7-bit weights (AVX2's U8S8 kernels saturate on 8); `ffn_outputs` False keeps in fp32
+    the feed-forward output projections, whose GELU inputs carry the outliers that ruin all-mpnet-base-v2's int8
+    vectors (cosine 0.78 with fp32's; 0.98 without them)."""
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
+    excluded = [] if ffn_outputs else feed_forward_outputs(onnx.load(str(fp32), load_external_data=False))
     logging.disable(logging.WARNING)  # the quantizer logs every tensor, and a pre-processing hint it does not need
     try:
         quantize_dynamic(
@@ -204,7 +248,28 @@ def quantize(fp32: Path, int8: Path) -> None:
             str(int8),
             weight_type=QuantType.QInt8,
             per_channel=True,
+            reduce_range=reduce_range,
+            nodes_to_exclude=excluded,
             extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},  # fused contrib ops carry no inferred types
         )
     finally:
         logging.disable(logging.NOTSET)
+
+
+GELU_OPS = {"Gelu", "BiasGelu", "FastGelu", "Erf"}
+"""A GELU, fused or (``Erf``) as the plain graph spells it."""
+
+
+def feed_forward_outputs(model: Any) -> list[str]:
+    """Names of the MatMul nodes of `model` whose input is a GELU's output (within three elementwise steps)."""
+    producers = {output: node for node in model.graph.node for output in node.output}
+
+    def after_gelu(tensor: str, steps: int) -> bool:
+        node = producers.get(tensor)
+        if node is None or steps < 0:
+            return False
+        if node.op_type in GELU_OPS:
+            return True
+        return node.op_type in {"Mul", "Add", "Div"} and any(after_gelu(name, steps - 1) for name in node.input)
+
+    return [node.name for node in model.graph.node if node.op_type == "MatMul" and after_gelu(node.input[0], 3)]

@@ -15,19 +15,31 @@ from typing import Any
 import numpy as np
 
 from medfaq.common.runtime import MedfaqError, models_dir
+from medfaq.index.graph_check import (
+    GraphCheck,
+    check_encoder,
+    check_pair_scores,
+    cpu_signature,
+    probe_pairs,
+    probe_texts,
+)
 
 EXPORT_DIR = "medfaq-onnx"
 EXPORT_INFO = "export.json"
-EXPORT_VERSION = 2  # raised when the export's layout changes: older exports are made again
+EXPORT_VERSION = 3  # raised when the export's layout changes: older exports are made again (3: checked int8)
 TOKENIZER_FILE = "tokenizer.json"
 GRAPHS = {"fp32": "model.onnx", "int8": "model_int8.onnx"}
+PROBE_OUTPUTS = "probe_fp32.npy"
+"""The fp32 graph's outputs on index/graph_check.py's probes, which a derived graph is checked against."""
 INSTALLED = {"site-packages", "dist-packages"}  # a model inside an installed package is never written to
 
 
 @dataclass
 class ExportInfo:
     """``export.json``: what the export was made from and what its graphs take and give (`dim`: the width of the
-    output; `activation`: for a cross-encoder, what its scores apply to that logit, ``sigmoid`` or ``identity``)."""
+    output; `activation`: for a cross-encoder, what its scores apply to that logit, ``sigmoid`` or ``identity``;
+    `checks`: per precision, how its graph agreed with its source when it was made: the fp32 graph's largest
+    difference from PyTorch, the int8 graph's :class:`~index.graph_check.GraphCheck`)."""
 
     fingerprint: str
     dim: int
@@ -38,6 +50,7 @@ class ExportInfo:
     source: dict[str, list[int]] = field(default_factory=dict)
     optimized: bool = False
     activation: str = ""
+    checks: dict[str, dict[str, Any]] = field(default_factory=dict)
     version: int = EXPORT_VERSION
 
     def save(self, directory: Path) -> None:
@@ -92,9 +105,13 @@ def session_options() -> Any:
 
 
 class OnnxGraph:
-    """One exported graph with its tokenizer: texts -> the model's sentence embeddings (not re-normalised)."""
+    """One exported graph with its tokenizer: texts -> the model's sentence embeddings (not re-normalised).
 
-    def __init__(self, directory: Path, precision: str = "fp32") -> None:
+    A derived graph (int8) is used only where its check passed: on the CPU it was checked on, by the check recorded
+    when it was made; on another CPU, by the same probe search run here against the fp32 graph's stored outputs.
+    `verify` False skips that (the exporter, checking it). `name` names the model in errors."""
+
+    def __init__(self, directory: Path, precision: str = "fp32", verify: bool = True, name: str = "") -> None:
         import onnxruntime as ort
         from tokenizers import Tokenizer
 
@@ -104,15 +121,50 @@ class OnnxGraph:
         if info is None:
             raise MedfaqError(f"{directory} holds no ONNX export (no readable {EXPORT_INFO})")
         self.info = info
+        self.directory = directory
+        self.precision = precision
+        self.name = name or str(directory)
+        recorded = info.checks.get(precision, {}) if precision != "fp32" else {}
+        if verify and precision != "fp32" and not recorded.get("passed"):
+            self._refuse(GraphCheck.from_dict(recorded) if recorded else None)
         self.tokenizer = Tokenizer.from_file(str(directory / TOKENIZER_FILE))
         self.tokenizer.enable_truncation(info.max_seq_length)
         self.tokenizer.enable_padding(pad_id=info.pad_id, pad_token=info.pad_token)
         self.session = ort.InferenceSession(
             str(directory / GRAPHS[precision]), session_options(), providers=["CPUExecutionProvider"]
         )
+        self.check_result = GraphCheck.from_dict(recorded) if recorded else None
+        if verify and self.check_result is not None and self.check_result.cpu != cpu_signature():
+            source = np.load(directory / PROBE_OUTPUTS, allow_pickle=False)
+            self.check_result = self.check(source, self.check_result.setting)
+            if not self.check_result.passed:
+                self._refuse(self.check_result)
 
-    def embed(self, texts: list[str]) -> np.ndarray:
-        """(len(texts), dim) float32 embeddings of one batch."""
+    def _refuse(self, check: GraphCheck | None) -> None:
+        works = "rerank without --quantize" if self.info.activation else "use --encoder-backend onnx (fp32) or torch"
+        numbers = check.describe() + (f", on {check.cpu}" if check.cpu else "") if check else "it was never checked"
+        raise MedfaqError(
+            f"the {self.precision} ONNX graph of {self.name} disagrees with its fp32 source ({numbers}); "
+            f"it is not used: {works}"
+        )
+
+    def probe_outputs(self) -> np.ndarray:
+        """This graph's outputs on the probe search: unit vectors of the probe texts (an encoder) or the logits of
+        the probe pairs (a cross-encoder)."""
+        if self.info.activation:
+            return self.embed(probe_pairs()).reshape(-1)
+        vectors = self.embed(probe_texts())
+        return vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
+
+    def check(self, source: np.ndarray, setting: str = "") -> GraphCheck:
+        """This graph's probe search against the fp32 graph's outputs `source` on this CPU."""
+        backend = f"onnx-{self.precision}"
+        if self.info.activation:
+            return check_pair_scores(backend, source, self.probe_outputs(), setting)
+        return check_encoder(backend, source, self.probe_outputs(), setting)
+
+    def embed(self, texts: list[str] | list[tuple[str, str]]) -> np.ndarray:
+        """(len(texts), dim) float32 embeddings of one batch (of texts, or of pairs for a cross-encoder)."""
         encodings = self.tokenizer.encode_batch(list(texts))
         columns = {
             "input_ids": [e.ids for e in encodings],

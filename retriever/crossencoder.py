@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -161,7 +162,7 @@ class CrossEncoderReranker(PairReranker):
         path = Path(resolve_model(model))
         encoder = load_crossencoder(path, device="cpu" if quantize else device, max_length=max_length)
         if quantize:
-            quantize_linear(encoder)
+            quantize_checked(encoder, str(model))
         config = EncoderTrainConfig.load(path) if (path / CONFIG_FILE).is_file() else EncoderTrainConfig()
         prior = BiEncoderScorer.load(path / PRIOR_DIR, device, quantize) if config.prior_scale else None
         boundary = decision_boundary(config)
@@ -173,3 +174,22 @@ class CrossEncoderReranker(PairReranker):
         with autocast(self.precision, str(self.model.device)):
             scores = self.model.predict(fitted, batch_size=self.batch_size, show_progress_bar=progress, **logits_only)
         return np.asarray(scores, dtype=np.float32).reshape(-1)
+
+
+def quantize_checked(encoder: Any, name: str) -> None:
+    """Convert the cross-encoder `encoder`'s linear layers to int8 (PyTorch dynamic quantisation), refused with one
+    line where its logits of the probe search disagree with the fp32 model's (index/graph_check.py)."""
+    from medfaq.index.graph_check import check_pair_scores, probe_pairs
+
+    def probe_logits() -> np.ndarray:
+        logits = encoder.predict(probe_pairs(), activation_fn=torch.nn.Identity(), show_progress_bar=False)
+        return np.asarray(logits, dtype=np.float32).reshape(-1)
+
+    source = probe_logits()
+    quantize_linear(encoder)
+    check = check_pair_scores("torch-int8", source, probe_logits())
+    if not check.passed:
+        raise MedfaqError(
+            f"the int8 (PyTorch dynamic) reranker {name} disagrees with its fp32 weights ({check.describe()}); "
+            "it is not used: rerank without --quantize"
+        )

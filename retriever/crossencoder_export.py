@@ -51,7 +51,8 @@ def export_crossencoder(location: str, out: Path) -> None:
     raw, info = trace_export(model, tokenizer, features, location, out, 1, output="scores", activation=activation)
     expected = model.predict(pairs, activation_fn=torch.nn.Identity(), convert_to_numpy=True).reshape(-1)
     failure = f"the ONNX export of reranker {location} differs from PyTorch by {{drift:.2g}}"
-    drift = finish_export(raw, info, model[0].model.config, lambda: _drift(out, info, expected), failure, TOLERANCE)
+    config = model[0].model.config
+    drift = finish_export(raw, info, config, lambda: _drift(out, info, expected), failure, TOLERANCE, location)
     logger.info("exported reranker %s to ONNX in %s (fp32 logits within %.1g of PyTorch)", location, out, drift)
 
 

@@ -17,11 +17,16 @@ class OnnxPairModel:
     it was trained with), the first text cut to fit as :func:`retriever.crossencoder.truncate_first` cuts it."""
 
     def __init__(
-        self, directory: Path, precision: str = "fp32", max_length: int | None = None, batch_size: int = 32
+        self,
+        directory: Path,
+        precision: str = "fp32",
+        max_length: int | None = None,
+        batch_size: int = 32,
+        name: str = "",
     ) -> None:
         from tokenizers import Tokenizer
 
-        self.graph = OnnxGraph(directory, precision)
+        self.graph = OnnxGraph(directory, precision, name=name)
         self.max_length = max_length or self.graph.info.max_seq_length
         self.graph.tokenizer.enable_truncation(self.max_length)
         self.measure = Tokenizer.from_file(str(directory / TOKENIZER_FILE))  # texts alone, neither cut nor padded

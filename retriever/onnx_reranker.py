@@ -41,7 +41,8 @@ class OnnxReranker(PairReranker):
         path = Path(resolve_model(model))
         config = EncoderTrainConfig.load(path) if (path / CONFIG_FILE).is_file() else EncoderTrainConfig()
         precision = "int8" if quantize else "fp32"
-        pairs = OnnxPairModel(ensure_export(str(path), export_crossencoder), precision, max_length, batch_size)
+        export = ensure_export(str(path), export_crossencoder)
+        pairs = OnnxPairModel(export, precision, max_length, batch_size, name=f"reranker {model}")
         prior = BiEncoderScorer(OnnxEncoder(str(path / PRIOR_DIR), precision)) if config.prior_scale else None
         scoring = {"symmetric": config.symmetric, "prior": prior, "prior_scale": config.prior_scale}
         return cls(pairs, str(model), decision_boundary=decision_boundary(config), **scoring)

@@ -1,5 +1,5 @@
 """The cross-encoder reranker on ONNX Runtime scores as PyTorch does (every head, a symmetric model, a prior
-bi-encoder, query-side truncation, int8), and a reranked search then imports no model library."""
+bi-encoder, query-side truncation, int8 where its check passed), and a reranked search then imports no model library."""
 
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from medfaq.common.runtime import MedfaqError
+from medfaq.index.onnx_graph import ExportInfo
 from medfaq.retriever.crossencoder import CrossEncoderReranker
 from medfaq.retriever.onnx_reranker import OnnxReranker
 from medfaq.retriever.training.config import make_config
@@ -53,8 +55,13 @@ def test_onnx_scores_equal_pytorch_for_every_head(tmp_path, tiny_bert_dir, head)
     assert (model / "medfaq-onnx" / "model.onnx").is_file()
     short = CrossEncoderReranker.load(model, device="cpu", max_length=12).score_pairs(TEXTS)
     np.testing.assert_allclose(OnnxReranker.load(model, max_length=12).score_pairs(TEXTS), short, atol=1e-5)
-    int8 = OnnxReranker.load(model, quantize=True).score_pairs(TEXTS)
-    np.testing.assert_allclose(int8, expected, atol=0.05)
+    check = ExportInfo.read(model / "medfaq-onnx").checks["int8"]
+    assert check["backend"] == "onnx-int8" and check["top1_changes"] >= 0 and "kendall_tau" in check
+    if check["passed"]:
+        np.testing.assert_allclose(OnnxReranker.load(model, quantize=True).score_pairs(TEXTS), expected, atol=0.05)
+    else:  # a head trained on four pairs can rank the probe FAQs by noise that int8 reorders: refused
+        with pytest.raises(MedfaqError, match=r"int8 ONNX graph of reranker .* rerank without --quantize"):
+            OnnxReranker.load(model, quantize=True)
 
 
 @pytest.fixture(scope="module")
