@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from medfaq.app.service import SearchService, ServiceStatus, ServiceUnavailable
 from medfaq.common.runtime import MedfaqError
 from medfaq.index.records import FaqRecord, record_problem
+from medfaq.retriever.question_queue import UnknownGroup
 from medfaq.retriever.search import check_query, invalid_text_position
 
 API_KEY_ENV = "MEDFAQ_API_KEY"
@@ -257,6 +258,7 @@ def errors(*codes: int) -> dict[int | str, dict[str, Any]]:
         400: "refused by the pipeline",
         401: "missing or wrong API key",
         403: "not allowed on this server",
+        404: "no such group in this index's queue",
         413: "request body or batch too large",
         422: "invalid request",
         503: "a stage of the server is not available",
@@ -351,6 +353,10 @@ def create_app(
     async def user_error(_request: Request, error: MedfaqError) -> JSONResponse:
         return JSONResponse({"detail": str(error)}, status_code=400)
 
+    @app.exception_handler(UnknownGroup)
+    async def unknown_group(_request: Request, error: UnknownGroup) -> JSONResponse:
+        return JSONResponse({"detail": str(error)}, status_code=404)
+
     @app.exception_handler(ServiceUnavailable)
     async def server_fault(_request: Request, error: ServiceUnavailable) -> JSONResponse:
         return JSONResponse({"detail": str(error)}, status_code=503)
@@ -409,7 +415,7 @@ def create_app(
         groups = await run_in_threadpool(service.queue_groups, None if status == "all" else status)
         return {"groups": groups}
 
-    QUEUE_WRITE = dict(dependencies=WRITE, response_model=GroupOut, responses=errors(400, 401, 403, 413, 422))
+    QUEUE_WRITE = dict(dependencies=WRITE, response_model=GroupOut, responses=errors(400, 401, 403, 404, 413, 422))
 
     @app.post("/queue/{group_id}/link", **QUEUE_WRITE)
     async def link(group_id: GroupId, body: LinkRequest):

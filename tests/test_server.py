@@ -127,3 +127,22 @@ def test_concurrent_clients_on_a_real_server_get_the_serial_answers(service):
         expected = serial_answers(url, QUESTIONS)
         result = run_load(url, QUESTIONS * 2, clients=4, expected=expected)
         assert (result.requests, result.errors, result.mismatches) == (24, 0, 0)
+
+
+def test_the_queue_endpoints_act_on_the_served_index_only(service, index_dir, tmp_path):
+    import shutil
+
+    copy = SearchService(shutil.copytree(index_dir, tmp_path / "idx3"), feedback_path=tmp_path / "feedback3.sqlite3")
+    for served, question in ((service, "zzqx blorf wibble"), (copy, "glonk frobble quux")):
+        served.queue().add(question)
+    [theirs] = copy.queue_groups()
+    copy.resolve_group("link", theirs["id"], faq_id="f1", by="")
+    client = client_for(service, allow_writes=True)
+    [mine] = client.get("/queue").json()["groups"]
+    assert mine["id"] != theirs["id"] and [q["text"] for q in mine["questions"]] == ["zzqx blorf wibble"]
+    for path, body in (("undo", None), ("link", {"faq_id": "f2"}), ("split", {"question_ids": [1]})):
+        refused = client.post(f"/queue/{theirs['id']}/{path}", json=body)
+        assert refused.status_code == 404 and "belongs to another index" in refused.json()["detail"], refused.text
+    assert client.post("/queue/merge", json={"group_ids": [mine["id"], theirs["id"]]}).status_code == 404
+    assert client.post("/queue/999/undo").status_code == 404
+    assert [p.faq_id for p in FaqIndex.load(copy.index_dir).phrasings()] == ["f1"]
