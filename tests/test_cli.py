@@ -269,3 +269,7 @@ def test_feedback_training_needs_the_faq_task_and_an_index(tmp_path, built):
         ),
         "index directory not found",
     )
+
+
+def test_allow_public_writes_needs_allow_writes(built):
+    assert_one_line_error(medfaq("serve", "--index", built, "--allow-public-writes"), "give both")
