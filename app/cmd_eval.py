@@ -13,6 +13,7 @@ from typing import Any
 
 import typer
 
+from medfaq.app.cmd_search import search_inputs
 from medfaq.app.cmd_train import check_out_dir, resolve_training_models
 from medfaq.app.options import (
     DEVICE,
@@ -26,7 +27,7 @@ from medfaq.app.options import (
     takes_stage_flags,
     takes_training_overrides,
 )
-from medfaq.common.runtime import MedfaqError, resolve_model
+from medfaq.common.runtime import MedfaqError, local_model_dir, resolve_model
 from medfaq.retriever.model_cache import build_pipeline, shared_cache
 from medfaq.retriever.pipeline import PipelineConfig
 from medfaq.retriever.pipeline_file import read_config, store_threshold
@@ -64,6 +65,7 @@ def eval_summarizer(
     from medfaq.summarizer.generation import consensus
 
     output = output or Path(f"predictions_{re.sub(r'[^A-Za-z0-9_.-]+', '_', data)}.jsonl")
+    check_not_an_input(output, local_model_dir(model), data_root)
     check_output(output)
     pairs = load_pairs(data, data_root)[:limit]
     if not pairs:
@@ -191,6 +193,7 @@ def eval_duplicates(
             check_out_dir(save_models, force=False)
         n_folds, min_dev_groups = folds or CV_FOLDS[preset], dev_groups or MIN_DEV_GROUPS
         if scores_out is not None:
+            check_not_an_input(scores_out, local_model_dir(init), option="--scores-out")
             check_output(scores_out)
         evaluator = DuplicateEvaluator(
             mqp_pairs(),
@@ -258,8 +261,8 @@ def eval_retrieval(
         raise MedfaqError("--summaries is for --compare")
     known = read_summaries(summaries) if summaries is not None else None
     if run_out is not None:
+        check_not_an_input(run_out, queries, qrels, summaries, *search_inputs(index, flags), option="--run-out")
         check_output(run_out)
-        check_not_an_input(run_out, queries, qrels, summaries, option="--run-out")
     rows = read_beir_queries(queries)
     judgements = read_qrels(qrels)
     texts = {row["_id"]: row["text"] for row in rows}

@@ -17,7 +17,7 @@ BY = typer.Option("", "--by", help="Who answers (recorded with the change).")
 
 def _queue(index: Path | None):
     """The queue of `index` (the set-up index when None) with the questions logged since it was last read, and the
-    index directory."""
+    index directory; the queue's groups are that index's only."""
     from medfaq.index.faq_index import FaqIndex
     from medfaq.retriever.pipeline_file import read_config
     from medfaq.retriever.question_queue import open_queue
@@ -34,7 +34,7 @@ def list_groups(
     status: str = typer.Option("waiting", "--status", help="waiting | linked | answered | all"),
     as_json: bool = typer.Option(False, "--json", help="One JSON object per group."),
 ) -> None:
-    """The groups of questions waiting for an expert, most asked first."""
+    """The index's groups of questions waiting for an expert, most asked first."""
     queue, _ = _queue(index)
     groups = queue.groups(None if status == "all" else status)
     for group in groups:
@@ -57,7 +57,7 @@ def link(
 ) -> None:
     """Answer a group with an existing FAQ: its questions become that FAQ's phrasings in the index."""
     queue, directory = _queue(index)
-    done = queue.link(group, faq_id, directory, by)
+    done = queue.link(group, faq_id, by)
     typer.echo(f"group {group}: {done.count} questions now find FAQ {faq_id} (index {directory})")
 
 
@@ -70,7 +70,7 @@ def answer(
 ) -> None:
     """Answer a group with a new FAQ, added to the index with the group's questions as its phrasings."""
     queue, directory = _queue(index)
-    done = queue.answer(group, question, answer_text, directory, by)
+    done = queue.answer(group, question, answer_text, by)
     typer.echo(f"group {group}: new FAQ {done.faq_id} added to {directory}; {done.count} questions now find it")
 
 
@@ -79,7 +79,7 @@ def split(
     question_ids: list[int] = typer.Argument(..., help="The ids of the questions that move to a new group."),
     index: Path | None = INDEX,
 ) -> None:
-    """Move some questions of a group into a new group."""
+    """Move some questions of one of the index's groups into a new group."""
     queue, _ = _queue(index)
     new = queue.split(group, question_ids)
     typer.echo(f"group {new.id}: {new.count} questions split from group {group}")
@@ -89,7 +89,7 @@ def merge(
     groups: list[int] = typer.Argument(..., help="Two or more group ids; the first keeps every question."),
     index: Path | None = INDEX,
 ) -> None:
-    """Merge groups that ask the same question."""
+    """Merge groups of the index that ask the same question."""
     queue, _ = _queue(index)
     merged = queue.merge(groups)
     typer.echo(f"group {merged.id}: {merged.count} questions")
@@ -98,5 +98,5 @@ def merge(
 def undo(group: int = GROUP, index: Path | None = INDEX) -> None:
     """Take back a link or an answer: the index forgets it and the group waits again."""
     queue, directory = _queue(index)
-    queue.undo(group, directory)
+    queue.undo(group)
     typer.echo(f"group {group} waits again; {directory} no longer holds its answer")

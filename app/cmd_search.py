@@ -10,7 +10,7 @@ import typer
 
 from medfaq.app.options import INDEX, NO_STAGE_FLAGS, StageFlags, takes_stage_flags
 from medfaq.app.render import hits_table
-from medfaq.common.runtime import MedfaqError
+from medfaq.common.runtime import MedfaqError, local_model_dir
 from medfaq.retriever.model_cache import build_pipeline
 from medfaq.retriever.pipeline_file import read_config
 from medfaq.retriever.runs import (
@@ -48,6 +48,17 @@ def open_pipeline(index: Path, flags: StageFlags, shown_entities: bool = True, *
         may_log = config.abstain and config.log_unanswered and config.active_threshold() is not None
         config = config.updated(entities=config.key_terms or may_log)
     return build_pipeline(FaqIndex.load(index), config)
+
+
+def search_inputs(index: Path, flags: StageFlags) -> list[Path]:
+    """What a search of `index` with `flags` reads or appends to: the index, its unanswered log, and the local
+    directories of its encoder and of the stage models its config names (an output must be none of them)."""
+    from medfaq.index.faq_index import read_manifest
+    from medfaq.retriever.unanswered import UnansweredLog
+
+    config = flags.apply(read_config(index))
+    models = (read_manifest(index).encoder, config.summarizer, config.reranker)
+    return [index, UnansweredLog(config.unanswered_log).path, *filter(None, map(local_model_dir, models))]
 
 
 def run_in_batches(pipeline: Pipeline, questions: list[str], batch_size: int = SEARCH_BATCH) -> list[Any]:
@@ -89,10 +100,10 @@ def search(
         raise MedfaqError("--queries needs --output RUN (the run file to write, or - for stdout)")
     if format not in RUN_FORMATS:
         raise MedfaqError(f"unknown run format {format!r}; choose one of {', '.join(RUN_FORMATS)}")
-    if output is not None:
-        check_output(output)
-        check_not_an_input(output, queries)
     index = index or set_up_index()
+    if output is not None:  # an output inside the index or a model would destroy it: refused before any write
+        check_not_an_input(output, queries, *search_inputs(index, flags))
+        check_output(output)
     if question is not None:
         check_query(question)  # invalid text fails before anything is loaded
         pipeline = open_pipeline(index, flags, shown_entities=as_json, log_unanswered=log_unanswered or None)

@@ -66,7 +66,17 @@ def serve(
         min=0,
         help="Batches searched at the same time (0: the usable cores divided by --threads).",
     ),
-    allow_writes: bool = typer.Option(False, "--allow-writes", help="Enable POST /index/add and /index/delete."),
+    allow_writes: bool = typer.Option(
+        False,
+        "--allow-writes",
+        help="Enable POST /index/add, /index/delete and the queue's changes (POST /queue/...); without "
+        "MEDFAQ_API_KEY from loopback clients only.",
+    ),
+    allow_public_writes: bool = typer.Option(
+        False,
+        "--allow-public-writes",
+        help="With --allow-writes and without MEDFAQ_API_KEY, accept the changes from any client, not loopback only.",
+    ),
     allow_public_queue: bool = typer.Option(
         False,
         "--allow-public-queue",
@@ -76,16 +86,21 @@ def serve(
     """Serve search, feedback and the experts' queue over HTTP (OpenAPI page at /docs). Loads the pipeline once."""
     import uvicorn
 
-    from medfaq.app.server import ServerLimits, create_app
+    from medfaq.app.server import ServerLimits, access_rules, create_app
     from medfaq.app.service import SearchService
 
+    if allow_public_writes and not allow_writes:
+        raise MedfaqError("--allow-public-writes opens the writes of --allow-writes: give both")
     index = index or set_up_index()
     os.environ["OMP_NUM_THREADS"] = str(threads)  # read by ONNX Runtime, faiss and torch when they load
     sock = listening_socket(host, port)
     parallel = parallel_batches or max(1, usable_cores() // threads)
     service = SearchService(index, batching=BatchSettings(batch_size, batch_wait_ms, parallel))
-    app = create_app(
-        service, allow_writes=allow_writes, limits=ServerLimits(workers=workers), allow_public_queue=allow_public_queue
+    access = dict(
+        allow_writes=allow_writes, allow_public_queue=allow_public_queue, allow_public_writes=allow_public_writes
     )
+    app = create_app(service, limits=ServerLimits(workers=workers), **access)
     typer.echo(f"serving {index} ({len(service.index)} FAQs) on http://{host}:{port} (OpenAPI: /docs)", err=True)
+    for rule in access_rules(**access):
+        typer.echo(f"access: {rule}", err=True)
     uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])

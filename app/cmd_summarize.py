@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 
 from medfaq.app.options import GUIDANCE, LENGTH_PENALTY, MBR
-from medfaq.common.runtime import MedfaqError
+from medfaq.common.runtime import MedfaqError, local_model_dir
 
 TEXT_FIELDS = ("chq", "question", "text")
 
@@ -63,10 +63,11 @@ def summarize(
         raise MedfaqError("give either a question or --input FILE.jsonl (with --output OUT.jsonl)")
     if input is not None and output is None:
         raise MedfaqError("--input needs --output OUT.jsonl")
+    default = best_summarizer()
     if output is not None:
-        check_not_an_input(output, input)
+        check_not_an_input(output, input, local_model_dir(model or default))
     rows, texts = read_texts(input) if input is not None else ([], [check_query(text, "the question")])
-    chosen = set_up_model(model, "summarizer", best_summarizer())
+    chosen = set_up_model(model, "summarizer", default)
     decoding = Decoding(num_beams, max_length, length_penalty, guidance, mbr)
     summaries = Summarizer.load(chosen, device=device).summarize(texts, decoding, batch_size)
     if input is None:

@@ -6,7 +6,9 @@ included), bodies over `max_body_bytes` get 413 however they are framed, and a
 :class:`~common.runtime.MedfaqError` raised by the pipeline becomes 400. A fault of the server's own (a stage model
 that cannot load) is a 503, never a 4xx. When the environment variable ``MEDFAQ_API_KEY`` is set, the write
 endpoints and the experts' queue need it in the ``X-API-Key`` header; without it the queue, which holds consumers'
-health questions, is served to loopback clients only unless `allow_public_queue`.
+health questions, is served to loopback clients only unless `allow_public_queue`, and the index and queue changes
+(`allow_writes`) are accepted from loopback clients only unless `allow_public_writes`. :func:`access_rules` says
+who may do what.
 
 The stage settings a search request may set are those :class:`~retriever.pipeline.PipelineConfig` declares
 `request` for, typed strictly from their declarations (:func:`setting_field`); a request that sets one declared
@@ -306,7 +308,7 @@ def errors(*codes: int) -> dict[int | str, dict[str, Any]]:
         400: "refused by the pipeline",
         401: "missing or wrong API key",
         403: "not allowed on this server",
-        404: "not found",
+        404: "no such group in this index's queue",
         413: "request body or batch too large",
         422: "invalid request",
         503: "a stage of the server is not available",
@@ -377,11 +379,32 @@ def is_loopback(host: str | None) -> bool:
         return host == "localhost"
 
 
+def access_rules(allow_writes: bool, allow_public_queue: bool, allow_public_writes: bool) -> list[str]:
+    """Who may do what on a server started with these settings (and ``MEDFAQ_API_KEY`` as set now): one line each
+    for the searches and health, the feedback, the queue's reads and the writes."""
+    keyed = bool(os.environ.get(API_KEY_ENV))
+    with_key = f"clients with the API key ({API_KEY_ENV})"
+
+    def private(public: bool, flag: str) -> str:
+        if keyed:
+            return with_key
+        return f"any client ({flag})" if public else f"loopback clients only (no {API_KEY_ENV}; {flag} opens them)"
+
+    writes = private(allow_public_writes, "--allow-public-writes") if allow_writes else "nobody (no --allow-writes)"
+    return [
+        "searches (POST /search) and health (GET /health): any client",
+        f"feedback (POST /feedback): {with_key if keyed else 'any client'}",
+        f"the experts' queue (GET /queue, GET /unanswered): {private(allow_public_queue, '--allow-public-queue')}",
+        f"index and queue changes (POST /index/..., POST /queue/...): {writes}",
+    ]
+
+
 def create_app(
     service: SearchService,
     allow_writes: bool = False,
     limits: ServerLimits | None = None,
     allow_public_queue: bool = False,
+    allow_public_writes: bool = False,
 ) -> FastAPI:
     limits = limits or ServerLimits()
     app = FastAPI(title="medfaq", description="Medical FAQ retrieval for consumer health questions.")
@@ -414,21 +437,34 @@ def create_app(
         if expected and x_api_key != expected:
             raise HTTPException(401, f"this endpoint needs the API key ({API_KEY_ENV}) in the X-API-Key header")
 
-    def may_read_queue(request: Request, x_api_key: str | None = Header(None)) -> None:
+    def private(request: Request, x_api_key: str | None, public: bool, refusal: str) -> None:
+        """The key when one is set; else a loopback client, unless `public`."""
         if os.environ.get(API_KEY_ENV):
             require_key(x_api_key)
-        elif not allow_public_queue and not is_loopback(request.client.host if request.client else None):
-            raise HTTPException(
-                403,
-                "the experts' queue holds consumers' questions: it is served to loopback clients only "
-                f"(set {API_KEY_ENV}, or start the server with --allow-public-queue)",
-            )
+        elif not public and not is_loopback(request.client.host if request.client else None):
+            raise HTTPException(403, refusal)
 
-    def require_writes() -> None:
+    def may_read_queue(request: Request, x_api_key: str | None = Header(None)) -> None:
+        private(
+            request,
+            x_api_key,
+            allow_public_queue,
+            "the experts' queue holds consumers' questions: it is served to loopback clients only "
+            f"(set {API_KEY_ENV}, or start the server with --allow-public-queue)",
+        )
+
+    def may_write(request: Request, x_api_key: str | None = Header(None)) -> None:
         if not allow_writes:
             raise HTTPException(403, "the index is read-only: start the server with --allow-writes")
+        private(
+            request,
+            x_api_key,
+            allow_public_writes,
+            "changes to the index and the experts' queue are accepted from loopback clients only "
+            f"(set {API_KEY_ENV}, or start the server with --allow-public-writes)",
+        )
 
-    WRITE = [Depends(require_writes), Depends(require_key)]
+    WRITE = [Depends(may_write)]
 
     @app.post("/search", response_model=SearchOut | BatchOut, responses=errors(400, 413, 422, 503))
     async def search(body: SearchRequest, x_api_key: str | None = Header(None)):

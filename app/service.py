@@ -212,12 +212,9 @@ class SearchService:
         """An expert's `action` on a group: ``link`` (faq_id, by), ``answer`` (question, answer, by), ``undo``,
         ``split`` (question_ids), ``retitle`` (title); the index changes under its write lock and is served at
         once."""
-        queue = self.queue()
+        group = getattr(self.queue(), action)(group_id, **values)
         if action in ("link", "answer", "undo"):
-            group = getattr(queue, action)(group_id, index_dir=self.index_dir, **values)
             self.refresh()
-        else:
-            group = getattr(queue, action)(group_id, **values)
         return group.to_dict()
 
     def merge_groups(self, group_ids: list[int]) -> dict[str, Any]:

@@ -167,19 +167,29 @@ def resolve_model(name: str | os.PathLike | None = None) -> str:
         return str(mpnet_path())
     text = str(name)
     path = Path(text).expanduser()
-    if path.exists():
-        if not path.is_dir():
-            raise ModelNotFoundError(f"model path {text!r} is a file; pass the model's directory")
-        return str(path.resolve())
-    trained = models_dir() / text
-    if trained.is_dir():
-        return str(trained.resolve())
+    if path.exists() and not path.is_dir():
+        raise ModelNotFoundError(f"model path {text!r} is a file; pass the model's directory")
+    local = local_model_dir(text)
+    if local is not None:
+        return str(local)
     if _hub_id_loadable(text):
         return text
     raise ModelNotFoundError(
         f"model {text!r} is not a local directory, not under {models_dir()}, and cannot be loaded from the "
         f"Hugging Face hub offline; pass 'minilm', 'mpnet', a trained model directory, or a hub id already in the cache"
     )
+
+
+def local_model_dir(name: str | os.PathLike | None) -> Path | None:
+    """The directory on this machine that model argument `name` names (an existing directory, else a name under
+    :func:`models_dir`), resolved; None for anything else (no name, a file, a hub id)."""
+    if name is None:
+        return None
+    path = Path(name).expanduser()
+    if path.exists():
+        return path.resolve() if path.is_dir() else None
+    trained = models_dir() / str(name)
+    return trained.resolve() if trained.is_dir() else None
 
 
 def _hub_id_loadable(repo_id: str) -> bool:

@@ -58,7 +58,7 @@ def faq_id(class_id: str) -> str:
     return f"covidq-{class_id}"
 
 
-def work_the_queue(queue: Any, index_dir: Path, class_of: dict[str, str]) -> dict[str, int]:
+def work_the_queue(queue: Any, class_of: dict[str, str]) -> dict[str, int]:
     """Split every waiting group by class, merge the groups of one class, link each to its class's FAQ."""
     splits = merges = 0
     for group in queue.groups():
@@ -77,7 +77,7 @@ def work_the_queue(queue: Any, index_dir: Path, class_of: dict[str, str]) -> dic
             merges += 1
     linked = 0
     for group in queue.groups():
-        queue.link(group.id, faq_id(class_of[group.questions[0].text]), index_dir, by=EXPERT)
+        queue.link(group.id, faq_id(class_of[group.questions[0].text]), by=EXPERT)
         linked += 1
     return {"splits": splits, "merges": merges, "groups_linked": linked}
 
@@ -100,13 +100,13 @@ def prepare(out: Path, encoder_name: str, data_root: Path | None) -> dict[str, A
     index_dir, log = out / "index", out / "queue" / "unanswered.jsonl"  # an index save replaces its directory
     FaqIndex.build(records, encoder).save(index_dir)
     write_config(index_dir, PipelineConfig(unanswered_log=str(log)))
-    queue = QuestionQueue(queue_beside(log), encoder)
+    queue = QuestionQueue(queue_beside(log), encoder, index_dir=index_dir)
     faq_texts = {record.question for record in records}
     class_of = {text: c for c, texts in classes.items() for text in texts[1:] if text not in faq_texts}
     for text in tqdm(class_of, desc="queueing", unit="question"):
         queue.add(text)
     groups_formed = len(queue.groups())
-    work = work_the_queue(queue, index_dir, class_of)
+    work = work_the_queue(queue, class_of)
     return {
         "index": str(index_dir),
         "encoder": encoder.name,

@@ -433,8 +433,9 @@ class Pipeline:
             )
             if abstained and config.log_unanswered:
                 best = ranked[0] if ranked else None
+                searched = str(self.index.directory) if self.index.directory else None
                 self.unanswered.append(
-                    query, summary, found, sure, best.id if best else None, best.question if best else None
+                    query, summary, found, sure, best.id if best else None, best.question if best else None, searched
                 )
             responses.append(response)
         return responses

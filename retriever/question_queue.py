@@ -7,7 +7,13 @@ detector (a cross-encoder) decides "same question" at its threshold; without a d
 (`same_cosine`). Each group gets one title from the summarizer (else its first question). An expert can split and
 merge groups, then either links a group to an existing FAQ (its questions become that FAQ's phrasings in the index,
 index/phrasings.py) or answers it with a new FAQ (added to the index, with the group's questions as its phrasings);
-both are recorded (who, when, which index version) and undoable.
+both are recorded (who, when, which index version) and undoable. Undo takes back only what the group added.
+
+A queue belongs to one index: its groups record the index directory (resolved path: a copy of an index is another
+index, with a queue of its own), and a :class:`QuestionQueue` lists, changes and answers only its index's groups;
+a group of another index is an :class:`UnknownGroup`. The unanswered log records the index each question was asked
+of; a question logged without one (before the queue was per index) and a group opened before, with no index
+recorded, belong to the first index whose queue opens the store.
 
 Stored in SQLite (WAL) at ``$MEDFAQ_HOME/queue.sqlite3``: several processes (the server, the demo, the CLI) share
 it; adding a question decides its group inside one write transaction, so two processes never open two groups for
@@ -48,7 +54,8 @@ CREATE TABLE IF NOT EXISTS groups (
     resolved_by TEXT,
     resolved_at TEXT,
     index_version TEXT,
-    undo TEXT
+    undo TEXT,
+    index_dir TEXT
 );
 CREATE TABLE IF NOT EXISTS questions (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -61,6 +68,18 @@ CREATE TABLE IF NOT EXISTS questions (
 CREATE INDEX IF NOT EXISTS questions_by_group ON questions(group_id);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
+GROUP_COLUMNS = "id, title, status, faq_id, resolved_by, resolved_at, index_version, undo, index_dir"
+FIRST_INDEX = "first_index"
+"""The meta key naming the index that owns what was recorded without one."""
+
+
+class UnknownGroup(NotFound):
+    """A group id that is not in this index's queue (none at all, or another index's)."""
+
+
+def index_identity(index_dir: str | Path) -> str:
+    """The index a queue belongs to: its directory's resolved path (a copy elsewhere is another index)."""
+    return str(Path(index_dir).expanduser().resolve())
 
 
 def default_queue_path() -> Path:
@@ -130,9 +149,10 @@ class QuestionGroup:
 
 
 class QuestionQueue:
-    """The queue in one SQLite file (see the module docstring). `encoder` embeds questions (the index's encoder,
-    so its vectors and the index's agree); `detector` scores (question, waiting question) pairs; `titler` writes
-    a group's title; `log`: the unanswered log :meth:`sync` reads by default."""
+    """The queue of the index in `index_dir`, in one SQLite file shared by every index (see the module docstring).
+    `encoder` embeds questions (the index's encoder, so its vectors and the index's agree); `detector` scores
+    (question, waiting question) pairs; `titler` writes a group's title; `log`: the unanswered log :meth:`sync`
+    reads by default."""
 
     def __init__(
         self,
@@ -142,8 +162,11 @@ class QuestionQueue:
         titler: QueryRewriter | None = None,
         settings: GroupingSettings | None = None,
         log: str | Path | None = None,
+        *,
+        index_dir: str | Path,
     ) -> None:
         self.path = Path(path).expanduser() if path is not None else default_queue_path()
+        self.index_dir = index_identity(index_dir)
         self.log = Path(log).expanduser() if log is not None else None
         self.encoder, self.detector, self.titler = encoder, detector, titler
         self.settings = settings or GroupingSettings()
@@ -159,6 +182,26 @@ class QuestionQueue:
                 db.close()
         except (OSError, sqlite3.Error) as error:
             raise MedfaqError(f"cannot open the experts' queue {self.path}: {error}") from None
+        with self._connection(write=True) as db:
+            self._first_index = self._adopt_unowned(db)
+
+    def _adopt_unowned(self, db: sqlite3.Connection) -> str:
+        """The store's first index, this one when there is none yet: it takes the groups recorded without an index
+        (a store of before the queue was per index gets the column) and their unanswered log's position."""
+        if "index_dir" not in {row[1] for row in db.execute("PRAGMA table_info(groups)")}:
+            db.execute("ALTER TABLE groups ADD COLUMN index_dir TEXT")
+        row = db.execute("SELECT value FROM meta WHERE key = ?", (FIRST_INDEX,)).fetchone()
+        if row:
+            return row[0]
+        db.execute("INSERT INTO meta (key, value) VALUES (?, ?)", (FIRST_INDEX, self.index_dir))
+        db.execute("UPDATE groups SET index_dir = ? WHERE index_dir IS NULL", (self.index_dir,))
+        db.execute("UPDATE meta SET key = ? WHERE key = 'log'", (self._log_key,))
+        return self.index_dir
+
+    @property
+    def _log_key(self) -> str:
+        """The meta key of this index's position in the unanswered log."""
+        return f"log {self.index_dir}"
 
     # ---- storage --------------------------------------------------------------------------------------------------
 
@@ -197,7 +240,8 @@ class QuestionQueue:
         if self._waiting is None or self._waiting[0] != version:
             rows = db.execute(
                 "SELECT q.id, q.vector, q.group_id FROM questions q JOIN groups g ON g.id = q.group_id "
-                "WHERE g.status = 'waiting' ORDER BY q.id"
+                "WHERE g.status = 'waiting' AND g.index_dir = ? ORDER BY q.id",
+                (self.index_dir,),
             ).fetchall()
             ids = np.array([row[0] for row in rows], dtype=np.int64)
             vectors = np.array([np.frombuffer(row[1], dtype=np.float32) for row in rows], dtype=np.float32)
@@ -220,9 +264,7 @@ class QuestionQueue:
             group_id = self._same_question_group(db, text, vector, ids, vectors, groups)
             opened = group_id is None
             if opened:  # titled below, once the write transaction no longer holds the queue
-                group_id = db.execute(
-                    "INSERT INTO groups (title, created) VALUES (?, ?)", (text[:TITLE_CHARS], asked)
-                ).lastrowid
+                group_id = self._open_group(db, text, asked)
             question_id = db.execute(
                 "INSERT INTO questions (text, asked, source, group_id, vector) VALUES (?, ?, ?, ?, ?)",
                 (text, asked, source, group_id, vector.tobytes()),
@@ -237,6 +279,13 @@ class QuestionQueue:
         if opened:
             self._summarized_title(group_id, text)
         return QueuedQuestion(int(question_id), text, asked, source, int(group_id))
+
+    def _open_group(self, db: sqlite3.Connection, text: str, created: str) -> int:
+        """A new waiting group of this index, titled `text` until the summarizer titles it."""
+        return db.execute(
+            "INSERT INTO groups (title, created, index_dir) VALUES (?, ?, ?)",
+            (text[:TITLE_CHARS], created, self.index_dir),
+        ).lastrowid
 
     def _same_question_group(
         self, db: sqlite3.Connection, text: str, vector: np.ndarray, ids: np.ndarray, vectors: np.ndarray, groups
@@ -279,8 +328,9 @@ class QuestionQueue:
 
     def sync(self, log_path: str | Path | None = None) -> int:
         """Queue the questions the pipeline logged as unanswered (retriever/unanswered.py) at `log_path` (default:
-        the queue's `log`) since the last sync: returns how many. The log's position is kept in the queue (a log
-        that was replaced is read from its start); one sync at a time per queue file, whatever the process."""
+        the queue's `log`) about this index since the last sync: returns how many. The log's position is kept in
+        the queue, per index (a log that was replaced is read from its start); one sync at a time per queue file,
+        whatever the process."""
         from filelock import FileLock
 
         if log_path is None and self.log is None:
@@ -292,7 +342,7 @@ class QuestionQueue:
             except FileNotFoundError:
                 return 0
             with self._connection() as db:
-                row = db.execute("SELECT value FROM meta WHERE key = 'log'").fetchone()
+                row = db.execute("SELECT value FROM meta WHERE key = ?", (self._log_key,)).fetchone()
             seen = json.loads(row[0]) if row else {}
             same_file = seen.get("path") == str(log.resolve()) and seen.get("inode") == stat.st_ino
             offset = seen.get("offset", 0) if same_file and seen.get("offset", 0) <= stat.st_size else 0
@@ -305,10 +355,10 @@ class QuestionQueue:
                     offset += len(line)
                     try:
                         entry = json.loads(line)
-                        query, asked = str(entry["query"]), entry.get("time")
-                    except (ValueError, KeyError, TypeError):
+                        query, asked, asked_of = str(entry["query"]), entry.get("time"), entry.get("index")
+                    except (ValueError, KeyError, TypeError, AttributeError):
                         continue  # not an entry of the log: nothing to queue
-                    if query.strip():
+                    if query.strip() and (asked_of or self._first_index) == self.index_dir:
                         self.add(query, "abstained", asked)
                         added += 1
                     self._log_position(log, stat.st_ino, offset)
@@ -317,17 +367,19 @@ class QuestionQueue:
     def _log_position(self, log: Path, inode: int, offset: int) -> None:
         position = json.dumps({"path": str(log.resolve()), "inode": inode, "offset": offset})
         with self._connection(write=True) as db:
-            db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('log', ?)", (position,))
+            db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (self._log_key, position))
 
     # ---- reading --------------------------------------------------------------------------------------------------
 
     def groups(self, status: str | None = "waiting") -> list[QuestionGroup]:
-        """The groups with `status` (None: all), most asked first, then most recently asked."""
+        """This index's groups with `status` (None: all), most asked first, then most recently asked."""
         if status is not None and status not in STATUSES:
             raise MedfaqError(f"unknown group status {status!r}; choose one of {', '.join(STATUSES)}")
         with self._connection() as db:
-            where, values = ("WHERE status = ?", (status,)) if status else ("", ())
-            rows = db.execute(f"SELECT * FROM groups {where}", values).fetchall()
+            where, values = ("AND status = ?", (status,)) if status else ("", ())
+            rows = db.execute(
+                f"SELECT {GROUP_COLUMNS} FROM groups WHERE index_dir = ? {where}", (self.index_dir, *values)
+            ).fetchall()
             found = [self._group(db, row) for row in rows]
         return sorted(found, key=lambda g: (-g.count, -max((q.id for q in g.questions), default=0)))
 
@@ -335,16 +387,18 @@ class QuestionQueue:
         with self._connection() as db:
             return self._group(db, self._group_row(db, group_id))
 
-    @staticmethod
-    def _group_row(db: sqlite3.Connection, group_id: int) -> tuple:
-        row = db.execute("SELECT * FROM groups WHERE id = ?", (int(group_id),)).fetchone()
+    def _group_row(self, db: sqlite3.Connection, group_id: int) -> tuple:
+        """The row of this index's group `group_id` (:data:`GROUP_COLUMNS`); another index's is unknown here."""
+        row = db.execute(f"SELECT {GROUP_COLUMNS} FROM groups WHERE id = ?", (int(group_id),)).fetchone()
         if row is None:
-            raise NotFound(f"no group {group_id} in the experts' queue")
+            raise UnknownGroup(f"no group {group_id} in the experts' queue")
+        if row[-1] != self.index_dir:
+            raise UnknownGroup(f"group {group_id} belongs to another index's queue, not to {self.index_dir}'s")
         return row
 
     @staticmethod
     def _group(db: sqlite3.Connection, row: tuple) -> QuestionGroup:
-        group_id, title, _, status, faq_id, resolved_by, resolved_at, index_version, _ = row
+        group_id, title, status, faq_id, resolved_by, resolved_at, index_version, _, _ = row
         questions = [
             QueuedQuestion(*values, group_id)
             for values in db.execute(
@@ -365,9 +419,7 @@ class QuestionQueue:
                     f"split needs some, not all, of group {group_id}'s question ids "
                     f"({', '.join(str(q.id) for q in group.questions)})"
                 )
-            new_id = db.execute(
-                "INSERT INTO groups (title, created) VALUES (?, ?)", (moving[0].text[:TITLE_CHARS], _now())
-            ).lastrowid
+            new_id = self._open_group(db, moving[0].text, _now())
             db.executemany("UPDATE questions SET group_id = ? WHERE id = ?", [(new_id, q.id) for q in moving])
             self._changed(db)
         self._summarized_title(new_id, moving[0].text)
@@ -403,18 +455,18 @@ class QuestionQueue:
 
     # ---- answering ------------------------------------------------------------------------------------------------
 
-    def link(self, group_id: int, faq_id: str, index_dir: str | Path, by: str = "") -> QuestionGroup:
+    def link(self, group_id: int, faq_id: str, by: str = "") -> QuestionGroup:
         """Answer group `group_id` with the existing FAQ `faq_id`: its questions become that FAQ's phrasings."""
         group = self.group(group_id)
         self._check_waiting(group)
         index, added = FaqIndex.edit(
-            index_dir,
-            lambda index: index.add_phrasings(faq_id, [q.text for q in group.questions], by, f"queue group {group_id}"),
+            self.index_dir,
+            lambda index: index.add_phrasings(faq_id, [q.text for q in group.questions], by, _origin(group_id)),
             encoder=self.encoder,
         )
         return self._resolved(group_id, "linked", faq_id, by, index.version, {"phrasing_keys": [p.key for p in added]})
 
-    def answer(self, group_id: int, question: str, answer: str, index_dir: str | Path, by: str = "") -> QuestionGroup:
+    def answer(self, group_id: int, question: str, answer: str, by: str = "") -> QuestionGroup:
         """Answer group `group_id` with a new FAQ (`question`, `answer`, source ``expert``), whose phrasings are the
         group's questions. The FAQ's id is ``expert-<group id>`` (``-2``, ``-3``... if taken)."""
         group = self.group(group_id)
@@ -427,25 +479,26 @@ class QuestionQueue:
             faq_id = _free_id(index, f"expert-{group_id}")
             record = FaqRecord(id=faq_id, question=question, answer=answer, source="expert")
             index.add([record], progress=False)
-            index.add_phrasings(faq_id, [q.text for q in group.questions], by, f"queue group {group_id}")
+            index.add_phrasings(faq_id, [q.text for q in group.questions], by, _origin(group_id))
             return faq_id
 
-        index, faq_id = FaqIndex.edit(index_dir, add_faq, encoder=self.encoder)
+        index, faq_id = FaqIndex.edit(self.index_dir, add_faq, encoder=self.encoder)
         return self._resolved(group_id, "answered", faq_id, by, index.version, {"faq_id": faq_id})
 
-    def undo(self, group_id: int, index_dir: str | Path) -> QuestionGroup:
-        """Take back a link (its phrasings leave the index) or an answer (its FAQ leaves the index); the group
-        waits again."""
+    def undo(self, group_id: int) -> QuestionGroup:
+        """Take back a link (the phrasings it added leave the index) or an answer (its FAQ leaves the index, refused
+        while other groups' phrasings lead to it); the group waits again. Only what the group added is removed: a
+        phrasing under a recorded key that another change put there stays."""
         with self._connection() as db:
             row = self._group_row(db, group_id)
-            group, undo_json = self._group(db, row), row[8]
+            group, undo_json = self._group(db, row), row[7]
         if group.status == "waiting" or not undo_json:
             raise MedfaqError(f"group {group_id} is waiting: there is nothing to undo")
         undo = json.loads(undo_json)
         if "faq_id" in undo:
-            FaqIndex.delete_from(index_dir, [undo["faq_id"]])
+            FaqIndex.edit(self.index_dir, lambda index: _delete_answer(index, undo["faq_id"], group_id))
         else:
-            FaqIndex.edit(index_dir, lambda index: index.remove_phrasings(undo["phrasing_keys"]))
+            FaqIndex.edit(self.index_dir, lambda index: _remove_link(index, group, set(undo["phrasing_keys"])))
         return self._resolved(group_id, "waiting", None, None, None, None)
 
     @staticmethod
@@ -465,6 +518,34 @@ class QuestionQueue:
             )
             self._changed(db)
             return self._group(db, self._group_row(db, group_id))
+
+
+def _origin(group_id: int) -> str:
+    """What a phrasing added by queue group `group_id` records as its origin."""
+    return f"queue group {group_id}"
+
+
+def _remove_link(index: FaqIndex, group: QuestionGroup, keys: set[int]) -> None:
+    """Remove the phrasings under `keys` that `group`'s link added: its FAQ, its origin, one of its questions."""
+    texts = {question.text for question in group.questions}
+    added = [
+        phrasing.key
+        for phrasing in index.phrasings([group.faq_id])
+        if phrasing.key in keys and phrasing.origin == _origin(group.id) and phrasing.text in texts
+    ]
+    index.remove_phrasings(added)
+
+
+def _delete_answer(index: FaqIndex, faq_id: str, group_id: int) -> None:
+    """Delete the FAQ that group `group_id` answered with (if still there), unless other groups link to it."""
+    if faq_id not in index:
+        return
+    others = sorted({p.origin or "another edit" for p in index.phrasings([faq_id]) if p.origin != _origin(group_id)})
+    if others:
+        raise MedfaqError(
+            f"FAQ {faq_id} of group {group_id} also holds phrasings of {', '.join(others)}: undo those first"
+        )
+    index.delete([faq_id])
 
 
 def _free_id(index: FaqIndex, wanted: str) -> str:
@@ -490,8 +571,11 @@ def open_queue(index: FaqIndex, config: PipelineConfig) -> QuestionQueue:
     config names (else the best one trained, when there is one; else the first question)."""
     from medfaq.retriever.unanswered import UnansweredLog
 
+    if index.directory is None:
+        raise MedfaqError("the experts' queue belongs to an index on disk: save the index first")
     log = UnansweredLog(config.unanswered_log).path
-    return QuestionQueue(queue_beside(log), index.encoder, titler=SummarizerTitles(config), log=log)
+    titles = SummarizerTitles(config)
+    return QuestionQueue(queue_beside(log), index.encoder, titler=titles, log=log, index_dir=index.directory)
 
 
 class SummarizerTitles:

@@ -178,8 +178,8 @@ def check_output(path: str | Path) -> None:
 
 
 def check_not_an_input(output: str | Path, *inputs: str | Path | None, option: str = "--output") -> None:
-    """Refuse, in one line, an output file that is one of the command's input files (writing it would destroy
-    the input); ``-`` is never such a file."""
+    """Refuse, in one line, an output file that is one of the command's input files or lies inside one of its
+    input directories (an index, a model): writing it would destroy the input. ``-`` is never such a file."""
     if is_stdio(output):
         return
     target = Path(output).expanduser().resolve()
@@ -190,6 +190,8 @@ def check_not_an_input(output: str | Path, *inputs: str | Path | None, option: s
         same = source.resolve() == target or (source.exists() and target.exists() and os.path.samefile(source, target))
         if same:
             raise MedfaqError(f"{option} {output} is the input file {given}; write the results to another file")
+        if source.is_dir() and source.resolve() in target.parents:
+            raise MedfaqError(f"{option} {output} is inside the input {given}; write the results outside it")
 
 
 def write_text_atomic(path: str | Path, lines: Iterator[str] | list[str]) -> None:

@@ -23,7 +23,8 @@ def default_unanswered_path() -> Path:
 
 
 class UnansweredLog:
-    """Appends ``{"time", "query", "summary", "entities", "best_score", "best_id", "best_question"}`` lines.
+    """Appends ``{"time", "query", "summary", "entities", "best_score", "best_id", "best_question", "index"}`` lines
+    (`index`: the directory of the index searched, whose experts' queue takes the question; None when unsaved).
 
     Safe with several threads and processes: each entry is one ``write`` of a whole line to a file opened in append
     mode, under a per-file lock within the process.
@@ -42,6 +43,7 @@ class UnansweredLog:
         best_score: float | None,
         best_id: str | None = None,
         best_question: str | None = None,
+        index: str | None = None,
     ) -> None:
         entry = {
             "time": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -51,6 +53,7 @@ class UnansweredLog:
             "best_score": best_score,
             "best_id": best_id,
             "best_question": best_question,
+            "index": index,
         }
         line = json.dumps(entry, ensure_ascii=False) + "\n"
         with self._lock:

@@ -251,6 +251,30 @@ def test_queue_commands_list_link_and_undo(built):
     assert_one_line_error(medfaq("queue", "merge", group, "--index", built), "at least two")
 
 
+def test_a_queue_belongs_to_its_index_and_undo_never_touches_another(tmp_path, built):
+    import shutil
+
+    from medfaq.index.faq_index import FaqIndex
+    from medfaq.retriever.pipeline_file import read_config, store_threshold
+
+    store_threshold(built, read_config(built).updated(entities=False), 2.0)  # every question abstains
+    copy = shutil.copytree(built, tmp_path / "idx3")
+    groups = {}
+    for index, asked in ((built, "zzqx blorf wibble"), (copy, "glonk frobble quux")):
+        medfaq("search", "--index", index, asked)
+        [group] = [json.loads(line) for line in medfaq("queue", "list", "--index", index, "--json").stdout.splitlines()]
+        assert [q["text"] for q in group["questions"]] == [asked]  # the other index's question is not in its queue
+        groups[index] = str(group["id"])
+        assert medfaq("queue", "link", groups[index], "f4", "--index", index).exit_code == 0
+    phrasings = FaqIndex.load(built).phrasings()
+    assert_one_line_error(medfaq("queue", "undo", groups[copy], "--index", built), "belongs to another index")
+    assert_one_line_error(medfaq("queue", "split", groups[copy], "1", "--index", built), "belongs to another index")
+    assert FaqIndex.load(built).phrasings() == phrasings
+    for index in (built, copy):
+        assert "waits again" in medfaq("queue", "undo", groups[index], "--index", index).stdout
+        assert FaqIndex.load(index).phrasings() == []
+
+
 def test_feedback_training_needs_the_faq_task_and_an_index(tmp_path, built):
     assert_one_line_error(
         medfaq("train", "biencoder", "--task", "mqp", "--feedback-index", built, "--out", tmp_path / "m"),
@@ -265,3 +289,7 @@ def test_feedback_training_needs_the_faq_task_and_an_index(tmp_path, built):
         ),
         "index directory not found",
     )
+
+
+def test_allow_public_writes_needs_allow_writes(built):
+    assert_one_line_error(medfaq("serve", "--index", built, "--allow-public-writes"), "give both")

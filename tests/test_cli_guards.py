@@ -299,3 +299,50 @@ def test_timings_never_count_loading_the_encoder(index_dir, monkeypatch):
     )
     timings = pipeline.run("how is shingles treated").timings_ms
     assert timings["retrieve"] < 1000.0 and timings["total"] < 1000.0, timings
+
+
+def index_files(index_dir: Path) -> dict[str, bytes]:
+    return {str(path.relative_to(index_dir)): path.read_bytes() for path in index_dir.rglob("*") if path.is_file()}
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("search", "--json", "--output", "{index}/records.jsonl", "acne"),
+        ("search", "--output", "{index}/runs/new.txt", "acne"),
+        ("search", "--queries", "{tmp}/q.jsonl", "--output", "{index}/run.jsonl"),
+        (
+            "eval",
+            "retrieval",
+            "--queries",
+            "{tmp}/q.jsonl",
+            "--qrels",
+            "{tmp}/qrels.tsv",
+            "--run-out",
+            "{index}/r.trec",
+        ),
+    ],
+)
+def test_an_output_inside_the_index_searched_is_refused_and_nothing_written(tmp_path, index_dir, args):
+    (tmp_path / "q.jsonl").write_text('{"id": "q1", "question": "acne"}\n', encoding="utf-8")
+    before = index_files(index_dir)
+    result = medfaq(*(arg.format(index=index_dir, tmp=tmp_path) for arg in args), "--index", index_dir)
+    assert_one_line_error(result, f"is inside the input {index_dir}")
+    assert index_files(index_dir) == before and not (index_dir / "runs").exists()
+
+
+def test_an_output_that_is_the_unanswered_log_or_inside_a_model_is_refused(tmp_path, index_dir):
+    from medfaq.retriever.unanswered import default_unanswered_path
+
+    log = default_unanswered_path()
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text("", encoding="utf-8")
+    assert_one_line_error(medfaq("search", "--index", index_dir, "--output", log, "acne"), "is the input file")
+    model = tmp_path / "model"
+    model.mkdir()
+    (tmp_path / "in.jsonl").write_text('{"question": "acne?"}\n', encoding="utf-8")
+    refused = medfaq("summarize", "--model", model, "--input", tmp_path / "in.jsonl", "--output", model / "out.jsonl")
+    assert_one_line_error(refused, f"is inside the input {model}")
+    refused = medfaq("eval", "summarizer", "--model", model, "--output", model / "predictions.jsonl")
+    assert_one_line_error(refused, f"is inside the input {model}")
+    assert list(model.iterdir()) == []

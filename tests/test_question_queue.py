@@ -3,6 +3,7 @@ answering a group once so that its questions find their FAQ first."""
 
 from __future__ import annotations
 
+import json
 import threading
 
 import numpy as np
@@ -10,7 +11,7 @@ import pytest
 
 from medfaq.common.runtime import MedfaqError
 from medfaq.index.faq_index import FaqIndex
-from medfaq.retriever.question_queue import GroupingSettings, QuestionQueue
+from medfaq.retriever.question_queue import SCHEMA, GroupingSettings, QuestionQueue, UnknownGroup
 
 ASKED = {
     "alcohol": [
@@ -40,16 +41,24 @@ class FirstWords:
         return ["Q: " + " ".join(text.split()[:3]) for text in texts]
 
 
-@pytest.fixture
-def queue(tmp_path, tiny_encoder):
-    settings = GroupingSettings(floor=-1.0)  # the tiny random encoder's cosines mean nothing: the detector decides
-    return QuestionQueue(tmp_path / "queue.sqlite3", tiny_encoder, SharedWords(), FirstWords(), settings)
+GROUP_BY_DETECTOR = GroupingSettings(floor=-1.0)  # the tiny random encoder's cosines mean nothing
 
 
 @pytest.fixture
 def index_dir(tmp_path, faq_records, tiny_encoder):
     FaqIndex.build(faq_records, tiny_encoder, progress=False).save(tmp_path / "idx")
     return tmp_path / "idx"
+
+
+def queue_of(index_dir, encoder) -> QuestionQueue:
+    """The queue of the index in `index_dir`, in the store every test index shares."""
+    path = index_dir.parent / "queue.sqlite3"
+    return QuestionQueue(path, encoder, SharedWords(), FirstWords(), GROUP_BY_DETECTOR, index_dir=index_dir)
+
+
+@pytest.fixture
+def queue(index_dir, tiny_encoder):
+    return queue_of(index_dir, tiny_encoder)
 
 
 def fill(queue: QuestionQueue) -> dict[str, int]:
@@ -79,7 +88,8 @@ def test_the_same_question_asked_differently_forms_one_group_titled_by_the_summa
 
 
 def test_without_a_detector_the_cosine_decides(tmp_path, tiny_encoder):
-    queue = QuestionQueue(tmp_path / "q.sqlite3", tiny_encoder, settings=GroupingSettings(same_cosine=0.9999))
+    settings = GroupingSettings(same_cosine=0.9999)
+    queue = QuestionQueue(tmp_path / "q.sqlite3", tiny_encoder, settings=settings, index_dir=tmp_path / "idx")
     first = queue.add("is beer ok with amoxicillin")
     assert queue.add("is  beer ok with amoxicillin").group_id == first.group_id  # the same text
     assert queue.add("what is zorp fever").group_id != first.group_id
@@ -104,37 +114,40 @@ def top_hit(index_dir, encoder, question: str) -> str:
 
 def test_a_linked_group_finds_its_faq_first_and_can_be_undone(queue, index_dir, tiny_encoder):
     groups = fill(queue)
-    linked = queue.link(groups["alcohol"], "f1", index_dir, by="dr a")
+    linked = queue.link(groups["alcohol"], "f1", by="dr a")
     assert (linked.status, linked.faq_id, linked.resolved_by) == ("linked", "f1", "dr a")
     assert linked.index_version == FaqIndex.load(index_dir).version
     assert all(top_hit(index_dir, tiny_encoder, q) == "f1" for q in ASKED["alcohol"])
     assert groups["alcohol"] not in {group.id for group in queue.groups()}
     assert queue.add(ASKED["alcohol"][0]).group_id != groups["alcohol"]  # a resolved group takes no new questions
     with pytest.raises(MedfaqError, match="already linked"):
-        queue.link(groups["alcohol"], "f2", index_dir)
-    assert queue.undo(groups["alcohol"], index_dir).status == "waiting"
+        queue.link(groups["alcohol"], "f2")
+    assert queue.undo(groups["alcohol"]).status == "waiting"
     assert FaqIndex.load(index_dir).phrasings() == []
 
 
 def test_an_answered_group_becomes_a_new_faq(queue, index_dir, tiny_encoder):
     groups = fill(queue)
-    answered = queue.answer(groups["zorp"], "What is zorp fever?", "A made-up illness.", index_dir, by="dr b")
+    answered = queue.answer(groups["zorp"], "What is zorp fever?", "A made-up illness.", by="dr b")
     assert (answered.status, answered.faq_id) == ("answered", f"expert-{groups['zorp']}")
     index = FaqIndex.load(index_dir)
     assert index.get(answered.faq_id).source == "expert"
     assert top_hit(index_dir, tiny_encoder, ASKED["zorp"][0]) == answered.faq_id
     with pytest.raises(MedfaqError, match="question and an answer"):
-        queue.answer(groups["knees"], "Why do knees hurt?", " ", index_dir)
-    queue.undo(groups["zorp"], index_dir)
+        queue.answer(groups["knees"], "Why do knees hurt?", " ")
+    queue.undo(groups["zorp"])
     assert answered.faq_id not in FaqIndex.load(index_dir)
     with pytest.raises(MedfaqError, match="nothing to undo"):
-        queue.undo(groups["zorp"], index_dir)
+        queue.undo(groups["zorp"])
 
 
 def test_two_writers_asking_at_once_open_one_group(tmp_path, tiny_encoder):
     """Two queue objects on one file, as two processes have: the group is decided inside one write transaction."""
     path = tmp_path / "queue.sqlite3"
-    writers = [QuestionQueue(path, tiny_encoder, SharedWords(), settings=GroupingSettings(floor=-1.0)) for _ in "ab"]
+    writers = [
+        QuestionQueue(path, tiny_encoder, SharedWords(), settings=GROUP_BY_DETECTOR, index_dir=tmp_path / "idx")
+        for _ in "ab"
+    ]
     start = threading.Barrier(len(writers))
     found = []
 
@@ -186,10 +199,11 @@ def test_expert_links_and_feedback_become_training_pairs_with_a_held_back_slice(
     from medfaq.retriever.training.pair_data import expert_links, faq_pairs
     from medfaq.retriever.unanswered import UnansweredLog
 
-    queue = QuestionQueue(queue_beside(UnansweredLog().path), tiny_encoder, SharedWords(), settings=GroupingSettings())
+    path = queue_beside(UnansweredLog().path)
+    queue = QuestionQueue(path, tiny_encoder, SharedWords(), settings=GroupingSettings(), index_dir=index_dir)
     asked = [f"zzqx{n} blorf{n} wibble{n}" for n in range(40)]  # no words shared: 40 groups
     for question in asked:
-        queue.link(queue.add(question).group_id, "f4", index_dir)
+        queue.link(queue.add(question).group_id, "f4")
     store = FeedbackStore()
     store.add(Feedback(session="s", question="does beer mix with amoxicillin", helpful=True, hit_ids=["f1"]))
     store.add(Feedback(session="s", question="what causes my migraines", helpful=False, hit_ids=["f3"]))
@@ -204,3 +218,74 @@ def test_expert_links_and_feedback_become_training_pairs_with_a_held_back_slice(
     assert ("does beer mix with amoxicillin", "Can I drink alcohol while taking amoxicillin?", 1) in found
     assert ("what causes my migraines", "How is shingles treated?", 0) in found
     assert {p.source for p in pairs} == {"feedback"}
+
+
+def test_each_index_has_its_own_queue_and_a_copy_is_another_index(queue, index_dir, tiny_encoder):
+    import shutil
+
+    copy = shutil.copytree(index_dir, index_dir.parent / "idx3")
+    other = queue_of(copy, tiny_encoder)
+    mine, theirs = queue.add(ASKED["alcohol"][0]).group_id, other.add(ASKED["alcohol"][1]).group_id
+    assert mine != theirs  # the same question, asked of two indexes: a group in each queue
+    assert [g.id for g in queue.groups()] == [mine] and [g.id for g in other.groups()] == [theirs]
+    with pytest.raises(UnknownGroup, match=f"group {theirs} belongs to another index"):
+        queue.merge([mine, theirs])
+    queue.link(mine, "f1")
+    other.link(theirs, "f2")
+    for action in (lambda: queue.undo(theirs), lambda: queue.link(theirs, "f3"), lambda: queue.split(theirs, [1])):
+        with pytest.raises(UnknownGroup, match=f"group {theirs} belongs to another index"):
+            action()
+    assert [p.faq_id for p in FaqIndex.load(index_dir).phrasings()] == ["f1"]  # the copy's undo removed nothing here
+    assert queue.undo(mine).status == "waiting" and other.undo(theirs).status == "waiting"
+    assert FaqIndex.load(index_dir).phrasings() == [] and FaqIndex.load(copy).phrasings() == []
+
+
+def test_undo_removes_only_the_phrasings_the_group_added(queue, index_dir, faq_records, tiny_encoder):
+    group = queue.link(fill(queue)["knees"], "f2")
+    FaqIndex.build(faq_records, tiny_encoder, progress=False).save(index_dir)  # rebuilt: its keys start again
+    FaqIndex.edit(index_dir, lambda index: index.add_phrasings("f2", ASKED["knees"], "dr c", "by hand"), tiny_encoder)
+    queue.undo(group.id)
+    assert {(p.text, p.origin) for p in FaqIndex.load(index_dir).phrasings()} == {
+        (q, "by hand") for q in ASKED["knees"]
+    }
+
+
+def test_an_answer_other_groups_link_to_is_not_undone(queue, index_dir):
+    groups = fill(queue)
+    faq_id = queue.answer(groups["zorp"], "What is zorp fever?", "A made-up illness.").faq_id
+    queue.link(groups["knees"], faq_id)
+    with pytest.raises(MedfaqError, match=f"also holds phrasings of queue group {groups['knees']}: undo those first"):
+        queue.undo(groups["zorp"])
+    assert faq_id in FaqIndex.load(index_dir) and queue.group(groups["zorp"]).status == "answered"
+    queue.undo(groups["knees"])
+    queue.undo(groups["zorp"])
+    assert faq_id not in FaqIndex.load(index_dir)
+
+
+def test_a_store_of_before_the_queue_was_per_index_belongs_to_the_first_index_opening_it(
+    index_dir, tmp_path, tiny_encoder
+):
+    import sqlite3
+
+    from medfaq.retriever.unanswered import UnansweredLog
+
+    store = tmp_path / "queue.sqlite3"
+    schema = SCHEMA.replace("    undo TEXT,\n    index_dir TEXT\n", "    undo TEXT\n")
+    log = UnansweredLog(tmp_path / "unanswered.jsonl")
+    log.append("what is zorp fever", None, [], 0.1)
+    with sqlite3.connect(store) as db:
+        db.executescript(schema)
+        db.execute("INSERT INTO groups (title, created) VALUES ('old', '2024-01-01')")
+        vector = np.asarray(tiny_encoder.encode(["old"])[0], dtype=np.float32).tobytes()
+        db.execute(
+            "INSERT INTO questions (text, asked, source, group_id, vector) VALUES ('old', '', 'x', 1, ?)", (vector,)
+        )
+        position = {"path": str(log.path.resolve()), "inode": log.path.stat().st_ino, "offset": 0}
+        db.execute("INSERT INTO meta VALUES ('log', ?)", (json.dumps(position),))
+    elsewhere = (tmp_path / "elsewhere").resolve()
+    log.append("a new question", None, [], 0.1, index=str(elsewhere))
+    first, later = queue_of(index_dir, tiny_encoder), queue_of(elsewhere, tiny_encoder)
+    assert [g.title for g in first.groups()] == ["old"] and later.groups() == []
+    assert first.sync(log.path) == 1 and later.sync(log.path) == 1  # logged without an index: the first index's
+    assert {g.title for g in first.groups()} == {"old", "Q: what is zorp"}
+    assert [g.title for g in later.groups()] == ["Q: a new question"]

@@ -198,3 +198,57 @@ def test_concurrent_clients_on_a_real_server_get_the_serial_answers(service):
         expected = serial_answers(url, QUESTIONS)
         result = run_load(url, QUESTIONS * 2, clients=4, expected=expected)
         assert (result.requests, result.errors, result.mismatches) == (24, 0, 0)
+
+
+def test_the_queue_endpoints_act_on_the_served_index_only(service, index_dir, tmp_path):
+    import shutil
+
+    copy = SearchService(shutil.copytree(index_dir, tmp_path / "idx3"), feedback_path=tmp_path / "feedback3.sqlite3")
+    for served, question in ((service, "zzqx blorf wibble"), (copy, "glonk frobble quux")):
+        served.queue().add(question)
+    [theirs] = copy.queue_groups()
+    copy.resolve_group("link", theirs["id"], faq_id="f1", by="")
+    client = client_for(service, allow_writes=True)
+    [mine] = client.get("/queue").json()["groups"]
+    assert mine["id"] != theirs["id"] and [q["text"] for q in mine["questions"]] == ["zzqx blorf wibble"]
+    for path, body in (("undo", None), ("link", {"faq_id": "f2"}), ("split", {"question_ids": [1]})):
+        refused = client.post(f"/queue/{theirs['id']}/{path}", json=body)
+        assert refused.status_code == 404 and "belongs to another index" in refused.json()["detail"], refused.text
+    assert client.post("/queue/merge", json={"group_ids": [mine["id"], theirs["id"]]}).status_code == 404
+    assert client.post("/queue/999/undo").status_code == 404
+    assert [p.faq_id for p in FaqIndex.load(copy.index_dir).phrasings()] == ["f1"]
+
+
+REMOTE = ("203.0.113.9", 40000)  # a documentation address: the request never leaves the process
+
+
+def test_writes_from_other_hosts_need_the_key_or_allow_public_writes(service, monkeypatch):
+    group = service.queue().add("zzqx blorf wibble").group_id
+    faq = {"faqs": [{"id": "n1", "question": "How long does chickenpox last?"}]}
+    remote = client_for(service, REMOTE, allow_writes=True)
+    for path, body in ((f"/queue/{group}/link", {"faq_id": "f1"}), (f"/queue/{group}/undo", None), ("/index/add", faq)):
+        refused = remote.post(path, json=body)
+        assert refused.status_code == 403 and "--allow-public-writes" in refused.json()["detail"], refused.text
+    assert service.queue().group(group).status == "waiting" and "n1" not in service.index
+    assert client_for(service, allow_writes=True).post(f"/queue/{group}/link", json={"faq_id": "f1"}).status_code == 200
+    public = client_for(service, REMOTE, allow_writes=True, allow_public_writes=True)
+    assert public.post(f"/queue/{group}/undo").status_code == 200
+    monkeypatch.setenv("MEDFAQ_API_KEY", "s3cret")
+    assert remote.post(f"/queue/{group}/link", json={"faq_id": "f1"}).status_code == 401
+    keyed = remote.post(f"/queue/{group}/link", json={"faq_id": "f1"}, headers={"X-API-Key": "s3cret"})
+    assert keyed.status_code == 200
+
+
+def test_the_access_rules_name_who_may_do_what(monkeypatch):
+    from medfaq.app.server import access_rules
+
+    monkeypatch.delenv("MEDFAQ_API_KEY", raising=False)
+    searches, feedback, reads, writes = access_rules(
+        allow_writes=True, allow_public_queue=False, allow_public_writes=False
+    )
+    assert searches.startswith("searches (POST /search) and health (GET /health): any client")
+    assert feedback.endswith("any client") and "loopback clients only" in reads and "loopback clients only" in writes
+    assert "nobody" in access_rules(False, True, False)[3] and "any client" in access_rules(False, True, False)[2]
+    assert "any client (--allow-public-writes)" in access_rules(True, False, True)[3]
+    monkeypatch.setenv("MEDFAQ_API_KEY", "s3cret")
+    assert all("with the API key" in rule for rule in access_rules(True, True, True)[1:])

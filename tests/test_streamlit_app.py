@@ -67,7 +67,7 @@ def test_search_shows_summary_entities_ranked_cards_and_stores_feedback(demo_env
     assert stored.settings == expected  # the default mode; the summary likelihood is off by default
     from medfaq.app.ui import resources
 
-    [waiting] = resources.expert_queue()[0].groups()  # an answer that did not help: its question waits too
+    [waiting] = resources.expert_queue().groups()  # an answer that did not help: its question waits too
     assert [(q.text, q.source) for q in waiting.questions] == [(QUESTION, "not helpful")]
 
 

@@ -36,7 +36,7 @@ def _act(action, *args, done: str) -> None:
         st.session_state["queue_notice"] = ("error", str(error))
 
 
-def _waiting_group(queue: QuestionQueue, group: QuestionGroup, others: list[QuestionGroup], index_dir) -> None:
+def _waiting_group(queue: QuestionQueue, group: QuestionGroup, others: list[QuestionGroup]) -> None:
     with st.expander(f"{group.title} — asked {group.count}×", expanded=group.count > 1 or len(others) < 5):
         for question in group.questions:
             st.markdown(
@@ -48,13 +48,13 @@ def _waiting_group(queue: QuestionQueue, group: QuestionGroup, others: list[Ques
             answer = st.text_area("Answer", key=f"a-{group.id}")
             by = st.text_input("Your name", key=f"by-{group.id}")
             if st.form_submit_button("Add this FAQ"):
-                _act(queue.answer, group.id, question, answer, index_dir, by, done=f"Added a new FAQ for “{question}”.")
+                _act(queue.answer, group.id, question, answer, by, done=f"Added a new FAQ for “{question}”.")
                 st.rerun()
         with link_tab, st.form(f"link-{group.id}"):
             faq_id = st.text_input("FAQ id (see the search page's results)", key=f"faq-{group.id}")
             by = st.text_input("Your name", key=f"link-by-{group.id}")
             if st.form_submit_button("Link"):
-                _act(queue.link, group.id, faq_id.strip(), index_dir, by, done=f"Linked to FAQ {faq_id}.")
+                _act(queue.link, group.id, faq_id.strip(), by, done=f"Linked to FAQ {faq_id}.")
                 st.rerun()
         with edit_tab:
             labels = {f"#{q.id} {q.text}": q.id for q in group.questions}
@@ -70,7 +70,7 @@ def _waiting_group(queue: QuestionQueue, group: QuestionGroup, others: list[Ques
 
 
 def render_groups() -> None:
-    queue, index_dir = resources.expert_queue()
+    queue = resources.expert_queue()
     notice = st.session_state.pop("queue_notice", None)
     if notice:
         getattr(st, notice[0])(notice[1])
@@ -79,7 +79,7 @@ def render_groups() -> None:
     if not waiting:
         st.info("Nothing waits for an expert: every question so far had a good match, or was answered.")
     for group in waiting:
-        _waiting_group(queue, group, waiting, index_dir)
+        _waiting_group(queue, group, waiting)
     resolved = [group for group in queue.groups(None) if group.status != "waiting"]
     if resolved:
         st.subheader("Answered")
@@ -87,7 +87,7 @@ def render_groups() -> None:
             left, right = st.columns([5, 1])
             left.markdown(f"**{group.title}** — {group.count} question(s) → FAQ `{group.faq_id}` ({group.status})")
             if right.button("Undo", key=f"undo-{group.id}"):
-                _act(queue.undo, group.id, index_dir, done=f"Undone: group {group.id} waits again.")
+                _act(queue.undo, group.id, done=f"Undone: group {group.id} waits again.")
                 st.rerun()
 
 

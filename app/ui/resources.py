@@ -99,12 +99,12 @@ def ready_stages(demo: DemoSettings) -> Stages:
     return Stages(summary, rerank, finder, notes)
 
 
-def expert_queue() -> tuple[QuestionQueue, Path]:
+def expert_queue() -> QuestionQueue:
     """The experts' queue of the demo's index (grouped with its encoder, titled by the demo's summarizer when it
-    loads), with the questions logged since it was last read; and the index directory its answers go to."""
+    loads; its answers go to that index), with the questions logged since it was last read."""
     demo = settings()
     config = base_config(demo)
     index = faq_index(str(demo.index_dir), demo.index_stamp(), config.encoder_backend)
     queue = open_queue(index, config)
     queue.sync()
-    return queue, demo.index_dir
+    return queue

@@ -178,7 +178,7 @@ def _record_feedback(helpful: bool) -> None:
         )
     )
     if not helpful and not response.abstained:  # an abstained question is queued already
-        resources.expert_queue()[0].add(response.query, source="not helpful")
+        resources.expert_queue().add(response.query, source="not helpful")
     result["feedback"] = "yes" if helpful else "no"
 
 

@@ -290,7 +290,7 @@ def expert_links(index_dir: str | Path, seed: int = 0, held_back: bool = False) 
     if not queue_beside(log).is_file():
         return []
     links = []
-    for group in QuestionQueue(queue_beside(log)).groups(None):
+    for group in QuestionQueue(queue_beside(log), index_dir=index_dir).groups(None):
         resolved = group.status != "waiting" and group.questions  # a resolved group keeps at least one question
         if resolved and is_heldout(group.questions[0].text, seed, EXPERT_HELDOUT_FRACTION) == held_back:
             links += [(question.text, group.faq_id) for question in group.questions]
