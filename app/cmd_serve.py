@@ -66,11 +66,18 @@ def serve(
         min=0,
         help="Batches searched at the same time (0: the usable cores divided by --threads).",
     ),
-    allow_writes: bool = typer.Option(False, "--allow-writes", help="Enable POST /index/add and /index/delete."),
+    allow_writes: bool = typer.Option(
+        False,
+        "--allow-writes",
+        help="Enable the endpoints that change the index: POST /index/add, /index/delete, and the experts' "
+        "/queue/{group_id}/link, /queue/{group_id}/answer, /queue/{group_id}/split, /queue/{group_id}/undo and "
+        "/queue/merge.",
+    ),
     allow_public_queue: bool = typer.Option(
         False,
         "--allow-public-queue",
-        help="Without MEDFAQ_API_KEY, serve GET /unanswered (consumers' questions) to any client, not loopback only.",
+        help="Without MEDFAQ_API_KEY, serve the experts' queue (consumers' questions: GET /unanswered and GET /queue) "
+        "to any client, not loopback only.",
     ),
 ) -> None:
     """Serve search, feedback and the experts' queue over HTTP (OpenAPI page at /docs). Loads the pipeline once."""
