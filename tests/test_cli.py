@@ -218,16 +218,22 @@ def test_queue_commands_list_link_and_undo(built):
     asked = "zzqx blorf wibble glonk"
     for _ in range(2):
         assert "no FAQ matches well enough" in medfaq("search", "--index", built, asked).stdout
-    groups = [json.loads(line) for line in medfaq("queue", "list", "--index", built, "--json").stdout.splitlines()]
+    groups = json.loads(medfaq("queue", "list", "--index", built, "--json").stdout)["groups"]  # as GET /queue
     assert [(group["count"], {q["text"] for q in group["questions"]}) for group in groups] == [(2, {asked})]
     group = str(groups[0]["id"])
-    assert "now find FAQ f4" in medfaq("queue", "link", group, "f4", "--index", built, "--by", "dr a").stdout
+    linked = medfaq("queue", "link", group, "f4", "--index", built, "--by", "dr a")
+    assert "2 questions linked to FAQ f4" in linked.stdout
     hits = json.loads(medfaq("search", "--index", built, "--json", "--no-abstain", asked).stdout)["hits"]
     assert hits[0]["id"] == "f4"
-    assert medfaq("queue", "list", "--index", built, "--json").stdout == ""  # nothing waits
+    assert json.loads(medfaq("queue", "list", "--index", built, "--json").stdout) == {"groups": []}  # nothing waits
     assert_one_line_error(medfaq("queue", "link", group, "f5", "--index", built), "already linked")
     assert "waits again" in medfaq("queue", "undo", group, "--index", built).stdout
-    assert_one_line_error(medfaq("queue", "list", "--index", built, "--status", "lost"), "unknown group status")
+    question = str(groups[0]["questions"][0]["id"])
+    assert ": 1 question split from group" in medfaq("queue", "split", group, question, "--index", built).stdout
+    assert_one_line_error(
+        medfaq("queue", "list", "--index", built, "--status", "lost"),
+        "unknown --status 'lost'; choose one of waiting, linked, answered, all",
+    )
     assert_one_line_error(medfaq("queue", "merge", group, "--index", built), "at least two")
 
 
