@@ -45,7 +45,7 @@ def demo(
     no_train: bool = typer.Option(False, "--no-train", help="Do not train missing models; run without them."),
     port: int = typer.Option(8501, "--port", help="Port of the web page."),
     address: str = typer.Option("localhost", "--address", help="Address to serve on (0.0.0.0 for all interfaces)."),
-    top_k: int = typer.Option(5, "--top-k", help="Results per question (--cli)."),
+    top_k: int = typer.Option(5, "--top-k", min=1, help="Results per question (--cli)."),
     mode: str | None = typer.Option(None, "--mode", help="dense|bm25|hybrid (--cli; default: the pipeline default)."),
 ) -> None:
     """Serve the demo at http://localhost:8501; on first run the page runs `medfaq setup` (fetches MedQuAD, builds

@@ -33,6 +33,15 @@ RERANK_QUERIES = ("auto", "raw", "summary")
 RERANK_FUSIONS = ("auto", "replace", "rrf")
 RERANK_MARGIN = 0.05  # the dense-margin gate chosen on development queries (`PipelineConfig.rerank_margin`)
 STAGE_KINDS = ("rewrite", "rerank", "likelihood", "entities")
+MINIMUMS = {  # the least value of each count setting (None, where allowed, means the stage's own default)
+    "top_k": 1,
+    "candidates": 1,
+    "rerank_depth": 1,
+    "likelihood_depth": 1,
+    "summary_beams": 1,
+    "summary_max_length": 1,
+    "rerank_max_length": 8,
+}
 STEM_CHARS = 5  # key terms are compared on their first characters: a cheap stemmer ("diabetes" ~ "diabetic")
 
 
@@ -176,10 +185,13 @@ class PipelineConfig:
                 raise MedfaqError(f"unknown {label} {getattr(self, name)!r}; choose one of {', '.join(allowed)}")
         if self.query_source != "raw" and not self.summarize:
             raise MedfaqError(f"query source {self.query_source!r} needs summarize=true")
-        if self.top_k < 1 or self.candidates < 1 or self.rerank_depth < 1 or self.likelihood_depth < 1:
-            raise MedfaqError("top_k, candidates, rerank_depth and likelihood_depth must be at least 1")
-        if (self.summary_beams or 1) < 1 or (self.summary_max_length or 1) < 1 or (self.rerank_max_length or 8) < 8:
-            raise MedfaqError("summary_beams and summary_max_length must be at least 1, rerank_max_length at least 8")
+        too_small = [
+            f"{name} must be at least {least}, got {getattr(self, name)}"
+            for name, least in MINIMUMS.items()
+            if getattr(self, name) is not None and getattr(self, name) < least
+        ]
+        if too_small:  # only the settings at fault, not every one with a minimum
+            raise MedfaqError("; ".join(too_small))
         weights = [self.dense_weight, self.rerank_retrieval_weight, self.likelihood_weight]
         values = [*weights, self.likelihood_prior, *([] if self.threshold is None else [self.threshold])]
         if not all(_finite_number(v) for v in [*values, *self.thresholds.values()]):

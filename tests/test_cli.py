@@ -142,6 +142,16 @@ def test_demo_fetches_builds_once_and_answers(monkeypatch, tmp_path, tiny_encode
     assert "building" not in medfaq("demo", "--cli", "--top-k", "1").stderr  # the index is reused
 
 
+def test_a_bad_top_k_names_only_that_option_before_anything_loads(monkeypatch):
+    from medfaq.index import datasets
+
+    monkeypatch.setattr(datasets, "fetch_dataset", lambda *_: pytest.fail("fetched before the check"))
+    for command in (["search", "what is acne"], ["demo", "--cli"]):
+        result = medfaq(*command, "--top-k", "0")
+        assert_one_line_error(result, "'--top-k'")
+        assert not any(name in result.stderr for name in ("candidates", "rerank_depth", "likelihood_depth"))
+
+
 def _commands(command, path=("medfaq",)):
     yield path, command
     for name, sub in getattr(command, "commands", {}).items():
