@@ -115,6 +115,19 @@ def test_example_question_searches_at_once(demo_env):
     assert "We read your question as" in markdown(app) and "Was this helpful?" in markdown(app)
 
 
+def test_example_questions_never_reach_the_expert_queue(demo_env):
+    from medfaq.app.ui import resources
+    from medfaq.retriever.pipeline import store_threshold
+
+    store_threshold(demo_env["MEDFAQ_DEMO_INDEX"], demo_fakes.page_default_config(), 2.0)  # every question abstains
+    app = AppTest.from_file(APP, default_timeout=TIMEOUT_S).run()
+    app.button_group(key="example").set_value("Alcohol & amoxicillin").run()
+    assert app.warning[0].value.startswith("**No good match.** The closest FAQs")
+    app.button(key="helpful_no").click().run()
+    assert "feedback was saved" in app.success[0].value
+    assert UnansweredLog().read() == [] and resources.expert_queue()[0].groups() == []
+
+
 def test_abstained_question_is_recorded_and_listed_in_the_expert_queue(demo_env):
     app = ask("Xylophone lessons near Zanzibar?")
     assert "No good match — your question was recorded for an expert." in app.warning[0].value
