@@ -8,7 +8,7 @@ from medfaq.app.ui import common, queue_page, results_page, search_page
 
 
 def main() -> None:
-    st.set_page_config(page_title="medfaq — medical FAQ search", page_icon="🩺", layout="wide")
+    st.set_page_config(page_title="medfaq — medical FAQ search", page_icon=":material/stethoscope:", layout="wide")
     common.apply_style()
     page = st.navigation(
         [

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 from pathlib import Path
 
@@ -66,6 +67,19 @@ def test_search_shows_summary_entities_ranked_cards_and_stores_feedback(demo_env
 
     [waiting] = resources.expert_queue()[0].groups()  # an answer that did not help: its question waits too
     assert [(q.text, q.source) for q in waiting.questions] == [(QUESTION, "not helpful")]
+
+
+def test_the_page_draws_material_icons_not_emoji(demo_env):
+    """Emoji need a colour emoji font (Debian's Chromium draws empty boxes without one); Material icons do not."""
+    app = ask(QUESTION)
+    assert "# :material/stethoscope: medfaq" in markdown(app)
+    assert [app.button(key=key).proto.icon for key in ("helpful_yes", "helpful_no")] == [
+        ":material/thumb_up:",
+        ":material/thumb_down:",
+    ]
+    sources = [Path(APP), *(Path(APP).parent / "ui").glob("*.py")]
+    emoji = re.compile("[\U0001f300-\U0001faff\u2600-\u27bf]")
+    assert [path.name for path in sources if emoji.search(path.read_text(encoding="utf-8"))] == []
 
 
 def test_controls_switch_stages_and_mode(demo_env):

@@ -224,8 +224,15 @@ def feedback_row(result: dict[str, Any]) -> None:
         return
     label, yes, no, _ = st.columns([2, 1, 1, 4], vertical_alignment="center")
     label.markdown("**Was this helpful?**")
-    yes.button("👍 Yes", key="helpful_yes", on_click=_record_feedback, args=(True,), use_container_width=True)
-    no.button("👎 No", key="helpful_no", on_click=_record_feedback, args=(False,), use_container_width=True)
+    for column, helpful, label, icon in ((yes, True, "Yes", "thumb_up"), (no, False, "No", "thumb_down")):
+        column.button(
+            label,
+            icon=f":material/{icon}:",
+            key=f"helpful_{label.lower()}",
+            on_click=_record_feedback,
+            args=(helpful,),
+            use_container_width=True,
+        )
 
 
 def results(result: dict[str, Any]) -> None:
@@ -261,7 +268,11 @@ def results(result: dict[str, Any]) -> None:
 def render() -> None:
     demo = resources.settings()
     runner = resources.setup_runner(demo)
-    common.hero("🩺 medfaq", "Ask a health question in your own words; we find the expert-written FAQs that answer it.")
+    common.hero(
+        "medfaq",
+        "Ask a health question in your own words; we find the expert-written FAQs that answer it.",
+        icon="stethoscope",
+    )
     common.setup_panel(runner)
     stages = resources.ready_stages(demo)
     if not demo.index_ready():
