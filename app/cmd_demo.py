@@ -51,6 +51,7 @@ def demo(
     """Serve the demo at http://localhost:8501; on first run the page runs `medfaq setup` (fetches MedQuAD, builds
     the index, trains the quick summarizers and reranker; or, with --no-train, runs without them), using the best
     summarizer on disk while a better one trains."""
+    DemoSettings.from_env()  # a wrong MEDFAQ_DEMO_* setting fails here, in one line, before anything starts
     if cli:
         answer_examples(top_k, mode)
         return

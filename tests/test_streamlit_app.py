@@ -188,8 +188,8 @@ def test_long_question_is_cut_with_a_note(demo_env):
     assert "1. Can I drink alcohol while taking amoxicillin?" in markdown(app)
 
 
-def test_page_shows_set_up_progress_until_the_index_exists(demo_env, tmp_path, monkeypatch):
-    monkeypatch.setenv("MEDFAQ_DEMO_INDEX", str(tmp_path / "not-built"))
+def test_page_shows_set_up_progress_until_the_index_exists(demo_env, monkeypatch):
+    monkeypatch.delenv("MEDFAQ_DEMO_INDEX")  # the default index, built by the first set-up step
     monkeypatch.setattr(SetupRunner, "start", lambda self: None)
     app = AppTest.from_file(APP, default_timeout=TIMEOUT_S).run()
     assert not app.exception
@@ -199,7 +199,24 @@ def test_page_shows_set_up_progress_until_the_index_exists(demo_env, tmp_path, m
         and "medfaq index build medquad --synonyms none --out" in "\n".join(caption.value for caption in app.caption)
     )
     assert "Search opens as soon as the FAQ index is built" in app.info[0].value
-    assert "not-built (not built yet)" in "\n".join(element.value for element in app.sidebar.markdown)
+    assert "medquad-minilm (not built yet)" in "\n".join(element.value for element in app.sidebar.markdown)
+
+
+def test_a_mistyped_demo_index_is_an_error_not_a_build(demo_env, tmp_path, monkeypatch):
+    from medfaq.app import cmd_demo
+    from medfaq.app.cli import app as cli
+    from medfaq.index import datasets
+
+    typo = tmp_path / "indxe"
+    monkeypatch.setenv("MEDFAQ_DEMO_INDEX", str(typo))
+    monkeypatch.setattr(SetupRunner, "start", lambda self: pytest.fail("set-up started"))
+    monkeypatch.setattr(datasets, "fetch_dataset", lambda *_: pytest.fail("MedQuAD fetched"))
+    monkeypatch.setattr(cmd_demo.subprocess, "run", lambda *_, **__: pytest.fail("the demo served"))
+    app = AppTest.from_file(APP, default_timeout=TIMEOUT_S).run()
+    assert not app.exception and app.error[0].value.startswith(f"error: MEDFAQ_DEMO_INDEX={typo} holds no built index")
+    for args in (["demo"], ["demo", "--cli"], ["setup", "--dry-run"]):
+        result = CliRunner().invoke(cli, args)
+        assert result.exit_code == 2 and result.stderr.startswith(f"error: MEDFAQ_DEMO_INDEX={typo} holds no"), args
 
 
 def test_default_steps_skip_what_exists_and_respect_no_train(demo_env, monkeypatch):
