@@ -64,6 +64,7 @@ def demo(
 
 def answer_examples(top_k: int, mode: str | None) -> None:
     """Fetch MedQuAD (from ../shared/data when present), build the default index if missing, run example questions."""
+    from medfaq.app.cmd_index import inherit_threshold
     from medfaq.app.render import hits_table
     from medfaq.index.collections import load_collection
     from medfaq.index.datasets import fetch_dataset
@@ -79,6 +80,7 @@ def answer_examples(top_k: int, mode: str | None) -> None:
         records, report = load_collection("medquad")
         typer.echo(report.summary(), err=True)
         FaqIndex.build(records, load_encoder(DEFAULT_ENCODER)).save(directory)
+        inherit_threshold(directory, DEFAULT_ENCODER)  # stock MiniLM's shipped threshold, as `index build` gives
     stages_off = {"summarize": False, "rerank": False, "entities": False}  # the table shows the hits alone
     config = PipelineConfig.load(directory).updated(mode=mode, top_k=top_k, **stages_off)
     pipeline = build_pipeline(FaqIndex.load(directory), config)
