@@ -56,6 +56,7 @@ def demo(
     the index, trains the quick summarizers and reranker; or, with --no-train, runs without them), using the best
     summarizer on disk while a better one trains. --mode and --top-k are for --cli (default: the index's
     pipeline.json, 5 results)."""
+    DemoSettings.from_env()  # a wrong MEDFAQ_DEMO_* setting fails here, in one line, before anything starts
     if cli:
         answer_examples(flags)
         return
@@ -68,6 +69,7 @@ def demo(
 
 def answer_examples(flags: StageFlags) -> None:
     """Fetch MedQuAD (from ../shared/data when present), build the default index if missing, run example questions."""
+    from medfaq.app.cmd_index import inherit_threshold
     from medfaq.app.render import hits_table
     from medfaq.index.collections import load_collection
     from medfaq.index.datasets import fetch_dataset
@@ -83,6 +85,7 @@ def answer_examples(flags: StageFlags) -> None:
         records, report = load_collection("medquad")
         typer.echo(report.summary(), err=True)
         FaqIndex.build(records, load_encoder(DEFAULT_ENCODER)).save(directory)
+        inherit_threshold(directory, DEFAULT_ENCODER)  # stock MiniLM's shipped threshold, as `index build` gives
     stages_off = {"summarize": False, "rerank": False, "entities": False}  # the table shows the hits alone
     config = flags.apply(read_config(directory).updated(top_k=DEMO_TOP_K), **stages_off)
     pipeline = build_pipeline(FaqIndex.load(directory), config)

@@ -8,7 +8,9 @@ from pathlib import Path
 
 import typer
 
+from medfaq.app.cmd_index import check_choice
 from medfaq.app.options import INDEX
+from medfaq.common.runtime import plural
 from medfaq.retriever.setup_plan import set_up_index
 
 GROUP = typer.Argument(..., min=1, help="The group's id (see `medfaq queue list`).")
@@ -32,20 +34,23 @@ def _queue(index: Path | None):
 def list_groups(
     index: Path | None = INDEX,
     status: str = typer.Option("waiting", "--status", help="waiting | linked | answered | all"),
-    as_json: bool = typer.Option(False, "--json", help="One JSON object per group."),
+    as_json: bool = typer.Option(False, "--json", help='{"groups": [...]}, as GET /queue answers.'),
 ) -> None:
     """The index's groups of questions waiting for an expert, most asked first."""
+    from medfaq.retriever.question_queue import STATUSES
+
+    check_choice("--status", status, (*STATUSES, "all"))
     queue, _ = _queue(index)
     groups = queue.groups(None if status == "all" else status)
+    if as_json:
+        typer.echo(json.dumps({"groups": [group.to_dict() for group in groups]}, ensure_ascii=False))
+        return
     for group in groups:
-        if as_json:
-            typer.echo(json.dumps(group.to_dict(), ensure_ascii=False))
-            continue
         answered = f" -> {group.faq_id} ({group.status})" if group.status != "waiting" else ""
         typer.echo(f"group {group.id}: {group.title}  [asked {group.count}x]{answered}")
         for question in group.questions:
             typer.echo(f"    {question.id:>6}  {question.text}")
-    if not groups and not as_json:
+    if not groups:
         typer.echo(f"no {status} groups" if status != "all" else "the queue is empty", err=True)
 
 
@@ -58,7 +63,7 @@ def link(
     """Answer a group with an existing FAQ: its questions become that FAQ's phrasings in the index."""
     queue, directory = _queue(index)
     done = queue.link(group, faq_id, by)
-    typer.echo(f"group {group}: {done.count} questions now find FAQ {faq_id} (index {directory})")
+    typer.echo(f"group {group}: {plural(done.count, 'question')} linked to FAQ {faq_id} (index {directory})")
 
 
 def answer(
@@ -71,7 +76,7 @@ def answer(
     """Answer a group with a new FAQ, added to the index with the group's questions as its phrasings."""
     queue, directory = _queue(index)
     done = queue.answer(group, question, answer_text, by)
-    typer.echo(f"group {group}: new FAQ {done.faq_id} added to {directory}; {done.count} questions now find it")
+    typer.echo(f"group {group}: new FAQ {done.faq_id} added to {directory}, answering {plural(done.count, 'question')}")
 
 
 def split(
@@ -82,7 +87,7 @@ def split(
     """Move some questions of one of the index's groups into a new group."""
     queue, _ = _queue(index)
     new = queue.split(group, question_ids)
-    typer.echo(f"group {new.id}: {new.count} questions split from group {group}")
+    typer.echo(f"group {new.id}: {plural(new.count, 'question')} split from group {group}")
 
 
 def merge(
@@ -92,7 +97,7 @@ def merge(
     """Merge groups of the index that ask the same question."""
     queue, _ = _queue(index)
     merged = queue.merge(groups)
-    typer.echo(f"group {merged.id}: {merged.count} questions")
+    typer.echo(f"group {merged.id}: {plural(merged.count, 'question')}")
 
 
 def undo(group: int = GROUP, index: Path | None = INDEX) -> None:

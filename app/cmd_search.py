@@ -39,11 +39,18 @@ LOG_UNANSWERED = typer.Option(
 
 def open_pipeline(index: Path, flags: StageFlags, shown_entities: bool = True, **changes: Any) -> Pipeline:
     """The index with its pipeline.json, overridden by the flags and `changes` (None values ignored); the config
-    is checked before the index and the models are loaded. Without `shown_entities` the entity recogniser (seconds
-    to load) is left out unless the key-term filter or the unanswered log needs it."""
+    is checked before the index and the models are loaded (``--abstain`` needs a threshold to abstain below).
+    Without `shown_entities` the entity recogniser (seconds to load) is left out unless the key-term filter or the
+    unanswered log needs it."""
     from medfaq.index.faq_index import FaqIndex
 
     config = flags.apply(read_config(index), **changes)
+    if flags.values.get("abstain") and config.active_threshold() is None:
+        raise MedfaqError(
+            f"--abstain needs a threshold, and {index} has none for {config.threshold_key} (neither calibrated on it "
+            "nor inherited from its encoder): pass --threshold X, or calibrate one with `medfaq eval retrieval "
+            "--save-threshold`"
+        )
     if not shown_entities:
         may_log = config.abstain and config.log_unanswered and config.active_threshold() is not None
         config = config.updated(entities=config.key_terms or may_log)

@@ -69,8 +69,9 @@ def serve(
     allow_writes: bool = typer.Option(
         False,
         "--allow-writes",
-        help="Enable POST /index/add, /index/delete and the queue's changes (POST /queue/...); without "
-        "MEDFAQ_API_KEY from loopback clients only.",
+        help="Enable the endpoints that change the index: POST /index/add, /index/delete, and the experts' "
+        "/queue/{group_id}/link, /queue/{group_id}/answer, /queue/{group_id}/split, /queue/{group_id}/undo and "
+        "/queue/merge; without MEDFAQ_API_KEY from loopback clients only.",
     ),
     allow_public_writes: bool = typer.Option(
         False,
@@ -80,7 +81,8 @@ def serve(
     allow_public_queue: bool = typer.Option(
         False,
         "--allow-public-queue",
-        help="Without MEDFAQ_API_KEY, serve GET /unanswered (consumers' questions) to any client, not loopback only.",
+        help="Without MEDFAQ_API_KEY, serve the experts' queue (consumers' questions: GET /unanswered and GET /queue) "
+        "to any client, not loopback only.",
     ),
 ) -> None:
     """Serve search, feedback and the experts' queue over HTTP (OpenAPI page at /docs). Loads the pipeline once."""

@@ -40,8 +40,8 @@ def setup(
     """Prepare every model the default pipeline and the demo use: the MedQuAD index, the question summarizer(s)
     and the FAQ reranker, trained with their quick presets into $MEDFAQ_HOME/models (present ones are skipped)."""
     steps = default_steps(DemoSettings.from_env(fast=fast))
-    for line in plan_lines(steps):
-        typer.echo(line, err=True)
+    for line in plan_lines(steps):  # the plan is the command's output (`medfaq setup --dry-run > plan.txt`)
+        typer.echo(line)
     if dry_run:
         return
     pending = [step for step in steps if step.status == "pending"]

@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TextIO
 
-from medfaq.common.runtime import DEFAULT_ENCODER, medfaq_home, models_dir
+from medfaq.common.runtime import DEFAULT_ENCODER, MedfaqError, medfaq_home, models_dir
 from medfaq.retriever.setup_plan import (
     BIENCODER,
     RERANKER,
@@ -67,11 +67,17 @@ class DemoSettings:
         """`MEDFAQ_DEMO_INDEX` (a directory), `MEDFAQ_DEMO_SUMMARIZER` / `MEDFAQ_DEMO_RERANKER` (a model directory,
         a name under ``models_dir()``, or ``none``; default: the set-up models), `MEDFAQ_DEMO_NO_TRAIN=1`,
         `MEDFAQ_DEMO_DATA` (a copy of the shared data, default ``../shared/data`` when present). `fast`: leave
-        the slow set-up models (the Gemma summarizer) out."""
+        the slow set-up models (the Gemma summarizer) out. Only the default index is built on first run: a
+        `MEDFAQ_DEMO_INDEX` that holds no built index (a typo, say) is an error, not a 47,441-FAQ build."""
         data = os.environ.get(ENV_DATA)
         shared = Path(data).expanduser() if data else SHARED_DATA
         chosen = os.environ.get(ENV_SUMMARIZER)
         custom = os.environ.get(ENV_INDEX)
+        if custom and not index_built(Path(custom).expanduser()):
+            raise MedfaqError(
+                f"{ENV_INDEX}={custom} holds no built index: build it first (`medfaq index build COLLECTION --out "
+                f"{custom}`), or unset {ENV_INDEX} for the default index, which the demo builds itself"
+            )
         names = [chosen] if chosen is not None else [s.model for s in steps_for(fast) if s.stage == "rewrite"]
         summarizers = sorted(filter(None, map(_model_path, names)), key=_summarizer_rank)
         return cls(

@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import streamlit as st
 
-from medfaq.app.ui import common, queue_page, results_page, search_page
+from medfaq.app.ui import common, queue_page, resources, results_page, search_page
+from medfaq.common.runtime import MedfaqError
 
 
 def main() -> None:
-    st.set_page_config(page_title="medfaq — medical FAQ search", page_icon="🩺", layout="wide")
+    st.set_page_config(page_title="medfaq — medical FAQ search", page_icon=":material/stethoscope:", layout="wide")
     common.apply_style()
+    try:
+        resources.settings()
+    except MedfaqError as error:  # a wrong setting: one line on the page, as on the command line
+        st.error(f"error: {error}", icon=":material/error:")
+        st.stop()
     page = st.navigation(
         [
             st.Page(search_page.render, title="Search", icon=":material/search:", url_path="search", default=True),

@@ -292,6 +292,11 @@ class _StderrHandler(logging.StreamHandler):
         """Ignored: the stream is always the current `sys.stderr`."""
 
 
+def plural(count: int, noun: str) -> str:
+    """`count` and `noun`, with an "s" unless there is exactly one: ``1 question``, ``3 questions``."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
 def one_line(message: str) -> str:
     """`message` with its lines joined: an error or warning is always one line."""
     return " ".join(part.strip() for part in message.splitlines() if part.strip())

@@ -18,14 +18,16 @@ The rule (written before any result was looked at):
   to a benchmark's development queries (the accuracy-maximising midpoint between two observed confidences).
 
 The result is ``threshold.json`` in the model directory (:class:`ModelThreshold`); an index built with the model
-starts with it in ``pipeline.json``, marked as inherited (:func:`inherit_thresholds`).
+starts with it in ``pipeline.json``, marked as inherited (:func:`inherit_thresholds`). The stock encoders
+(`STOCK_ENCODERS`) are calibrated by the same rule once and ship their thresholds in `STOCK_THRESHOLDS`, matched to an
+index by its encoder's weights fingerprint (``python -m medfaq.eval.stock_thresholds`` re-creates the file).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +43,8 @@ MAX_QUERIES = 200  # development questions per source (a seeded sample)
 NEAR_DUPLICATE = 0.9  # an FAQ this close to a removed gold FAQ is removed too (as in hard-negative mining)
 NEAR_DEPTH = 20  # bank FAQs examined per removed gold FAQ for near-duplicates
 SYNONYMS = "auto"  # the lexicon `medfaq index build` uses by default
+STOCK_ENCODERS = ("minilm", "mpnet")  # shipped with medfaq: all-MiniLM-L6-v2, all-mpnet-base-v2
+STOCK_THRESHOLDS = Path(__file__).with_name("stock_thresholds.json")  # package data: {name: {fingerprint, ...}}
 CONFIDENCES = {
     "dense@raw": "cosine of the top hit of dense search over the raw question",
     "dense+rerank@raw": "cross-encoder score of the top hit of dense search reranked",
@@ -116,6 +120,37 @@ class ModelThreshold:
             raise MedfaqError(f"{path} is not a valid threshold file: {error}") from None
 
 
+def read_stock_thresholds(path: Path | None = None) -> dict[str, dict[str, Any]]:
+    """The stock encoders' calibrations in `path` (default `STOCK_THRESHOLDS`): ``{name: {"fingerprint", "command",
+    "threshold"}}``, empty without a file."""
+    path = path or STOCK_THRESHOLDS
+    if not path.is_file():
+        return {}
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as error:
+        raise MedfaqError(f"{path} is not a valid stock threshold file: {error}") from None
+
+
+def stock_threshold(fingerprint: str) -> tuple[ModelThreshold, str] | None:
+    """The shipped threshold of the stock encoder whose weights have `fingerprint`, with where it comes from."""
+    for name, entry in read_stock_thresholds().items():
+        if fingerprint and entry.get("fingerprint") == fingerprint:
+            try:
+                return ModelThreshold(**entry["threshold"]), f"{STOCK_THRESHOLDS} ({name})"
+            except (KeyError, TypeError) as error:
+                raise MedfaqError(f"{STOCK_THRESHOLDS}: {name}'s entry is not a valid threshold: {error}") from None
+    return None
+
+
+def save_stock_threshold(name: str, fingerprint: str, threshold: ModelThreshold, command: str, path: Path) -> None:
+    """Store (or replace) stock encoder `name`'s calibration in the stock threshold file `path`."""
+    entries = read_stock_thresholds(path) | {
+        name: {"fingerprint": fingerprint, "command": command, "threshold": asdict(threshold)}
+    }
+    path.write_text(json.dumps(dict(sorted(entries.items())), indent=2) + "\n", encoding="utf-8")
+
+
 @dataclass
 class CalibrationSource:
     """One source's development questions, their gold FAQs and the bank (FAQ questions) they are searched in."""
@@ -126,8 +161,11 @@ class CalibrationSource:
     bank: list[str]
 
 
-def calibration_sources(data_root: Path | None = None, seed: int = 0) -> list[CalibrationSource]:
-    """The development split of `CALIBRATION_SOURCES` (those fetched; at least one is needed)."""
+def calibration_sources(
+    data_root: Path | None = None, seed: int = 0, max_queries: int = MAX_QUERIES
+) -> list[CalibrationSource]:
+    """The development split of `CALIBRATION_SOURCES` (those fetched; at least one is needed), at most `max_queries`
+    questions of each."""
     from medfaq.index.pair_sources import load_jsonl_rows
     from medfaq.retriever.training.pair_data import normalise, subsample
 
@@ -140,7 +178,7 @@ def calibration_sources(data_root: Path | None = None, seed: int = 0) -> list[Ca
             logger.info("%s not fetched: left out of the calibration", name)
             continue
         bank = list({normalise(row["faq"]): row["faq"] for row in [*train, *valid]}.values())
-        picked = subsample(valid, MAX_QUERIES, seed)
+        picked = subsample(valid, max_queries, seed)
         sources.append(CalibrationSource(name, [row["chq"] for row in picked], [row["faq"] for row in picked], bank))
     if not sources:
         wanted = " ".join(CALIBRATION_SOURCES)
@@ -174,25 +212,25 @@ def _calibration_config(model_dir: Path) -> tuple[str, Any]:
     return resolve_model(first_stage), PipelineConfig(rerank=True, reranker=str(model_dir), **quiet)
 
 
-def calibrate_model(model_dir: str | Path, data_root: Path | None = None, seed: int = 0) -> ModelThreshold:
-    """Calibrate the abstention threshold of the bi-encoder or reranker in `model_dir` on the development split
-    (the module docstring's rule) and save it there as ``threshold.json``."""
+def measure_threshold(
+    model: str | Path, data_root: Path | None = None, seed: int = 0, max_queries: int = MAX_QUERIES
+) -> tuple[ModelThreshold, str]:
+    """The abstention threshold of the bi-encoder or reranker `model` on the development split (the module
+    docstring's rule), and the weights fingerprint of the encoder its bank was indexed with; nothing is saved."""
     from medfaq.index.concepts import concept_lexicon
     from medfaq.index.encoder import load_encoder
     from medfaq.index.faq_index import FaqIndex
     from medfaq.index.records import FaqRecord
     from medfaq.retriever.model_cache import build_pipeline
 
-    model_dir = Path(resolve_model(str(model_dir)))
-    if model_dir == Path(minilm_path()).resolve():
-        raise MedfaqError("stock MiniLM lives in its pip package: copy its directory and calibrate the copy")
+    model_dir = Path(resolve_model(str(model)))
     first_stage, config = _calibration_config(model_dir)
     concepts = concept_lexicon(SYNONYMS)
     encoder = load_encoder(first_stage)  # the backend `index build` uses by default
     labels: list[bool] = []
     confidences: list[float | None] = []
     described: dict[str, dict[str, int]] = {}
-    for source in calibration_sources(data_root, seed):
+    for source in calibration_sources(data_root, seed, max_queries):
         records = [FaqRecord(id=str(i), question=text) for i, text in enumerate(source.bank)]
         index = FaqIndex.build(records, encoder, progress=False, concepts=concepts)
         pipeline = build_pipeline(index, config)
@@ -221,18 +259,47 @@ def calibrate_model(model_dir: str | Path, data_root: Path | None = None, seed: 
         counts={"in_scope": labels.count(True), "out_of_scope": labels.count(False)},
         development=development,
     )
+    return threshold, encoder.fingerprint
+
+
+def calibrate_model(model_dir: str | Path, data_root: Path | None = None, seed: int = 0) -> ModelThreshold:
+    """Calibrate the abstention threshold of the bi-encoder or reranker in `model_dir` (:func:`measure_threshold`)
+    and save it there as ``threshold.json``."""
+    model_dir = Path(resolve_model(str(model_dir)))
+    if model_dir == Path(minilm_path()).resolve():
+        raise MedfaqError(
+            "stock MiniLM's threshold ships with medfaq (python -m medfaq.eval.stock_thresholds re-creates it); "
+            "to calibrate MiniLM as your own model, copy its directory and calibrate the copy"
+        )
+    threshold, _ = measure_threshold(model_dir, data_root, seed)
     threshold.save(model_dir)
     return threshold
 
 
-def model_thresholds(encoder: str, reranker: str | Path | None = None) -> dict[str, tuple[float, str]]:
-    """The thresholds an index encoded by `encoder` inherits, as ``{key: (value, where from)}``: the encoder's own,
-    and `reranker`'s when it was calibrated over that same encoder (its first stage)."""
+def calibrate_stock(
+    name: str, data_root: Path | None = None, seed: int = 0, max_queries: int = MAX_QUERIES
+) -> tuple[ModelThreshold, str]:
+    """The threshold of stock encoder `name` (one of `STOCK_ENCODERS`), its first stage recorded by name, and the
+    fingerprint of its weights (:func:`measure_threshold`)."""
+    if name not in STOCK_ENCODERS:
+        raise MedfaqError(f"unknown stock encoder {name!r}; choose one of {', '.join(STOCK_ENCODERS)}")
+    threshold, fingerprint = measure_threshold(name, data_root, seed, max_queries)
+    return replace(threshold, first_stage=name), fingerprint
+
+
+def model_thresholds(
+    encoder: str, reranker: str | Path | None = None, fingerprint: str = ""
+) -> dict[str, tuple[float, str]]:
+    """The thresholds an index encoded by `encoder` (weights `fingerprint`) inherits, as ``{key: (value, where
+    from)}``: the encoder's own (its ``threshold.json``, else the shipped one of the stock encoder with that
+    fingerprint), and `reranker`'s when it was calibrated over that same encoder (its first stage)."""
     encoder_dir = Path(resolve_model(encoder))
     found: dict[str, tuple[float, str]] = {}
     own = ModelThreshold.load(encoder_dir) if encoder_dir.is_dir() else None
     if own is not None:
         found[own.key] = (own.value, str(encoder_dir / THRESHOLD_FILE))
+    elif (stock := stock_threshold(fingerprint)) is not None:
+        found[stock[0].key] = (stock[0].value, stock[1])
     corrected = ModelThreshold.load(reranker) if reranker is not None and Path(reranker).is_dir() else None
     if corrected is not None and Path(corrected.first_stage) == encoder_dir:
         found[corrected.key] = (corrected.value, str(Path(reranker) / THRESHOLD_FILE))
@@ -240,13 +307,16 @@ def model_thresholds(encoder: str, reranker: str | Path | None = None) -> dict[s
 
 
 def inherit_thresholds(index_dir: str | Path, encoder: str, reranker: str | Path | None = None) -> dict[str, float]:
-    """Write the thresholds an index encoded by `encoder` inherits (:func:`model_thresholds`) into its
+    """Write the thresholds an index encoded by `encoder` inherits (:func:`model_thresholds`, matched to the encoder
+    fingerprint in its manifest) into its
     ``pipeline.json``, each marked as inherited with where it came from; inherited ones of an earlier encoder are
     dropped, thresholds calibrated on the index itself (``--save-threshold``) kept. Returns the thresholds written."""
+    from medfaq.index.faq_index import MANIFEST, read_manifest
     from medfaq.retriever.pipeline import PipelineConfig
     from medfaq.retriever.pipeline_file import update_config
 
-    found = model_thresholds(encoder, reranker)
+    built = (Path(index_dir) / MANIFEST).is_file()
+    found = model_thresholds(encoder, reranker, read_manifest(Path(index_dir)).encoder_fingerprint if built else "")
 
     def inherit(saved: PipelineConfig | None) -> PipelineConfig | None:
         config = saved or PipelineConfig()

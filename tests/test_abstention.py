@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from medfaq.app.cli import app
 from medfaq.common.runtime import DEFAULT_ENCODER, models_dir
+from medfaq.retriever import abstention
 from medfaq.retriever.abstention import (
     THRESHOLD_FILE,
     ModelThreshold,
@@ -19,6 +20,8 @@ from medfaq.retriever.abstention import (
     calibrate_model,
     inherit_thresholds,
     model_thresholds,
+    save_stock_threshold,
+    stock_threshold,
 )
 from medfaq.retriever.pipeline_file import PIPELINE_FILE, read_config, store_threshold
 from medfaq.retriever.setup_plan import BIENCODER_MODEL, choose_encoder
@@ -194,3 +197,54 @@ def test_calibrate_gives_an_index_built_before_the_threshold_it_would_have_inher
     assert read_config(before).inherited_thresholds == {"dense@raw": str(tuned / THRESHOLD_FILE)}
     assert f"warning: {other} left as it was" in result.stderr
     assert read_config(other).active_threshold() is None
+
+
+def _faq_file(tmp_path: Path) -> Path:
+    faqs = tmp_path / "faqs.jsonl"
+    faqs.write_text("\n".join(json.dumps({"id": str(i), "question": q}) for i, q in enumerate(BANK)) + "\n")
+    return faqs
+
+
+def test_an_index_of_a_stock_encoder_inherits_its_shipped_threshold(tmp_path, tiny_encoder, monkeypatch):
+    shipped = tmp_path / "stock_thresholds.json"
+    monkeypatch.setattr(abstention, "STOCK_THRESHOLDS", shipped)
+    stored = ModelThreshold(0.42, "dense@raw", "cosine", "minilm", "medquad", {}, {"in_scope": 4, "out_of_scope": 4})
+    save_stock_threshold("minilm", tiny_encoder.fingerprint, stored, "python -m medfaq.eval.stock_thresholds", shipped)
+    assert stock_threshold(tiny_encoder.fingerprint) == (stored, f"{shipped} (minilm)")
+    assert stock_threshold("another fingerprint") is None
+
+    out = tmp_path / "idx"
+    result = CliRunner().invoke(
+        app, ["index", "build", str(_faq_file(tmp_path)), "--out", str(out), "--encoder", tiny_encoder.name]
+    )
+    assert result.exit_code == 0, result.output
+    assert "abstains below 0.4200 (dense@raw), the threshold inherited from the model" in result.stderr
+    config = read_config(out)
+    assert config.abstain and config.active_threshold() == 0.42
+    assert config.inherited_thresholds == {"dense@raw": f"{shipped} (minilm)"}
+
+
+def test_abstain_without_any_threshold_is_one_line(tmp_path, tiny_encoder_dir):
+    out = tmp_path / "idx"
+    runner = CliRunner()
+    built = runner.invoke(
+        app, ["index", "build", str(_faq_file(tmp_path)), "--out", str(out), "--encoder", str(tiny_encoder_dir)]
+    )
+    assert built.exit_code == 0, built.output
+    result = runner.invoke(app, ["search", "--index", str(out), "--abstain", "what is the capital of france"])
+    assert result.exit_code == 2 and result.stderr.count("\n") == 1, result.output
+    assert result.stderr.startswith(f"error: --abstain needs a threshold, and {out} has none for dense@raw")
+    given = runner.invoke(app, ["search", "--index", str(out), "--abstain", "--threshold", "2", "--json", "asthma"])
+    assert given.exit_code == 0 and json.loads(given.stdout)["abstained"]
+
+
+@pytest.mark.integration
+def test_a_fresh_minilm_index_abstains_out_of_the_box(tmp_path):
+    """Stock MiniLM (`--encoder auto` before `medfaq setup`) ships its threshold: off-topic questions abstain."""
+    out = tmp_path / "idx"
+    args = ["index", "build", str(_faq_file(tmp_path)), "--out", str(out), "--encoder-backend", "torch"]
+    assert CliRunner().invoke(app, args).exit_code == 0
+    assert read_config(out).inherited_thresholds["dense@raw"].endswith("stock_thresholds.json (minilm)")
+    search = ["search", "--index", str(out), "--json", "--encoder-backend", "torch"]
+    assert json.loads(CliRunner().invoke(app, [*search, "what is the capital of france"]).stdout)["abstained"]
+    assert not json.loads(CliRunner().invoke(app, [*search, "what is asthma?"]).stdout)["abstained"]

@@ -144,6 +144,16 @@ def test_demo_fetches_builds_once_and_answers(monkeypatch, tmp_path, tiny_encode
     assert "building" not in medfaq("demo", "--cli", "--top-k", "1").stderr  # the index is reused
 
 
+def test_a_bad_top_k_names_only_that_option_before_anything_loads(monkeypatch):
+    from medfaq.index import datasets
+
+    monkeypatch.setattr(datasets, "fetch_dataset", lambda *_: pytest.fail("fetched before the check"))
+    for command in (["search", "what is acne"], ["demo", "--cli"]):
+        result = medfaq(*command, "--top-k", "0")
+        assert_one_line_error(result, "'--top-k'")
+        assert not any(name in result.stderr for name in ("candidates", "rerank_depth", "likelihood_depth"))
+
+
 def _commands(command, path=("medfaq",)):
     yield path, command
     for name, sub in getattr(command, "commands", {}).items():
@@ -238,16 +248,22 @@ def test_queue_commands_list_link_and_undo(built):
     asked = "zzqx blorf wibble glonk"
     for _ in range(2):
         assert "no FAQ matches well enough" in medfaq("search", "--index", built, asked).stdout
-    groups = [json.loads(line) for line in medfaq("queue", "list", "--index", built, "--json").stdout.splitlines()]
+    groups = json.loads(medfaq("queue", "list", "--index", built, "--json").stdout)["groups"]  # as GET /queue
     assert [(group["count"], {q["text"] for q in group["questions"]}) for group in groups] == [(2, {asked})]
     group = str(groups[0]["id"])
-    assert "now find FAQ f4" in medfaq("queue", "link", group, "f4", "--index", built, "--by", "dr a").stdout
+    linked = medfaq("queue", "link", group, "f4", "--index", built, "--by", "dr a")
+    assert "2 questions linked to FAQ f4" in linked.stdout
     hits = json.loads(medfaq("search", "--index", built, "--json", "--no-abstain", asked).stdout)["hits"]
     assert hits[0]["id"] == "f4"
-    assert medfaq("queue", "list", "--index", built, "--json").stdout == ""  # nothing waits
+    assert json.loads(medfaq("queue", "list", "--index", built, "--json").stdout) == {"groups": []}  # nothing waits
     assert_one_line_error(medfaq("queue", "link", group, "f5", "--index", built), "already linked")
     assert "waits again" in medfaq("queue", "undo", group, "--index", built).stdout
-    assert_one_line_error(medfaq("queue", "list", "--index", built, "--status", "lost"), "unknown group status")
+    question = str(groups[0]["questions"][0]["id"])
+    assert ": 1 question split from group" in medfaq("queue", "split", group, question, "--index", built).stdout
+    assert_one_line_error(
+        medfaq("queue", "list", "--index", built, "--status", "lost"),
+        "unknown --status 'lost'; choose one of waiting, linked, answered, all",
+    )
     assert_one_line_error(medfaq("queue", "merge", group, "--index", built), "at least two")
 
 

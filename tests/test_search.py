@@ -109,6 +109,8 @@ def test_pipeline_config_round_trip_and_validation(tmp_path, index):
         Pipeline(index, PipelineConfig(summarize=True))
     with pytest.raises(MedfaqError, match="rerank_max_length must be a whole number of at least 8"):
         PipelineConfig(rerank_max_length=4)
+    with pytest.raises(MedfaqError, match="^top_k must be a whole number of at least 1, got 0$"):  # the one at fault
+        PipelineConfig(top_k=0)
     flags = StageFlags(rerank=True, rerank_depth=5, rerank_margin=0.05, rerank_max_length=64, rerank_precision="bf16")
     applied = flags.apply(config)
     assert (applied.rerank, applied.rerank_depth, applied.rerank_max_length) == (True, 5, 64)

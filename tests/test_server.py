@@ -182,6 +182,18 @@ def test_index_writes_only_when_allowed_and_served_at_once(service):
     assert client.get("/health").json()["faqs"] == len(FAQ_ROWS)
 
 
+def test_serve_help_names_every_endpoint_each_allow_option_opens(service):
+    import typer
+
+    from medfaq.app.cli import app
+
+    routes = [route for route in create_app(service).routes if hasattr(route, "dependant")]
+    helps = {param.name: param.help for param in typer.main.get_command(app).commands["serve"].params}
+    for option, guard in {"allow_writes": "require_writes", "allow_public_queue": "may_read_queue"}.items():
+        guarded = [route.path for route in routes if guard in {d.call.__name__ for d in route.dependant.dependencies}]
+        assert guarded and all(path in helps[option] for path in guarded), (option, guarded)
+
+
 def test_health_and_reload_of_a_newer_index_on_disk(service, index_dir, tiny_encoder):
     client = client_for(service)
     before = client.get("/health").json()

@@ -10,9 +10,11 @@ from medfaq.common.runtime import models_dir
 
 
 def dry_run(*flags: str) -> str:
+    """The plan `medfaq setup --dry-run` prints: on stdout, so that it can be redirected to a file."""
     result = CliRunner().invoke(app, ["setup", "--dry-run", *flags])
     assert result.exit_code == 0, result.output
-    return result.output
+    assert result.stderr == ""
+    return result.stdout
 
 
 def test_dry_run_lists_every_step_with_time_and_command():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 from pathlib import Path
 
@@ -71,6 +72,19 @@ def test_search_shows_summary_entities_ranked_cards_and_stores_feedback(demo_env
     assert [(q.text, q.source) for q in waiting.questions] == [(QUESTION, "not helpful")]
 
 
+def test_the_page_draws_material_icons_not_emoji(demo_env):
+    """Emoji need a colour emoji font (Debian's Chromium draws empty boxes without one); Material icons do not."""
+    app = ask(QUESTION)
+    assert "# :material/stethoscope: medfaq" in markdown(app)
+    assert [app.button(key=key).proto.icon for key in ("helpful_yes", "helpful_no")] == [
+        ":material/thumb_up:",
+        ":material/thumb_down:",
+    ]
+    sources = [Path(APP), *(Path(APP).parent / "ui").glob("*.py")]
+    emoji = re.compile("[\U0001f300-\U0001faff\u2600-\u27bf]")
+    assert [path.name for path in sources if emoji.search(path.read_text(encoding="utf-8"))] == []
+
+
 def test_controls_switch_stages_and_mode(demo_env):
     app = AppTest.from_file(APP, default_timeout=TIMEOUT_S).run()
     app.toggle(key="ctl_summarizer_ready").set_value(False)
@@ -119,6 +133,19 @@ def test_example_question_searches_at_once(demo_env):
     assert "We read your question as" in markdown(app) and "Was this helpful?" in markdown(app)
 
 
+def test_example_questions_never_reach_the_expert_queue(demo_env):
+    from medfaq.app.ui import resources
+    from medfaq.retriever.pipeline import store_threshold
+
+    store_threshold(demo_env["MEDFAQ_DEMO_INDEX"], demo_fakes.page_default_config(), 2.0)  # every question abstains
+    app = AppTest.from_file(APP, default_timeout=TIMEOUT_S).run()
+    app.button_group(key="example").set_value("Alcohol & amoxicillin").run()
+    assert app.warning[0].value.startswith("**No good match.** The closest FAQs")
+    app.button(key="helpful_no").click().run()
+    assert "feedback was saved" in app.success[0].value
+    assert UnansweredLog().read() == [] and resources.expert_queue()[0].groups() == []
+
+
 def test_abstained_question_is_recorded_and_listed_in_the_expert_queue(demo_env):
     app = ask("Xylophone lessons near Zanzibar?")
     assert "No good match — your question was recorded for an expert." in app.warning[0].value
@@ -165,8 +192,8 @@ def test_long_question_is_cut_with_a_note(demo_env):
     assert "1. Can I drink alcohol while taking amoxicillin?" in markdown(app)
 
 
-def test_page_shows_set_up_progress_until_the_index_exists(demo_env, tmp_path, monkeypatch):
-    monkeypatch.setenv("MEDFAQ_DEMO_INDEX", str(tmp_path / "not-built"))
+def test_page_shows_set_up_progress_until_the_index_exists(demo_env, monkeypatch):
+    monkeypatch.delenv("MEDFAQ_DEMO_INDEX")  # the default index, built by the first set-up step
     monkeypatch.setattr(SetupRunner, "start", lambda self: None)
     app = AppTest.from_file(APP, default_timeout=TIMEOUT_S).run()
     assert not app.exception
@@ -176,7 +203,24 @@ def test_page_shows_set_up_progress_until_the_index_exists(demo_env, tmp_path, m
         and "medfaq index build medquad --synonyms none --out" in "\n".join(caption.value for caption in app.caption)
     )
     assert "Search opens as soon as the FAQ index is built" in app.info[0].value
-    assert "not-built (not built yet)" in "\n".join(element.value for element in app.sidebar.markdown)
+    assert "medquad-minilm (not built yet)" in "\n".join(element.value for element in app.sidebar.markdown)
+
+
+def test_a_mistyped_demo_index_is_an_error_not_a_build(demo_env, tmp_path, monkeypatch):
+    from medfaq.app import cmd_demo
+    from medfaq.app.cli import app as cli
+    from medfaq.index import datasets
+
+    typo = tmp_path / "indxe"
+    monkeypatch.setenv("MEDFAQ_DEMO_INDEX", str(typo))
+    monkeypatch.setattr(SetupRunner, "start", lambda self: pytest.fail("set-up started"))
+    monkeypatch.setattr(datasets, "fetch_dataset", lambda *_: pytest.fail("MedQuAD fetched"))
+    monkeypatch.setattr(cmd_demo.subprocess, "run", lambda *_, **__: pytest.fail("the demo served"))
+    app = AppTest.from_file(APP, default_timeout=TIMEOUT_S).run()
+    assert not app.exception and app.error[0].value.startswith(f"error: MEDFAQ_DEMO_INDEX={typo} holds no built index")
+    for args in (["demo"], ["demo", "--cli"], ["setup", "--dry-run"]):
+        result = CliRunner().invoke(cli, args)
+        assert result.exit_code == 2 and result.stderr.startswith(f"error: MEDFAQ_DEMO_INDEX={typo} holds no"), args
 
 
 def test_default_steps_skip_what_exists_and_respect_no_train(demo_env, monkeypatch):

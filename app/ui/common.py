@@ -13,8 +13,8 @@ from medfaq.index.faq_index import read_manifest
 STYLE = """
 <style>
 .block-container {padding-top: 2.2rem; max-width: 1100px;}
-.mf-hero h1 {font-size: 2.1rem; margin-bottom: 0; color: #0f4c5c;}
-.mf-hero p {color: #475569; margin-top: .2rem; font-size: 1.02rem;}
+.st-key-mf-hero h1 {font-size: 2.1rem; margin-bottom: 0; color: #0f4c5c;}
+.st-key-mf-hero p {color: #475569; margin-top: .2rem; font-size: 1.02rem;}
 .mf-summary {background: #f0fdfa; border: 1px solid #99f6e4; border-radius: .6rem; padding: .9rem 1.1rem;
   margin: .4rem 0 1rem 0;}
 .mf-summary .mf-label {font-size: .78rem; text-transform: uppercase; letter-spacing: .06em; color: #0f766e;}
@@ -37,18 +37,25 @@ mark.mf-other {background: #ede9fe;}
 </style>
 """
 PERCENT = re.compile(r"(\d{1,3})%\|")  # a tqdm bar in a step's latest output line
-STATUS_ICONS = {"done": "✅", "running": "⏳", "pending": "🕒", "failed": "❌", "skipped": "⏸️"}
+# Material icons, drawn by Streamlit's own font: emoji need a colour emoji font, which many Linux browsers lack
+STATUS_ICONS = {
+    "done": ":material/check_circle:",
+    "running": ":material/progress_activity:",
+    "pending": ":material/schedule:",
+    "failed": ":material/error:",
+    "skipped": ":material/pause_circle:",
+}
 
 
 def apply_style() -> None:
     st.markdown(STYLE, unsafe_allow_html=True)
 
 
-def hero(title: str, tagline: str) -> None:
-    st.markdown(
-        f'<div class="mf-hero"><h1>{html.escape(title)}</h1><p>{html.escape(tagline)}</p></div>',
-        unsafe_allow_html=True,
-    )
+def hero(title: str, tagline: str, icon: str | None = None) -> None:
+    """The page's title, after the Material icon `icon` (e.g. ``stethoscope``) when given, and its tagline."""
+    with st.container(key="mf-hero"):
+        st.markdown(f"# :material/{icon}: {title}" if icon else f"# {title}")
+        st.markdown(tagline)
 
 
 def index_line(demo: DemoSettings) -> str:

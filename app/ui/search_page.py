@@ -123,9 +123,10 @@ def controls(notes: dict[str, str], ready: dict[str, bool], base: PipelineConfig
     return Controls(summarize, rerank, likelihood, mode, top_k)
 
 
-def build_pipeline(stages: resources.Stages, chosen: Controls, base: PipelineConfig) -> Pipeline:
+def build_pipeline(stages: resources.Stages, chosen: Controls, base: PipelineConfig, example: bool = False) -> Pipeline:
     """A pipeline over the shared index with the page's settings, its stages from the stage cache (those
-    `ready_stages` loaded); abstention always on."""
+    `ready_stages` loaded); abstention always on. For one of the page's `example` questions nothing goes to the
+    experts' queue: they are not consumers' questions."""
     demo = resources.settings()
     config = base.updated(
         mode=chosen.mode,
@@ -139,6 +140,7 @@ def build_pipeline(stages: resources.Stages, chosen: Controls, base: PipelineCon
         rerank_query="raw",
         entities=stages.entity_finder is not None,
         abstain=True,
+        log_unanswered=base.log_unanswered and not example,
     )
     index = resources.faq_index(str(demo.index_dir), demo.index_stamp(), config.encoder_backend)
     return shared_cache().pipeline(index, config)
@@ -155,11 +157,12 @@ def _submit() -> None:
     st.session_state["submitted"] = True
 
 
-def search(pipeline: Pipeline, question: str, chosen: Controls) -> None:
-    """Run the pipeline (which records an abstained question in the expert queue) and keep the response."""
+def search(pipeline: Pipeline, question: str, chosen: Controls, example: bool = False) -> None:
+    """Run the pipeline (which records an abstained question in the expert queue, unless it is an `example`) and
+    keep the response."""
     with st.spinner("Searching the FAQs…"):
         response = pipeline.run(question)
-    st.session_state["result"] = {"response": response, "controls": chosen, "feedback": None}
+    st.session_state["result"] = {"response": response, "controls": chosen, "feedback": None, "example": example}
 
 
 def _record_feedback(helpful: bool) -> None:
@@ -177,7 +180,7 @@ def _record_feedback(helpful: bool) -> None:
             settings=asdict(chosen),
         )
     )
-    if not helpful and not response.abstained:  # an abstained question is queued already
+    if not helpful and not response.abstained and not result["example"]:  # an abstained one is queued already
         resources.expert_queue().add(response.query, source="not helpful")
     result["feedback"] = "yes" if helpful else "no"
 
@@ -233,8 +236,15 @@ def feedback_row(result: dict[str, Any]) -> None:
         return
     label, yes, no, _ = st.columns([2, 1, 1, 4], vertical_alignment="center")
     label.markdown("**Was this helpful?**")
-    yes.button("👍 Yes", key="helpful_yes", on_click=_record_feedback, args=(True,), use_container_width=True)
-    no.button("👎 No", key="helpful_no", on_click=_record_feedback, args=(False,), use_container_width=True)
+    for column, helpful, label, icon in ((yes, True, "Yes", "thumb_up"), (no, False, "No", "thumb_down")):
+        column.button(
+            label,
+            icon=f":material/{icon}:",
+            key=f"helpful_{label.lower()}",
+            on_click=_record_feedback,
+            args=(helpful,),
+            use_container_width=True,
+        )
 
 
 def results(result: dict[str, Any]) -> None:
@@ -243,9 +253,14 @@ def results(result: dict[str, Any]) -> None:
     sure = "" if response.confidence is None else f"confidence {response.confidence:.2f} · "
     timings = sure + " · ".join(f"{name} {ms:.0f} ms" for name, ms in response.timings_ms.items())
     if response.abstained:
+        recorded = (
+            "**No good match.** "
+            if result["example"]
+            else "**No good match — your question was recorded for an expert.** An expert will review it and may add "
+            "a new FAQ. "
+        )
         st.warning(
-            "**No good match — your question was recorded for an expert.** An expert will review it and may add a "
-            "new FAQ. The closest FAQs we found are below, but they may not answer your question.",
+            recorded + "The closest FAQs we found are below, but they may not answer your question.",
             icon=":material/support_agent:",
         )
         with st.expander(f"Closest FAQs ({len(response.hits)})"):
@@ -265,7 +280,11 @@ def results(result: dict[str, Any]) -> None:
 def render() -> None:
     demo = resources.settings()
     runner = resources.setup_runner(demo)
-    common.hero("🩺 medfaq", "Ask a health question in your own words; we find the expert-written FAQs that answer it.")
+    common.hero(
+        "medfaq",
+        "Ask a health question in your own words; we find the expert-written FAQs that answer it.",
+        icon="stethoscope",
+    )
     common.setup_panel(runner)
     stages = resources.ready_stages(demo)
     if not demo.index_ready():
@@ -296,6 +315,7 @@ def render() -> None:
         else:
             if len(question) > base.max_query_chars:
                 st.info(f"Your question is long; the first {base.max_query_chars:,} characters are used.")
-            search(build_pipeline(stages, chosen, base), question, chosen)
+            example = question in EXAMPLE_QUESTIONS
+            search(build_pipeline(stages, chosen, base, example), question, chosen, example)
     if "result" in st.session_state:
         results(st.session_state["result"])
