@@ -78,19 +78,23 @@ class OpenVinoSession:
 
 
 def load_for_comparison(model: str, backend: str) -> Any:
-    """The encoder of one row: a medfaq backend, or the ONNX fp32 export run by OpenVINO (`OPENVINO_HINTS`)."""
+    """The encoder of one row: a medfaq backend, or the ONNX fp32 export run by OpenVINO (`OPENVINO_HINTS`), which,
+    like every derived graph, must pass the probe-search check against the fp32 graph (index/graph_check.py)."""
     from medfaq.common.runtime import resolve_model
     from medfaq.index.encoder import load_encoder
     from medfaq.index.onnx_encoder import OnnxEncoder, ensure_export
-    from medfaq.index.onnx_graph import GRAPHS
+    from medfaq.index.onnx_graph import GRAPHS, PROBE_OUTPUTS
 
     if backend not in OPENVINO_HINTS:
         return load_encoder(model, backend, device="cpu")
+    export = ensure_export(resolve_model(model))
     encoder = OnnxEncoder(model)
-    encoder.graph.session = OpenVinoSession(
-        ensure_export(resolve_model(model)) / GRAPHS["fp32"], OPENVINO_HINTS[backend]
-    )
+    encoder.graph.session = OpenVinoSession(export / GRAPHS["fp32"], OPENVINO_HINTS[backend])
     encoder.backend = backend
+    check = encoder.graph.check(np.load(export / PROBE_OUTPUTS, allow_pickle=False), backend)
+    if not check.passed:
+        raise MedfaqError(f"{backend} runs {model} unlike its fp32 graph ({check.describe()}); it is not compared")
+    encoder.graph.check_result = check
     return encoder
 
 
@@ -160,6 +164,7 @@ def compare_backends(
     questions = [q["text"] for q in benchmark.queries] if benchmark else sample
     questions = questions[:LATENCY_QUERIES]
     rows: dict[str, dict[str, float]] = {}
+    settings: dict[str, str] = {}
     reference: np.ndarray | None = None
     for backend in backends:
         start = time.perf_counter()
@@ -177,9 +182,13 @@ def compare_backends(
             throughput, _ = Throughput.measure(encoder, sample)
             row.update(throughput.row("build"))
             row["build_minutes_wall"] = build_total / row["build_texts_per_s"] / 60
+        check = getattr(encoder, "check", {})
+        if "min_cosine" in check:  # a derived graph: how it agreed with its source on the probe search
+            row["check_min_cosine"], row["check_kendall_tau"] = check["min_cosine"], check["kendall_tau"]
+            settings[backend] = check["setting"]
         rows[backend] = row
         del encoder
-    report: dict[str, Any] = {"model": model, "backends": rows}
+    report: dict[str, Any] = {"model": model, "backends": rows, "int8_settings": settings}
     if benchmark:
         report["benchmark"] = {"name": benchmark.name, **benchmark.counts()}
     if build:
@@ -197,6 +206,8 @@ COLUMNS = (
     ("recall@1", "R@1", "{:.1f}"),
     ("mrr@10", "MRR@10", "{:.1f}"),
     ("min_cosine_to_first", "min cos", "{:.4f}"),
+    ("check_min_cosine", "check min cos", "{:.3f}"),
+    ("check_kendall_tau", "check tau", "{:.3f}"),
     ("build_texts_per_s", "build texts/s", "{:.0f}"),
     ("build_texts_per_cpu_s", "build texts/cpu-s", "{:.0f}"),
     ("build_minutes_wall", "build min", "{:.1f}"),

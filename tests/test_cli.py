@@ -278,7 +278,7 @@ def test_a_queue_belongs_to_its_index_and_undo_never_touches_another(tmp_path, b
     groups = {}
     for index, asked in ((built, "zzqx blorf wibble"), (copy, "glonk frobble quux")):
         medfaq("search", "--index", index, asked)
-        [group] = [json.loads(line) for line in medfaq("queue", "list", "--index", index, "--json").stdout.splitlines()]
+        [group] = json.loads(medfaq("queue", "list", "--index", index, "--json").stdout)["groups"]
         assert [q["text"] for q in group["questions"]] == [asked]  # the other index's question is not in its queue
         groups[index] = str(group["id"])
         assert medfaq("queue", "link", groups[index], "f4", "--index", index).exit_code == 0

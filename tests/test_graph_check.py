@@ -41,7 +41,7 @@ def scramble_int8_weights(graph: Path) -> None:
 @pytest.fixture
 def model_copy(tmp_path, tiny_encoder_dir) -> Path:
     model = tmp_path / "tiny"
-    shutil.copytree(tiny_encoder_dir, model)
+    shutil.copytree(tiny_encoder_dir, model, ignore=shutil.ignore_patterns(f"{EXPORT_DIR}*"))  # exported here anew
     return model
 
 
@@ -86,9 +86,7 @@ def test_an_int8_graph_that_disagrees_is_not_kept_and_asking_for_it_is_one_error
         OnnxEncoder(str(model_copy), precision="int8")
 
 
-def test_index_build_with_a_refused_int8_graph_fails_with_one_line(
-    tmp_path, model_copy, faq_jsonl, scrambling_quantizer
-):
+def test_index_build_with_a_refused_int8_graph_is_one_error(tmp_path, model_copy, faq_jsonl, scrambling_quantizer):
     out = tmp_path / "idx"
     result = medfaq(
         "index", "build", faq_jsonl, "--out", out, "--encoder", model_copy, "--encoder-backend", "onnx-int8"
@@ -147,3 +145,11 @@ def test_a_pytorch_int8_reranker_that_disagrees_is_refused(tmp_path, tiny_bert_d
     monkeypatch.setattr(crossencoder, "quantize_linear", scrambling)
     with pytest.raises(MedfaqError, match=r"int8 \(PyTorch dynamic\) reranker .* \(best FAQ changed in .* --quantize"):
         crossencoder.CrossEncoderReranker.load(model, quantize=True)
+
+
+def test_activation_outliers_measures_each_layer(tiny_encoder_dir, capsys):
+    from medfaq.eval.activation_outliers import PROJECTIONS, main, peak_over_mean
+
+    ratios = peak_over_mean(str(tiny_encoder_dir))
+    assert set(ratios) == set(PROJECTIONS) and all(len(row) == 2 and min(row) >= 1.0 for row in ratios.values())
+    assert main(["--model", str(tiny_encoder_dir)]) == 0 and "| feed-forward output |" in capsys.readouterr().out

@@ -167,4 +167,6 @@ def test_backend_comparison_reports_each_backend(tmp_path, exported_dir):
     assert set(rows) == {"onnx", "onnx-int8", "openvino"}
     assert rows["onnx"]["recall@1"] == 100.0 and rows["onnx"]["corpus_texts_per_s"] > 0
     assert rows["openvino"]["recall@1"] == 100.0 and rows["openvino"]["min_cosine_to_first"] > 0.9999  # same graph
-    assert "| onnx-int8 |" in format_table(report)
+    assert rows["openvino"]["check_min_cosine"] > 0.9999 and "check_min_cosine" not in rows["onnx"]
+    assert rows["onnx-int8"]["check_min_cosine"] >= 0.95 and report["int8_settings"]["onnx-int8"] == "per-channel"
+    assert "| onnx-int8 |" in format_table(report) and "check min cos" in format_table(report)

@@ -189,7 +189,7 @@ def test_serve_help_names_every_endpoint_each_allow_option_opens(service):
 
     routes = [route for route in create_app(service).routes if hasattr(route, "dependant")]
     helps = {param.name: param.help for param in typer.main.get_command(app).commands["serve"].params}
-    for option, guard in {"allow_writes": "require_writes", "allow_public_queue": "may_read_queue"}.items():
+    for option, guard in {"allow_writes": "may_write", "allow_public_queue": "may_read_queue"}.items():
         guarded = [route.path for route in routes if guard in {d.call.__name__ for d in route.dependant.dependencies}]
         assert guarded and all(path in helps[option] for path in guarded), (option, guarded)
 
