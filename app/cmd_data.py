@@ -68,7 +68,7 @@ def dedup(
 
 
 def make_benchmark(
-    name: str = typer.Argument(..., help="meqsum | mediqa2021 | rqe-valid | rqe-test | quebec | medquad-chq"),
+    name: str = typer.Argument(..., help="meqsum | mediqa2021 | rqe-valid | rqe-test | quebec | medquad-chq | covid-q"),
     out: Path = typer.Option(..., "--out", help="Directory for corpus.jsonl, queries.jsonl, qrels.tsv, ..."),
     data_from: Path | None = typer.Option(
         None, "--from", help="Read the datasets from DIR (the shared/data layout) instead of `medfaq data fetch`."

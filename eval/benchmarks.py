@@ -34,7 +34,7 @@ from medfaq.common.runtime import MedfaqError
 from medfaq.index.collections import iter_jsonl, load_collection
 from medfaq.index.records import FaqRecord
 
-BENCHMARKS = ("meqsum", "mediqa2021", "rqe-valid", "rqe-test", "quebec", "medquad-chq")
+BENCHMARKS = ("meqsum", "mediqa2021", "rqe-valid", "rqe-test", "quebec", "medquad-chq", "covid-q")
 CHQ_PARTS = ("meqsum", "rqe-test", "mediqa2021")  # the CHQ sets of ``medquad-chq``
 BANK_INDEX = "medquad-minilm"  # under indexes_dir(): the bank ``medquad-chq`` adds its gold FAQs to
 CORPUS_FIELDS = {"id": "_id", "question": "text"}
@@ -188,6 +188,8 @@ def make_benchmark(name: str, data_root: Path | None = None, bank: list[FaqRecor
         raise MedfaqError(f"unknown benchmark {name!r}; choose one of {', '.join(BENCHMARKS)}")
     if name == "quebec":
         return _quebec(data_root)
+    if name == "covid-q":
+        return _covid_q(data_root)
     if name == "medquad-chq":
         if not bank:
             raise MedfaqError("medquad-chq needs the MedQuAD index (build it with `medfaq index build medquad`)")
@@ -314,6 +316,54 @@ def _quebec(data_root: Path | None) -> Benchmark:
         "(no qrels)"
     )
     return Benchmark("quebec", corpus, queries, qrels, description)
+
+
+def covid_q_classes(data_root: Path | None = None) -> dict[str, list[str]]:
+    """COVID-Q's questions by class (``Question ID``), in file order, repeated strings once."""
+    import csv
+
+    from medfaq.index.pair_sources import dataset_file
+
+    path = dataset_file("covid_q", "final_master_dataset.csv", data_root)
+    classes: dict[str, list[str]] = {}
+    with path.open(encoding="utf-8", newline="") as handle:
+        for row in csv.DictReader(handle):
+            text = " ".join(row["Question"].split())
+            if text and text not in classes.setdefault(row["Question ID"], []):
+                classes[row["Question ID"]].append(text)
+    if not classes:
+        raise MedfaqError(f"{path} holds no questions")
+    return classes
+
+
+def covid_q_faq_id(class_id: str) -> str:
+    return f"covidq-{class_id}"
+
+
+def _covid_q(data_root: Path | None) -> Benchmark:
+    """A bank no model here trained on: the first question of each COVID-Q class is its FAQ (two classes whose first
+    questions differ only in case share one), every other question of the class a test query judged relevant to
+    it (a text that is some FAQ's is not a query)."""
+    classes = covid_q_classes(data_root)
+    faq_of: dict[str, str] = {}  # normalised FAQ text -> the id of the first class that has it
+    corpus = []
+    for class_id, texts in classes.items():
+        key = _normalise(texts[0])
+        if key not in faq_of:
+            faq_of[key] = covid_q_faq_id(class_id)
+            corpus.append({"_id": faq_of[key], "title": "", "text": texts[0], "metadata": {}})
+    queries: dict[str, dict[str, Any]] = {}
+    qrels: Qrels = {}
+    for texts in classes.values():
+        for text in texts[1:]:
+            if _normalise(text) in faq_of:
+                continue
+            query = queries.setdefault(
+                text, {"_id": f"q-{len(queries)}", "text": text, "metadata": {"split": "test", "ood": False}}
+            )
+            qrels.setdefault(query["_id"], {})[faq_of[_normalise(texts[0])]] = 1
+    description = "COVID-Q: each class's first question is its FAQ; its other questions are the test queries"
+    return Benchmark("covid-q", corpus, list(queries.values()), qrels, description)
 
 
 def _write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:

@@ -24,38 +24,19 @@ MRR@10 and nDCG@10 for each model.
 from __future__ import annotations
 
 import argparse
-import csv
 import sys
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
 from medfaq.common.runtime import MedfaqError
+from medfaq.eval.benchmarks import covid_q_classes
+from medfaq.eval.benchmarks import covid_q_faq_id as faq_id
 from medfaq.eval.script_args import print_report
 from medfaq.index.records import FaqRecord
 
 EXPERT = "simulated expert"
 SCORED_DEPTH = 10
-
-
-def covid_q_classes(data_root: Path | None = None) -> dict[str, list[str]]:
-    """COVID-Q's questions by class (``Question ID``), in file order, repeated strings once."""
-    from medfaq.index.pair_sources import dataset_file
-
-    path = dataset_file("covid_q", "final_master_dataset.csv", data_root)
-    classes: dict[str, list[str]] = defaultdict(list)
-    with path.open(encoding="utf-8", newline="") as handle:
-        for row in csv.DictReader(handle):
-            text = " ".join(row["Question"].split())
-            if text and text not in classes[row["Question ID"]]:
-                classes[row["Question ID"]].append(text)
-    if not classes:
-        raise MedfaqError(f"{path} holds no questions")
-    return dict(classes)
-
-
-def faq_id(class_id: str) -> str:
-    return f"covidq-{class_id}"
 
 
 def work_the_queue(queue: Any, class_of: dict[str, str]) -> dict[str, int]:

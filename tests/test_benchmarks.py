@@ -109,3 +109,12 @@ def test_medquad_chq_reuses_the_bank_index(shared_data, tmp_path, tiny_encoder):
     index = FaqIndex.load(tmp_path / "index", tiny_encoder)
     assert added == len(benchmark.corpus) - 5 and len(index) == len(benchmark.corpus)
     assert all(doc in index for docs in benchmark.qrels.values() for doc in docs)
+
+
+def test_covid_q_is_a_bank_of_class_questions_searched_by_the_others(shared_data):
+    benchmark = make_benchmark("covid-q", shared_data)
+    assert len(benchmark.corpus) == 574  # 575 classes, two of whose first questions differ only in case
+    assert len(benchmark.queries) > 1000
+    faq_texts = {row["text"].lower() for row in benchmark.corpus}
+    assert not any(query["text"].lower() in faq_texts for query in benchmark.queries)
+    assert all(len(gold) >= 1 for gold in benchmark.qrels.values()) and not benchmark.dev_ids
