@@ -1,4 +1,4 @@
-"""`medfaq train summarizer|average|biencoder|crossencoder|calibrate`: the summarizer and the encoders."""
+"""`medfaq train summarizer|average|biencoder|crossencoder|student|calibrate`: the summarizer and the encoders."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from medfaq.app.options import DEVICE, NO_OVERRIDES, takes_training_overrides
+from medfaq.app.options import DEVICE, NO_OVERRIDES, positive, takes_training_overrides
 from medfaq.common.runtime import PRECISION_HELP, MedfaqError, resolve_model
+from medfaq.retriever.training.student_config import StudentTrainConfig
 
 if TYPE_CHECKING:
     from medfaq.retriever.training.config import EncoderTrainConfig
@@ -272,11 +273,11 @@ def train_command(model_type: str) -> Callable[..., None]:
     return train
 
 
-def _calibrate_after_training(model: Path) -> None:
+def _calibrate_after_training(model: Path, data_from: Path | None = None) -> None:
     """Store a freshly trained retrieval model's abstention threshold; without the development data, say how to
     store it later instead of failing the training."""
     try:
-        _report_threshold(model)
+        _report_threshold(model, data_from)
     except MedfaqError as error:
         typer.echo(
             f"warning: no abstention threshold stored ({error}); later: `medfaq train calibrate {model}`",
@@ -321,3 +322,103 @@ def calibrate(
         if not inherit_threshold(directory, manifest.encoder, Path(resolve_model(model))):
             why = f"encoded by {manifest.encoder}, or a threshold calibrated on it already"
             typer.echo(f"warning: {directory} left as it was ({why})", err=True)
+
+
+def train_student(
+    out: Path = typer.Option(
+        ...,
+        "--out",
+        help="Directory to save the student and its train_config.json (the teacher's vectors: OUT.teacher)",
+    ),
+    teacher: str = typer.Option(
+        StudentTrainConfig.teacher, "--teacher", help="The encoder the student learns: mpnet, a directory or a name."
+    ),
+    init: str = typer.Option(
+        StudentTrainConfig.init, "--init", help="The student's starting weights: minilm, a directory or a name."
+    ),
+    teacher_backend: str = typer.Option(
+        StudentTrainConfig.teacher_backend,
+        "--teacher-backend",
+        help="What encodes the teacher's vectors (once): auto (torch on a GPU; on the CPU ONNX int8 where its check "
+        "passed, else ONNX fp32) | torch | onnx | onnx-int8.",
+    ),
+    epochs: int = typer.Option(StudentTrainConfig.epochs, "--epochs", min=1),
+    batch_size: int = typer.Option(StudentTrainConfig.batch_size, "--batch-size", min=1),
+    lr: float = typer.Option(StudentTrainConfig.lr, "--lr", callback=positive, help="Learning rate."),
+    max_length: int = typer.Option(
+        StudentTrainConfig.max_length,
+        "--max-length",
+        min=8,
+        help="Tokens read in training (the student keeps its own limit)",
+    ),
+    max_texts: int | None = typer.Option(
+        None, "--max-texts", min=2, help="Distil on a seeded sample of at most N texts (quick runs)."
+    ),
+    dev_fraction: float = typer.Option(
+        StudentTrainConfig.dev_fraction,
+        "--dev-fraction",
+        min=0.0,
+        max=0.5,
+        help="Texts held out: the student's MSE and mean cosine to the teacher on them, before and after training.",
+    ),
+    seed: int = typer.Option(StudentTrainConfig.seed, "--seed"),
+    data_root: Path | None = typer.Option(None, "--data-root", help="Read data laid out like ../shared/data."),
+    device: str | None = DEVICE,
+    force: bool = typer.Option(False, "--force", help="Overwrite a non-empty --out directory."),
+) -> None:
+    """Distil a teacher encoder into a fast student: MSE between their vectors over every training question text.
+
+    The teacher's vectors are encoded once into OUT.teacher beside OUT; a run stopped while encoding them, repeated,
+    encodes only what is missing."""
+    from medfaq.retriever.training.distill import train_student as fit_student
+    from medfaq.retriever.training.distill_data import (
+        distillation_texts,
+        source_counts,
+        split_texts,
+        teacher_cache_dir,
+        teacher_encoder,
+        teacher_vectors,
+    )
+    from medfaq.retriever.training.pair_models import save_trained
+
+    config = StudentTrainConfig(
+        teacher=teacher,
+        init=init,
+        teacher_backend=teacher_backend,
+        epochs=epochs,
+        batch_size=batch_size,
+        lr=lr,
+        max_length=max_length,
+        max_texts=max_texts,
+        dev_fraction=dev_fraction,
+        seed=seed,
+    )
+    check_out_dir(out, force)
+    for name in (config.init, config.teacher):  # a wrong model fails before the data is read
+        resolve_model(name)
+    train, dev = split_texts(distillation_texts(data_root), config.max_texts, config.dev_fraction, config.seed)
+    config.text_counts = source_counts(train + dev)
+    config.n_train_pairs, config.n_dev_texts = len(train), len(dev)
+    counts = ", ".join(f"{source} {count}" for source, count in config.text_counts.items())
+    typer.echo(f"student on {len(train)} texts, {len(dev)} held out ({counts})", err=True)
+    encoder = teacher_encoder(config.teacher, config.teacher_backend, device)
+    config.teacher_backend, config.teacher_fingerprint = encoder.backend, encoder.fingerprint
+    vectors = teacher_vectors(encoder, dev + train, teacher_cache_dir(out))
+    del encoder
+    model = fit_student(
+        [item.text for item in train],
+        vectors[len(dev) :],
+        config,
+        [item.text for item in dev],
+        vectors[: len(dev)],
+        device,
+    )
+    save_trained(model, config, out)
+    typer.echo(f"saved the student of {config.teacher} to {out}")
+    if dev:
+        before, after = config.dev_before, config.dev_after
+        typer.echo(
+            f"held-out texts: MSE to the teacher {before['mse']:.3g} -> {after['mse']:.3g}, "
+            f"mean cosine {before['cosine']:.4f} -> {after['cosine']:.4f}"
+        )
+    _calibrate_after_training(out, data_root)

@@ -849,6 +849,7 @@ def encode_chunks(
     staging: Path | None,
     fingerprint: str,
     progress: bool = True,
+    desc: str = "encoding FAQ texts",
 ) -> np.ndarray:
     """Encode `texts` in chunks of ENCODE_CHUNK; with `staging`, keep each chunk on disk and skip those already there.
 
@@ -859,7 +860,7 @@ def encode_chunks(
 
     starts = range(0, len(texts), ENCODE_CHUNK)
     done = _staged_chunks(staging, fingerprint, len(texts)) if staging is not None else 0
-    bar = tqdm(total=len(texts), desc="encoding FAQ texts", unit="text", disable=not progress)
+    bar = tqdm(total=len(texts), desc=desc, unit="text", disable=not progress)
     parts = []
     with bar:
         for number, start in enumerate(starts):

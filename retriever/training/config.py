@@ -16,8 +16,10 @@ from medfaq.common.runtime import PRECISIONS, MedfaqError
 CONFIG_FILE = "train_config.json"
 MODEL_TYPES = ("biencoder", "crossencoder")
 TASKS = ("mqp", "qa", "faq")
+DISTILL_TASK = "distill"
+"""The task of a student fitted to a teacher's vectors (`medfaq train student`, retriever/training/distill.py)."""
 PRESETS = ("quick", "full")
-LOSSES = ("contrastive", "mnrl", "bce", "listwise")
+LOSSES = ("contrastive", "mnrl", "bce", "listwise", "mse")
 CROSSENCODER_LOSSES = ("bce", "listwise")
 HEADS = ("cosine", "mean", "cls", "pooler")
 FAQ_SOURCES = ("meqsum", "healthcaremagic", "chq_summ", "rqe", "mqp", "quebec")
@@ -67,7 +69,7 @@ class EncoderTrainConfig:
 
     def __post_init__(self) -> None:
         _check_choice("model type", self.model_type, MODEL_TYPES)
-        _check_choice("task", self.task, TASKS)
+        _check_choice("task", self.task, (*TASKS, DISTILL_TASK))
         _check_choice("preset", self.preset, PRESETS)
         _check_choice("loss", self.loss, LOSSES)
         _check_choice("head", self.head, HEADS)
@@ -75,6 +77,8 @@ class EncoderTrainConfig:
         if (self.loss in CROSSENCODER_LOSSES) != (self.model_type == "crossencoder"):
             wanted = "bce or listwise" if self.model_type == "crossencoder" else "contrastive or mnrl"
             raise MedfaqError(f"loss {self.loss!r} does not fit a {self.model_type}; use {wanted}")
+        if (self.loss == "mse") != (self.task == DISTILL_TASK):
+            raise MedfaqError("the mse loss fits a student to a teacher's vectors, alone: `medfaq train student`")
         if self.loss == "listwise" and self.task != "faq":
             raise MedfaqError("the listwise loss ranks each query's mined candidates: it needs --task faq")
         if self.sibling_negatives and self.task != "mqp":
@@ -163,6 +167,8 @@ CROSSENCODER_PRESETS: dict[tuple[str, str], dict[str, Any]] = {
 
 def make_config(model_type: str, task: str, preset: str, **overrides: Any) -> EncoderTrainConfig:
     """The preset's settings for `model_type` and `task`, then `overrides` (None values are ignored)."""
+    if task == DISTILL_TASK:
+        raise MedfaqError("a student is distilled from a teacher by `medfaq train student`")
     _check_choice("model type", model_type, MODEL_TYPES)
     _check_choice("task", task, TASKS)
     _check_choice("preset", preset, PRESETS)

@@ -232,7 +232,7 @@ def _by_query(rows: Sequence[tuple[str, str, int]]) -> QuerySet:
     return QuerySet(items, [candidate for _, candidate, _ in rows])
 
 
-def _query_source(source: str, data_root: Path | None) -> QuerySet:
+def query_source(source: str, data_root: Path | None) -> QuerySet:
     """The training split of one FAQ source (see `FAQ_SOURCES`)."""
     if source in SUMMARY_SOURCES:
         rows = load_jsonl_rows(source, "train.jsonl", data_root)
@@ -334,7 +334,7 @@ def faq_pairs(
     `feedback_index`, the experts' links and the search feedback about that index are one more source,
     ``feedback`` (:func:`expert_query_set`), all of it used."""
     heldout = heldout_texts(data_root)
-    query_sets = [(source, _query_source(source, data_root), per_source) for source in sources]  # (source, set, cap)
+    query_sets = [(source, query_source(source, data_root), per_source) for source in sources]  # (source, set, cap)
     if feedback_index is not None:
         query_sets.append(("feedback", expert_query_set(feedback_index, seed), None))
     pairs: list[Pair] = []
