@@ -55,7 +55,7 @@ class EncoderTrainConfig:
     negatives_encoder: str = "minilm"  # bi-encoder that mines hard negatives
     faq_synonyms: str = "none"  # task faq: FAQ sides read with their concepts' other names (as index --synonyms)
     feedback_index: str | None = None  # task faq: also the experts' links and search feedback about this index
-    head: str = "cosine"  # cross-encoder head: cosine | mean | cls | pooler (see retriever.crossencoder)
+    head: str = "cosine"  # cross-encoder head: cosine | mean | cls | pooler (see retriever.reranker.model)
     symmetric: bool = False  # train on both pair orders and score both (tasks where order carries no meaning)
     dev_fraction: float = 0.0  # group-disjoint dev part carved from the training pairs for best-epoch selection
     keep_ratio: float = 1.0  # final weights = start + keep_ratio x (fine-tuned - start); 1: the fine-tuned ones
