@@ -280,11 +280,11 @@ def heldout_texts(data_root: Path | None = None) -> set[str]:
 
 def expert_links(index_dir: str | Path, seed: int = 0, held_back: bool = False) -> list[tuple[str, str]]:
     """(question, FAQ id) of every question an expert linked or answered in the experts' queue of the index in
-    `index_dir` (retriever/question_queue.py), FAQs since deleted left out. A seeded `EXPERT_HELDOUT_FRACTION` of
-    the groups (by their first question) is held back for evaluation: those with `held_back`, the others without."""
+    `index_dir` (retriever/queue/question_queue.py), FAQs since deleted left out. A seeded `EXPERT_HELDOUT_FRACTION`
+    of the groups (by their first question) is held back for evaluation: those with `held_back`, the others without."""
     from medfaq.retriever.pipeline_file import read_config
-    from medfaq.retriever.question_queue import QuestionQueue, queue_beside
-    from medfaq.retriever.unanswered import UnansweredLog
+    from medfaq.retriever.queue.question_queue import QuestionQueue, queue_beside
+    from medfaq.retriever.queue.unanswered import UnansweredLog
 
     log = UnansweredLog(read_config(index_dir).unanswered_log).path
     if not queue_beside(log).is_file():
@@ -299,10 +299,10 @@ def expert_links(index_dir: str | Path, seed: int = 0, held_back: bool = False) 
 
 def expert_query_set(index_dir: str | Path, seed: int = 0) -> QuerySet:
     """The experts' links (the training part of :func:`expert_links`) as positives, and the "Was this helpful?"
-    answers about searches (retriever/feedback.py): the FAQ a user found helpful as a positive, one found not helpful
-    as a labelled negative; hard negatives are mined from the index's FAQ questions."""
+    answers about searches (retriever/queue/feedback.py): the FAQ a user found helpful as a positive, one found not
+    helpful as a labelled negative; hard negatives are mined from the index's FAQ questions."""
     from medfaq.index.faq_index import FaqIndex
-    from medfaq.retriever.feedback import FeedbackStore, default_feedback_path
+    from medfaq.retriever.queue.feedback import FeedbackStore, default_feedback_path
 
     index = FaqIndex.load(index_dir)
     items: list[tuple[str, str | None, tuple[str, ...]]] = [
