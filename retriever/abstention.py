@@ -34,11 +34,11 @@ from typing import Any
 import numpy as np
 
 from medfaq.common.runtime import MedfaqError, minilm_path, resolve_model
+from medfaq.index.datasets import CALIBRATION_SOURCES
 
 logger = logging.getLogger("medfaq.abstention")
 
 THRESHOLD_FILE = "threshold.json"
-CALIBRATION_SOURCES = ("meqsum", "healthcaremagic", "chq_summ")
 MAX_QUERIES = 200  # development questions per source (a seeded sample)
 NEAR_DUPLICATE = 0.9  # an FAQ this close to a removed gold FAQ is removed too (as in hard-negative mining)
 NEAR_DEPTH = 20  # bank FAQs examined per removed gold FAQ for near-duplicates

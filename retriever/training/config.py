@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from medfaq.common.runtime import PRECISIONS, MedfaqError
+from medfaq.index.datasets import FAQ_SOURCES
 
 CONFIG_FILE = "train_config.json"
 MODEL_TYPES = ("biencoder", "crossencoder")
@@ -20,8 +21,6 @@ PRESETS = ("quick", "full")
 LOSSES = ("contrastive", "mnrl", "bce", "listwise")
 CROSSENCODER_LOSSES = ("bce", "listwise")
 HEADS = ("cosine", "mean", "cls", "pooler")
-FAQ_SOURCES = ("meqsum", "healthcaremagic", "chq_summ", "rqe", "mqp", "quebec")
-"""Training sources of the query -> FAQ task (see ``retriever.training.pair_data``), all on by default."""
 
 
 def _check_choice(name: str, value: str, allowed: tuple[str, ...]) -> None:

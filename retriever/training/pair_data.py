@@ -23,8 +23,9 @@ import numpy as np
 from medfaq.common.runtime import MedfaqError
 from medfaq.index.collections import iter_jsonl, load_collection
 from medfaq.index.concepts import ConceptLexicon, concept_lexicon, read_with_concepts
+from medfaq.index.datasets import DATASETS, FAQ_SOURCES, HELD_OUT_SPLITS, OPTIONAL_FAQ_SOURCES
 from medfaq.index.pair_sources import dataset_file, load_jsonl_rows, load_mqp
-from medfaq.retriever.training.config import FAQ_SOURCES, EncoderTrainConfig
+from medfaq.retriever.training.config import EncoderTrainConfig
 
 logger = logging.getLogger("medfaq.training")
 
@@ -34,8 +35,9 @@ Encode = Callable[[list[str]], np.ndarray]
 """Texts -> (n, dim) unit-norm vectors, e.g. ``index.encoder.Encoder(name).encode``."""
 
 QUEBEC_HELDOUT_FRACTION = 0.2
-SUMMARY_SOURCES = ("meqsum", "healthcaremagic", "chq_summ")  # CHQ -> its FAQ-style summary
-OPTIONAL_FAQ_SOURCES = ("medquad",)  # question -> answer: a different task from question -> FAQ question
+SUMMARY_SOURCES = tuple(
+    name for name in FAQ_SOURCES if DATASETS[name].summary_splits and not DATASETS[name].positive_only
+)  # CHQ -> its FAQ-style summary
 EXPERT_HELDOUT_FRACTION = 0.2  # of the experts' queue groups, kept out of training to measure what it learned
 MEDQUAD_ANSWER_CHARS = 600
 NEAR_DUPLICATE = 0.9  # cosine to the positive at or above which a mined negative counts as a false negative
@@ -264,9 +266,7 @@ def heldout_texts(data_root: Path | None = None) -> set[str]:
     """Normalised questions of every benchmark's evaluation split (MeQSum valid/test, RQE valid/test, MEDIQA 2021,
     the Quebec held-out queries): no training pair may contain one. Data sets not fetched are skipped."""
     texts: set[str] = set()
-    splits = [("meqsum", "valid"), ("meqsum", "test"), ("rqe", "valid"), ("rqe", "test")]
-    splits += [("mediqa2021", "valid"), ("mediqa2021", "test")]
-    for name, split in splits:
+    for name, split in HELD_OUT_SPLITS:
         try:
             texts.update(normalise(row["chq"]) for row in load_jsonl_rows(name, f"{split}.jsonl", data_root))
         except MedfaqError:
