@@ -10,6 +10,7 @@ import typer
 from medfaq.app.cmd_index import inherit_threshold, open_encoder
 from medfaq.app.options import ENCODER_OPTION, SYNONYMS_OPTION
 from medfaq.common.runtime import MedfaqError, indexes_dir
+from medfaq.index.datasets import BENCHMARKS, SUMMARIZATION_DATASETS
 
 
 def fetch(
@@ -36,7 +37,7 @@ def list_datasets() -> None:
 
 
 def dedup(
-    datasets: list[str] = typer.Argument(..., help="Datasets (meqsum, chq_summ, healthcaremagic, mediqa2021, rqe)."),
+    datasets: list[str] = typer.Argument(..., help=f"Datasets ({', '.join(SUMMARIZATION_DATASETS)})."),
     data_root: Path | None = typer.Option(None, "--data-root", help="Read data laid out like ../shared/data."),
     key_field: str = typer.Option("chq", "--field", help="Duplicate key: chq (as ECL) or pair (chq and faq)."),
     examples: int = typer.Option(3, "--examples", min=0, help="Example groups shown per level."),
@@ -68,7 +69,7 @@ def dedup(
 
 
 def make_benchmark(
-    name: str = typer.Argument(..., help="meqsum | mediqa2021 | rqe-valid | rqe-test | quebec | medquad-chq | covid-q"),
+    name: str = typer.Argument(..., help=" | ".join(BENCHMARKS)),
     out: Path = typer.Option(..., "--out", help="Directory for corpus.jsonl, queries.jsonl, qrels.tsv, ..."),
     data_from: Path | None = typer.Option(
         None, "--from", help="Read the datasets from DIR (the shared/data layout) instead of `medfaq data fetch`."

@@ -22,7 +22,7 @@ def _queue(index: Path | None):
     index directory; the queue's groups are that index's only."""
     from medfaq.index.faq_index import FaqIndex
     from medfaq.retriever.pipeline_file import read_config
-    from medfaq.retriever.question_queue import open_queue
+    from medfaq.retriever.queue.question_queue import open_queue
 
     directory = index or set_up_index()
     config = read_config(directory)
@@ -37,7 +37,7 @@ def list_groups(
     as_json: bool = typer.Option(False, "--json", help='{"groups": [...]}, as GET /queue answers.'),
 ) -> None:
     """The index's groups of questions waiting for an expert, most asked first."""
-    from medfaq.retriever.question_queue import STATUSES
+    from medfaq.retriever.queue.question_queue import STATUSES
 
     check_choice("--status", status, (*STATUSES, "all"))
     queue, _ = _queue(index)

@@ -61,7 +61,7 @@ def search_inputs(index: Path, flags: StageFlags) -> list[Path]:
     """What a search of `index` with `flags` reads or appends to: the index, its unanswered log, and the local
     directories of its encoder and of the stage models its config names (an output must be none of them)."""
     from medfaq.index.faq_index import read_manifest
-    from medfaq.retriever.unanswered import UnansweredLog
+    from medfaq.retriever.queue.unanswered import UnansweredLog
 
     config = flags.apply(read_config(index))
     models = (read_manifest(index).encoder, config.summarizer, config.reranker)

@@ -19,12 +19,12 @@ from medfaq.app.batching import BatchSettings, MicroBatcher
 from medfaq.common.runtime import MedfaqError
 from medfaq.index.faq_index import FaqIndex, disk_version
 from medfaq.index.records import FaqRecord
-from medfaq.retriever.feedback import Feedback, FeedbackStore
 from medfaq.retriever.model_cache import StageError, shared_cache, wanted_stages
 from medfaq.retriever.pipeline import Pipeline
 from medfaq.retriever.pipeline_file import config_bytes, parse_config
-from medfaq.retriever.question_queue import QuestionQueue, open_queue
-from medfaq.retriever.unanswered import UnansweredLog
+from medfaq.retriever.queue.feedback import Feedback, FeedbackStore
+from medfaq.retriever.queue.question_queue import QuestionQueue, open_queue
+from medfaq.retriever.queue.unanswered import UnansweredLog
 
 logger = logging.getLogger("medfaq.service")
 

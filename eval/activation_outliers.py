@@ -1,7 +1,7 @@
 """How far the inputs of each transformer layer's feed-forward projections reach beyond their typical size: the
 largest absolute value over the mean absolute value, per layer, on the int8 check's probe texts. Dynamic int8
 quantisation gives each activation tensor one scale, set by its largest value, so a tensor whose peak is hundreds of
-times its mean loses the values near the mean (all-mpnet-base-v2's feed-forward outputs; index/onnx_export.py keeps
+times its mean loses the values near the mean (all-mpnet-base-v2's feed-forward outputs; index/onnx/export.py keeps
 those projections in fp32 where the check asks for it).
 
     python -m medfaq.eval.activation_outliers --model mpnet --model minilm
@@ -27,7 +27,7 @@ def peak_over_mean(model: str) -> dict[str, list[float]]:
     import torch
     from sentence_transformers import SentenceTransformer
 
-    from medfaq.index.graph_check import probe_texts
+    from medfaq.index.onnx.check import probe_texts
 
     encoder = SentenceTransformer(resolve_model(model), device="cpu")
     layers = getattr(getattr(encoder[0].auto_model, "encoder", None), "layer", None)

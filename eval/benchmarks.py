@@ -1,5 +1,8 @@
 """Retrieval benchmarks in the BEIR layout, made from our datasets, and the standard files around them.
 
+The benchmarks are declared with their datasets (index/datasets.py, `BenchmarkSpec`); those with a query split are
+made by :func:`_pair_benchmark`, ``quebec`` and ``medquad-chq`` by their own functions here.
+
 A benchmark directory holds ``corpus.jsonl`` (``{"_id", "title", "text", "metadata"}``; `text` = the FAQ question),
 ``queries.jsonl`` (``{"_id", "text", "metadata": {"split", "ood"}}``), ``qrels.tsv`` (BEIR: ``query-id corpus-id
 score`` with a header), the same judgements as TREC qrels (``qrels.trec``: ``qid 0 docid rel``), ``ood.txt`` and
@@ -32,9 +35,9 @@ from typing import Any
 
 from medfaq.common.runtime import MedfaqError
 from medfaq.index.collections import iter_jsonl, load_collection
+from medfaq.index.datasets import BENCHMARKS
 from medfaq.index.records import FaqRecord
 
-BENCHMARKS = ("meqsum", "mediqa2021", "rqe-valid", "rqe-test", "quebec", "medquad-chq", "covid-q")
 CHQ_PARTS = ("meqsum", "rqe-test", "mediqa2021")  # the CHQ sets of ``medquad-chq``
 BANK_INDEX = "medquad-minilm"  # under indexes_dir(): the bank ``medquad-chq`` adds its gold FAQs to
 CORPUS_FIELDS = {"id": "_id", "question": "text"}
@@ -196,20 +199,10 @@ def make_benchmark(name: str, data_root: Path | None = None, bank: list[FaqRecor
         return with_distractors(name, [make_benchmark(part, data_root) for part in CHQ_PARTS], bank)
     from medfaq.eval.summarization_data import load_pairs
 
-    dataset, _, split = name.partition("-")
-    query_split, corpus_splits = {
-        "meqsum": ("test", ("train", "valid", "test")),
-        "mediqa2021": ("test", ("valid", "test")),
-        "rqe": (split, ("valid", "test")),
-    }[dataset]
-    corpus_pairs = [pair for s in corpus_splits for pair in load_pairs(f"{dataset}:{s}", data_root)]
-    query_pairs = load_pairs(f"{dataset}:{query_split}", data_root)
-    descriptions = {
-        "meqsum": "MeQSum test CHQs -> all MeQSum FAQs; gold = the CHQ's own FAQ",
-        "mediqa2021": "MEDIQA 2021 test CHQs -> all MEDIQA 2021 FAQs (valid+test); gold = the CHQ's own FAQ",
-        "rqe": f"RQE {split} CHQs -> all entailed FAQs of RQE valid+test; gold = the FAQs the CHQ entails",
-    }
-    return _pair_benchmark(name, query_pairs, corpus_pairs, descriptions[dataset])
+    dataset, spec = BENCHMARKS[name]
+    corpus_pairs = [pair for s in spec.corpus_splits for pair in load_pairs(f"{dataset}:{s}", data_root)]
+    query_pairs = load_pairs(f"{dataset}:{spec.query_split}", data_root)
+    return _pair_benchmark(name, query_pairs, corpus_pairs, spec.description)
 
 
 def _normalise(text: str) -> str:

@@ -79,11 +79,12 @@ class OpenVinoSession:
 
 def load_for_comparison(model: str, backend: str) -> Any:
     """The encoder of one row: a medfaq backend, or the ONNX fp32 export run by OpenVINO (`OPENVINO_HINTS`), which,
-    like every derived graph, must pass the probe-search check against the fp32 graph (index/graph_check.py)."""
+    like every derived graph, must pass the probe-search check against the fp32 graph (index/onnx/check.py)."""
     from medfaq.common.runtime import resolve_model
     from medfaq.index.encoder import load_encoder
-    from medfaq.index.onnx_encoder import OnnxEncoder, ensure_export
-    from medfaq.index.onnx_graph import GRAPHS, PROBE_OUTPUTS
+    from medfaq.index.onnx.encoder import OnnxEncoder
+    from medfaq.index.onnx.export import ensure_export
+    from medfaq.index.onnx.graph import GRAPHS, PROBE_OUTPUTS
 
     if backend not in OPENVINO_HINTS:
         return load_encoder(model, backend, device="cpu")

@@ -4,7 +4,7 @@ COVID-Q (`medfaq data fetch covid_q`) holds 1,611 real COVID-19 questions in 575
 asked several ways; none of it is a training source. ``prepare`` plays a help desk that meets those questions:
 
 * its FAQ bank is one FAQ per class, the class's first question (575 FAQs);
-* every other question of a class reaches the experts' queue (retriever/question_queue.py), as an abstained
+* every other question of a class reaches the experts' queue (retriever/queue/question_queue.py), as an abstained
   question does, and is grouped there by the index's bi-encoder;
 * a simulated expert then works the queue as a person would from the queue page: splits each group by class,
   merges the groups of one class, and links each group to its class's FAQ (its questions become the FAQ's
@@ -70,7 +70,7 @@ def prepare(out: Path, encoder_name: str, data_root: Path | None) -> dict[str, A
     from medfaq.index.faq_index import FaqIndex
     from medfaq.retriever.pipeline import PipelineConfig
     from medfaq.retriever.pipeline_file import write_config
-    from medfaq.retriever.question_queue import QuestionQueue, queue_beside
+    from medfaq.retriever.queue.question_queue import QuestionQueue, queue_beside
     from medfaq.retriever.setup_plan import choose_encoder
 
     if out.exists() and any(out.iterdir()):

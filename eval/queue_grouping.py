@@ -1,4 +1,4 @@
-"""How well the experts' queue groups questions (retriever/question_queue.py), and how long adding one takes.
+"""How well the experts' queue groups questions (retriever/queue/question_queue.py), and how long adding one takes.
 
 1. MQP pairs: the "same question" decision on each (question 1, question 2) pair: the duplicate detector's score
    (or, with ``--detector none``, the bi-encoder's cosine). The decision threshold is chosen on a development half
@@ -33,7 +33,7 @@ import numpy as np
 from medfaq.common.runtime import MedfaqError
 from medfaq.eval.script_args import int_at_least, print_report
 from medfaq.index.pair_sources import load_jsonl_rows, load_mqp
-from medfaq.retriever.question_queue import GroupingSettings, QuestionQueue
+from medfaq.retriever.queue.question_queue import GroupingSettings, QuestionQueue
 
 TIMED_ADDS = 20
 

@@ -1,4 +1,5 @@
-"""CHQ -> FAQ question-summarization pairs from the registered datasets (`medfaq data fetch NAME`).
+"""CHQ -> FAQ question-summarization pairs from the registered datasets (`medfaq data fetch NAME`; those with
+summarization splits in index/datasets.py).
 
 A spec is ``"<dataset>:<split>"`` (e.g. ``meqsum:test``); several can be joined with ``+``
 (``chq_summ:train+healthcaremagic:train``). Files are read from ``data_dir()/<subdir>`` or, with `data_root`,
@@ -13,18 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from medfaq.common.runtime import MedfaqError, data_dir
-from medfaq.index.datasets import get_dataset
+from medfaq.index.datasets import SUMMARIZATION_DATASETS, get_dataset
 
 logger = logging.getLogger("medfaq.summarization_data")
-
-SUMMARIZATION_DATASETS = {
-    "meqsum": ("train", "valid", "test"),
-    "chq_summ": ("train", "valid"),
-    "healthcaremagic": ("train", "valid"),
-    "mediqa2021": ("valid", "test"),
-    "rqe": ("train", "valid", "test"),
-}
-POSITIVE_ONLY = {"rqe"}  # entailment pairs: only label-1 pairs are CHQ -> FAQ summaries
 
 
 @dataclass(frozen=True)
@@ -97,7 +89,7 @@ def load_summary_rows(dataset: str, split: str, data_root: Path | None = None) -
     """
     rows, blank = [], 0
     for number, row in enumerate(load_split_rows(dataset, split, data_root)):
-        if dataset in POSITIVE_ONLY and row.get("label") != 1:
+        if get_dataset(dataset).positive_only and row.get("label") != 1:
             continue
         if not isinstance(row.get("chq"), str) or not isinstance(row.get("faq"), str):
             raise MedfaqError(f"{dataset}:{split}: row {number + 1} has no 'chq'/'faq' text")

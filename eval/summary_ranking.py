@@ -44,9 +44,10 @@ from typing import Any
 
 from medfaq.common.runtime import MedfaqError, medfaq_home
 from medfaq.eval.script_args import print_report
+from medfaq.index.datasets import BENCHMARKS
 
 DEV_SETS = ("meqsum-valid", "mediqa2021-valid", "quebec-dev")
-TEST_SETS = ("meqsum", "mediqa2021", "rqe-valid", "rqe-test", "quebec", "medquad-chq")
+TEST_SETS = tuple(BENCHMARKS)
 LONG_WORDS = 60  # medquad-chq-long: the medquad-chq questions of more than this many words
 GRID = {
     "likelihood_per_token": (True, False),

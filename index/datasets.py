@@ -1,8 +1,12 @@
 """The registry of public datasets medfaq can fetch, and `fetch_dataset` (download or copy into `data_dir()`).
 
-Each :class:`DatasetSpec` names its original public sources (pinned commits), the files it puts under
-``data_dir()/<subdir>`` (the same layout as a local copy such as ``../shared/data``), its license note, and a
-`build` function that turns the downloaded sources into those files. Add a dataset with :func:`register`.
+Each dataset declares itself once, in the table at the end of this module: a :class:`DatasetSpec` names its
+original public sources (pinned commits), the files it puts under ``data_dir()/<subdir>`` (the same layout as a
+local copy such as ``../shared/data``), its license note, a `build` function that turns the downloaded sources into
+those files, and what it is used for: an FAQ bank (`collection`), summarization pairs (`summary_splits`), retrieval
+benchmarks (`benchmarks`), a source of query -> FAQ training pairs (`training_source`), evaluation splits training
+keeps out (`held_out`), the development split abstention thresholds are calibrated on (`calibration`). The lists
+other packages read (`SUMMARIZATION_DATASETS`, `BENCHMARKS`, `FAQ_SOURCES`, ...) are derived from that table.
 """
 
 from __future__ import annotations
@@ -39,13 +43,31 @@ class DatasetSpec:
     urls: tuple[str, ...]
     build: Builder
     collection: str | None = None  # the FAQ collection file among `files`, for `medfaq index build NAME`
+    summary_splits: tuple[str, ...] = ()  # splits of CHQ -> FAQ summarization pairs (eval/summarization_data.py)
+    positive_only: bool = False  # summarization pairs: only the rows labelled 1 (entailment pairs)
+    benchmarks: tuple[BenchmarkSpec, ...] = ()  # retrieval benchmarks made from it (eval/benchmarks.py)
+    training_source: str = ""  # query -> FAQ training: "default" (on by default), "optional" or "" (not a source)
+    held_out: tuple[str, ...] = ()  # evaluation splits whose questions no training pair may contain
+    calibration: bool = False  # its valid split calibrates the abstention thresholds (retriever/abstention.py)
+
+
+@dataclass(frozen=True)
+class BenchmarkSpec:
+    """A retrieval benchmark made from a dataset. With a `query_split`: the distinct CHQs of that split of the
+    dataset's summarization pairs searched against the distinct FAQs of its `corpus_splits`, gold = the FAQs each
+    CHQ is paired with; without: built by its own function in eval/benchmarks.py."""
+
+    name: str
+    query_split: str = ""
+    corpus_splits: tuple[str, ...] = ()
+    description: str = ""
 
 
 DATASETS: dict[str, DatasetSpec] = {}
 
 
 def register(spec: DatasetSpec) -> DatasetSpec:
-    """Add a dataset to the registry (other packages call this at import time)."""
+    """Add a dataset to the registry (the table at the end of this module)."""
     DATASETS[spec.name] = spec
     return spec
 
@@ -238,19 +260,6 @@ def build_medquad(paths: list[Path], target: Path) -> None:
     _write_jsonl(rows, target / "medquad.jsonl")
 
 
-register(
-    DatasetSpec(
-        name="medquad",
-        description="MedQuAD: 47,441 medical QA pairs from 12 NIH websites (answers of 3 MedlinePlus subsets removed)",
-        license="CC BY 4.0 (abachaa/MedQuAD LICENSE.txt); cite Ben Abacha & Demner-Fushman 2019",
-        subdir="medquad",
-        files=("medquad.jsonl",),
-        urls=(f"https://github.com/abachaa/MedQuAD/archive/{MEDQUAD_COMMIT}.zip",),
-        build=build_medquad,
-        collection="medquad.jsonl",
-    )
-)
-
 # --- Quebec COVID-19 FAQ (Mila): train.json {examples, passages} -> faqs.jsonl + train.jsonl ---------------------
 
 QUEBEC_COMMIT = "4e6700317722f8b594bb0cb2e0ce0b4de3bbf71e"
@@ -294,21 +303,6 @@ def build_quebec(paths: list[Path], target: Path) -> None:
     _write_jsonl(faqs, target / "faqs.jsonl")
     _write_jsonl(queries, target / "train.jsonl")
 
-
-register(
-    DatasetSpec(
-        name="quebec",
-        description="Quebec COVID-19 FAQ (313 FAQs) with crowdsourced paraphrase queries and HealthTap OOD queries",
-        license="CC BY 4.0 (ycemsubakan/covid_chatbot_data LICENSE.md)",
-        subdir="covid_faq/quebec_mila",
-        files=("faqs.jsonl", "train.jsonl"),
-        urls=(
-            f"https://raw.githubusercontent.com/ycemsubakan/covid_chatbot_data/{QUEBEC_COMMIT}/{QUEBEC_FOLDER}/train.json",
-        ),
-        build=build_quebec,
-        collection="faqs.jsonl",
-    )
-)
 
 # --- JHU COVID-QA FAQ bank, schema v0.3: 20 camelCase JSONL files -> faqs.jsonl ------------------------------------
 
@@ -365,56 +359,11 @@ def build_jhu(paths: list[Path], target: Path) -> None:
     _write_jsonl(rows, target / "faqs.jsonl")
 
 
-register(
-    DatasetSpec(
-        name="jhu",
-        description="JHU COVID-QA scraped FAQ bank, schema v0.3 (2,261 FAQs, 1,479 in English)",
-        license="Apache-2.0 (JHU-COVID-QA/scraping-qas LICENSE); content scraped from the listed sites",
-        subdir="covid_faq/jhu_covidqa_faq_bank_v0.3",
-        files=("faqs.jsonl",),
-        urls=tuple(
-            f"https://raw.githubusercontent.com/JHU-COVID-QA/scraping-qas/{JHU_COMMIT}/data/scraping/schema_v0.3/{name}_v0.3.jsonl"
-            for name in JHU_FILES
-        ),
-        build=build_jhu,
-        collection="faqs.jsonl",
-    )
-)
-
 # --- Curai medical question pairs (duplicate-question detection) ---------------------------------------------------
 
-register(
-    DatasetSpec(
-        name="mqp",
-        description="Curai Medical Question Pairs: 3,048 doctor-written similar/different question pairs",
-        license="no license stated in curai/medical-question-pair-dataset; research use",
-        subdir="mqp",
-        files=("mqp.csv",),
-        urls=(
-            "https://raw.githubusercontent.com/curai/medical-question-pair-dataset/"
-            "6c7f7fd7a53cedc6fec105c0c6cb78f2e9a82cd1/mqp.csv",
-        ),
-        build=copy_as("mqp.csv"),
-    )
-)
 
 # --- COVID-Q: real COVID-19 questions in classes of the same question ------------------------------------------------
 
-register(
-    DatasetSpec(
-        name="covid_q",
-        description="COVID-Q: 1,611 COVID-19 questions from search engines, forums and FAQ pages in 575 classes of "
-        "the same question (the experts' queue experiment, eval/feedback_gain.py)",
-        license="no license stated in JerryWeiAI/COVID-Q; research use",
-        subdir="covid_faq/covid_q",
-        files=("final_master_dataset.csv",),
-        urls=(
-            "https://raw.githubusercontent.com/JerryWeiAI/COVID-Q/"
-            "73dfa475e8a03c5c74223c2c37d85b87fae7dca7/data/final_master_dataset.csv",
-        ),
-        build=copy_as("final_master_dataset.csv"),
-    )
-)
 
 # --- Question summarization sets (CHQ -> FAQ pairs): {"id", "chq", "faq", ...} JSONL per split ----------------------
 
@@ -466,21 +415,6 @@ def build_meqsum(paths: list[Path], target: Path) -> None:
         _write_jsonl([row for row in rows if row.get("split") == split], target / f"{split}.jsonl")
 
 
-register(
-    DatasetSpec(
-        name="meqsum",
-        description="MeQSum: 1,000 consumer health questions with expert summaries (seeded 400/100/500 split)",
-        license="CC BY 4.0 (abachaa/MeQSum README); cite Ben Abacha & Demner-Fushman, ACL 2019",
-        subdir="meqsum",
-        files=("meqsum_all.jsonl", "train.jsonl", "valid.jsonl", "test.jsonl"),
-        urls=(
-            f"https://raw.githubusercontent.com/abachaa/MeQSum/{MEQSUM_COMMIT}/"
-            "MeQSum_ACL2019_BenAbacha_Demner-Fushman.xlsx",
-        ),
-        build=build_meqsum,
-    )
-)
-
 MEDQSUM_COMMIT = "8cbd7d14c295145de7b1db89b7a8b2f851c1b1e1"
 
 
@@ -497,35 +431,6 @@ def build_medqsum_split(paths: list[Path], target: Path) -> None:
             raise MedfaqError(f"{path.name}: unexpected MedQSum format: {error}") from None
         _write_jsonl(rows, target / f"{split}.jsonl")
 
-
-for _name, _folder, _description, _license in (
-    (
-        "chq_summ",
-        "chq_sum",
-        "CHQ-Summ subset (693 Yahoo! Answers health questions with summaries; random 554/139 split)",
-        "question text from Yahoo! Answers L6 (Yahoo Webscope terms): research only, do not redistribute",
-    ),
-    (
-        "healthcaremagic",
-        "hcm_sum",
-        "HealthCareMagic question summarization subset (1,643 questions with their titles; 1,314/329 split)",
-        "copyright healthcaremagic.com (MedDialog README); research use only",
-    ),
-):
-    register(
-        DatasetSpec(
-            name=_name,
-            description=_description,
-            license=_license,
-            subdir=_name,
-            files=("train.jsonl", "valid.jsonl"),
-            urls=tuple(
-                f"https://raw.githubusercontent.com/zekaouinoureddine/MedQSum/{MEDQSUM_COMMIT}/data/{_folder}/{split}.json"
-                for split in ("train", "valid")
-            ),
-            build=build_medqsum_split,
-        )
-    )
 
 MEDIQA2021_COMMIT = "8d7fe20706dd6af0d089a0252a201c3da78ded8f"
 
@@ -545,24 +450,6 @@ def build_mediqa2021(paths: list[Path], target: Path) -> None:
             rows.append(record)
         _write_jsonl(rows, target / f"{split}.jsonl")
 
-
-register(
-    DatasetSpec(
-        name="mediqa2021",
-        description="MEDIQA 2021 question summarization: 50 validation and 100 test NLM questions with summaries",
-        license="CC BY 4.0 (abachaa/MEDIQA2021 Task1 README)",
-        subdir="mediqa2021_qs",
-        files=("valid.jsonl", "test.jsonl"),
-        urls=tuple(
-            f"https://raw.githubusercontent.com/abachaa/MEDIQA2021/{MEDIQA2021_COMMIT}/Task1/{name}.xlsx"
-            for name in (
-                "MEDIQA2021-Task1-QuestionSummarization-ValidationSet",
-                "MEDIQA2021-Task1-TestSet-ReferenceSummaries",
-            )
-        ),
-        build=build_mediqa2021,
-    )
-)
 
 MEDIQA2019_COMMIT = "ae5d3826d6c841923b9db831159fef0f1b893593"
 RQE_FILES = (
@@ -596,6 +483,100 @@ def build_rqe(paths: list[Path], target: Path) -> None:
         _write_jsonl(rows, target / f"{split}.jsonl")
 
 
+# --- The registry: each dataset once, in this order (the order of the default training sources) ----------------------
+
+register(
+    DatasetSpec(
+        name="meqsum",
+        description="MeQSum: 1,000 consumer health questions with expert summaries (seeded 400/100/500 split)",
+        license="CC BY 4.0 (abachaa/MeQSum README); cite Ben Abacha & Demner-Fushman, ACL 2019",
+        subdir="meqsum",
+        files=("meqsum_all.jsonl", "train.jsonl", "valid.jsonl", "test.jsonl"),
+        urls=(
+            f"https://raw.githubusercontent.com/abachaa/MeQSum/{MEQSUM_COMMIT}/"
+            "MeQSum_ACL2019_BenAbacha_Demner-Fushman.xlsx",
+        ),
+        build=build_meqsum,
+        summary_splits=("train", "valid", "test"),
+        benchmarks=(
+            BenchmarkSpec(
+                "meqsum",
+                "test",
+                ("train", "valid", "test"),
+                "MeQSum test CHQs -> all MeQSum FAQs; gold = the CHQ's own FAQ",
+            ),
+        ),
+        training_source="default",
+        held_out=("valid", "test"),
+        calibration=True,
+    )
+)
+
+register(
+    DatasetSpec(
+        name="mediqa2021",
+        description="MEDIQA 2021 question summarization: 50 validation and 100 test NLM questions with summaries",
+        license="CC BY 4.0 (abachaa/MEDIQA2021 Task1 README)",
+        subdir="mediqa2021_qs",
+        files=("valid.jsonl", "test.jsonl"),
+        urls=tuple(
+            f"https://raw.githubusercontent.com/abachaa/MEDIQA2021/{MEDIQA2021_COMMIT}/Task1/{name}.xlsx"
+            for name in (
+                "MEDIQA2021-Task1-QuestionSummarization-ValidationSet",
+                "MEDIQA2021-Task1-TestSet-ReferenceSummaries",
+            )
+        ),
+        build=build_mediqa2021,
+        summary_splits=("valid", "test"),
+        benchmarks=(
+            BenchmarkSpec(
+                "mediqa2021",
+                "test",
+                ("valid", "test"),
+                "MEDIQA 2021 test CHQs -> all MEDIQA 2021 FAQs (valid+test); gold = the CHQ's own FAQ",
+            ),
+        ),
+        held_out=("valid", "test"),
+    )
+)
+
+register(
+    DatasetSpec(
+        name="healthcaremagic",
+        description="HealthCareMagic question summarization subset (1,643 questions with their titles; "
+        "1,314/329 split)",
+        license="copyright healthcaremagic.com (MedDialog README); research use only",
+        subdir="healthcaremagic",
+        files=("train.jsonl", "valid.jsonl"),
+        urls=tuple(
+            f"https://raw.githubusercontent.com/zekaouinoureddine/MedQSum/{MEDQSUM_COMMIT}/data/hcm_sum/{split}.json"
+            for split in ("train", "valid")
+        ),
+        build=build_medqsum_split,
+        summary_splits=("train", "valid"),
+        training_source="default",
+        calibration=True,
+    )
+)
+
+register(
+    DatasetSpec(
+        name="chq_summ",
+        description="CHQ-Summ subset (693 Yahoo! Answers health questions with summaries; random 554/139 split)",
+        license="question text from Yahoo! Answers L6 (Yahoo Webscope terms): research only, do not redistribute",
+        subdir="chq_summ",
+        files=("train.jsonl", "valid.jsonl"),
+        urls=tuple(
+            f"https://raw.githubusercontent.com/zekaouinoureddine/MedQSum/{MEDQSUM_COMMIT}/data/chq_sum/{split}.json"
+            for split in ("train", "valid")
+        ),
+        build=build_medqsum_split,
+        summary_splits=("train", "valid"),
+        training_source="default",
+        calibration=True,
+    )
+)
+
 register(
     DatasetSpec(
         name="rqe",
@@ -608,5 +589,114 @@ register(
             for _, name in RQE_FILES
         ),
         build=build_rqe,
+        summary_splits=tuple(split for split, _ in RQE_FILES),
+        positive_only=True,
+        benchmarks=tuple(
+            BenchmarkSpec(
+                f"rqe-{split}",
+                split,
+                ("valid", "test"),
+                f"RQE {split} CHQs -> all entailed FAQs of RQE valid+test; gold = the FAQs the CHQ entails",
+            )
+            for split in ("valid", "test")
+        ),
+        training_source="default",
+        held_out=("valid", "test"),
     )
 )
+
+register(
+    DatasetSpec(
+        name="mqp",
+        description="Curai Medical Question Pairs: 3,048 doctor-written similar/different question pairs",
+        license="no license stated in curai/medical-question-pair-dataset; research use",
+        subdir="mqp",
+        files=("mqp.csv",),
+        urls=(
+            "https://raw.githubusercontent.com/curai/medical-question-pair-dataset/"
+            "6c7f7fd7a53cedc6fec105c0c6cb78f2e9a82cd1/mqp.csv",
+        ),
+        build=copy_as("mqp.csv"),
+        training_source="default",
+    )
+)
+
+register(
+    DatasetSpec(
+        name="quebec",
+        description="Quebec COVID-19 FAQ (313 FAQs) with crowdsourced paraphrase queries and HealthTap OOD queries",
+        license="CC BY 4.0 (ycemsubakan/covid_chatbot_data LICENSE.md)",
+        subdir="covid_faq/quebec_mila",
+        files=("faqs.jsonl", "train.jsonl"),
+        urls=(
+            f"https://raw.githubusercontent.com/ycemsubakan/covid_chatbot_data/{QUEBEC_COMMIT}/{QUEBEC_FOLDER}/train.json",
+        ),
+        build=build_quebec,
+        collection="faqs.jsonl",
+        benchmarks=(BenchmarkSpec("quebec"),),
+        training_source="default",
+    )
+)
+
+register(
+    DatasetSpec(
+        name="medquad",
+        description="MedQuAD: 47,441 medical QA pairs from 12 NIH websites (answers of 3 MedlinePlus subsets removed)",
+        license="CC BY 4.0 (abachaa/MedQuAD LICENSE.txt); cite Ben Abacha & Demner-Fushman 2019",
+        subdir="medquad",
+        files=("medquad.jsonl",),
+        urls=(f"https://github.com/abachaa/MedQuAD/archive/{MEDQUAD_COMMIT}.zip",),
+        build=build_medquad,
+        collection="medquad.jsonl",
+        benchmarks=(BenchmarkSpec("medquad-chq"),),
+        training_source="optional",
+    )
+)
+
+register(
+    DatasetSpec(
+        name="jhu",
+        description="JHU COVID-QA scraped FAQ bank, schema v0.3 (2,261 FAQs, 1,479 in English)",
+        license="Apache-2.0 (JHU-COVID-QA/scraping-qas LICENSE); content scraped from the listed sites",
+        subdir="covid_faq/jhu_covidqa_faq_bank_v0.3",
+        files=("faqs.jsonl",),
+        urls=tuple(
+            f"https://raw.githubusercontent.com/JHU-COVID-QA/scraping-qas/{JHU_COMMIT}/data/scraping/schema_v0.3/{name}_v0.3.jsonl"
+            for name in JHU_FILES
+        ),
+        build=build_jhu,
+        collection="faqs.jsonl",
+    )
+)
+
+register(
+    DatasetSpec(
+        name="covid_q",
+        description="COVID-Q: 1,611 COVID-19 questions from search engines, forums and FAQ pages in 575 classes of "
+        "the same question (the experts' queue experiment, eval/feedback_gain.py)",
+        license="no license stated in JerryWeiAI/COVID-Q; research use",
+        subdir="covid_faq/covid_q",
+        files=("final_master_dataset.csv",),
+        urls=(
+            "https://raw.githubusercontent.com/JerryWeiAI/COVID-Q/"
+            "73dfa475e8a03c5c74223c2c37d85b87fae7dca7/data/final_master_dataset.csv",
+        ),
+        build=copy_as("final_master_dataset.csv"),
+        benchmarks=(BenchmarkSpec("covid-q"),),
+    )
+)
+
+SUMMARIZATION_DATASETS = {name: spec.summary_splits for name, spec in DATASETS.items() if spec.summary_splits}
+"""Dataset -> its splits of CHQ -> FAQ summarization pairs."""
+BENCHMARKS = {bench.name: (name, bench) for name, spec in DATASETS.items() for bench in spec.benchmarks}
+"""Benchmark name -> (the dataset it is made from, its spec)."""
+FAQ_SOURCES = tuple(name for name, spec in DATASETS.items() if spec.training_source == "default")
+"""Training sources of the query -> FAQ task, all on by default."""
+OPTIONAL_FAQ_SOURCES = tuple(name for name, spec in DATASETS.items() if spec.training_source == "optional")
+"""Training sources of the query -> FAQ task used only when named."""
+HELD_OUT_SPLITS = tuple((name, split) for name, spec in DATASETS.items() for split in spec.held_out)
+"""(dataset, split) of every evaluation split no training pair may contain."""
+FAQ_TRAINING_DATA = tuple(dict.fromkeys([*FAQ_SOURCES, *(name for name, _ in HELD_OUT_SPLITS)]))
+"""The datasets query -> FAQ training reads: its default sources and the evaluation splits it keeps out."""
+CALIBRATION_SOURCES = tuple(name for name, spec in DATASETS.items() if spec.calibration)
+"""The datasets whose development split calibrates the abstention thresholds."""

@@ -21,14 +21,14 @@ from medfaq.common.runtime import (
 from medfaq.index.model_files import check_model_directory, model_fingerprint
 
 if TYPE_CHECKING:
-    from medfaq.index.onnx_encoder import OnnxEncoder
+    from medfaq.index.onnx.encoder import OnnxEncoder
 
 logger = logging.getLogger("medfaq.encoder")
 
 
 class SentenceEncoder(Protocol):
     """What an index needs of an encoder, whatever runs it: :class:`Encoder` (PyTorch) or
-    :class:`~index.onnx_encoder.OnnxEncoder` (ONNX Runtime)."""
+    :class:`~index.onnx.encoder.OnnxEncoder` (ONNX Runtime)."""
 
     name: str
     dim: int
@@ -125,10 +125,10 @@ def load_encoder(
     name: str | None = None, backend: str = "auto", device: str | None = None, batch_size: int = 64
 ) -> Encoder | OnnxEncoder:
     """The encoder `name` on the backend :func:`resolve_backend` picks: :class:`Encoder` (PyTorch) or
-    :class:`~index.onnx_encoder.OnnxEncoder` (exported on first use). Both give the same fingerprint."""
+    :class:`~index.onnx.encoder.OnnxEncoder` (exported on first use). Both give the same fingerprint."""
     chosen = resolve_backend(backend, device)
     if chosen == "torch":
         return Encoder(name, device=device, batch_size=batch_size)
-    from medfaq.index.onnx_encoder import OnnxEncoder
+    from medfaq.index.onnx.encoder import OnnxEncoder
 
     return OnnxEncoder(name, precision="int8" if chosen == "onnx-int8" else "fp32", batch_size=batch_size)

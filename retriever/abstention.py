@@ -34,11 +34,11 @@ from typing import Any
 import numpy as np
 
 from medfaq.common.runtime import MedfaqError, minilm_path, resolve_model
+from medfaq.index.datasets import CALIBRATION_SOURCES
 
 logger = logging.getLogger("medfaq.abstention")
 
 THRESHOLD_FILE = "threshold.json"
-CALIBRATION_SOURCES = ("meqsum", "healthcaremagic", "chq_summ")
 MAX_QUERIES = 200  # development questions per source (a seeded sample)
 NEAR_DUPLICATE = 0.9  # an FAQ this close to a removed gold FAQ is removed too (as in hard-negative mining)
 NEAR_DEPTH = 20  # bank FAQs examined per removed gold FAQ for near-duplicates
@@ -201,14 +201,14 @@ def without_answers(index: Any, golds: list[str]) -> int:
 def _calibration_config(model_dir: Path) -> tuple[str, Any]:
     """(the encoder the bank is indexed with, the pipeline config whose confidence is calibrated) for a model."""
     from medfaq.retriever.pipeline import PipelineConfig
+    from medfaq.retriever.reranker.base import calibration_first_stage
     from medfaq.retriever.training.config import EncoderTrainConfig
     from medfaq.retriever.training.pair_models import model_type_of
 
     quiet = {"entities": False, "abstain": False, "log_unanswered": False}
     if model_type_of(model_dir) == "biencoder":
         return str(model_dir), PipelineConfig(**quiet)
-    trained = EncoderTrainConfig.load(model_dir)
-    first_stage = trained.prior_model if trained.prior_scale else trained.negatives_encoder
+    first_stage = calibration_first_stage(EncoderTrainConfig.load(model_dir))
     return resolve_model(first_stage), PipelineConfig(rerank=True, reranker=str(model_dir), **quiet)
 
 

@@ -42,7 +42,7 @@ class BiEncoderScorer:
 
     def encode(self, texts: Sequence[str], progress: bool = False) -> np.ndarray:
         """Unit-norm float32 embeddings (`model`: a SentenceTransformer, or an ONNX Runtime encoder)."""
-        from medfaq.index.onnx_encoder import OnnxEncoder
+        from medfaq.index.onnx.encoder import OnnxEncoder
 
         if isinstance(self.model, OnnxEncoder):
             return self.model.encode([str(text) for text in texts], progress)

@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from medfaq.common.runtime import BACKEND_HELP, ENCODER_BACKENDS, PRECISION_HELP, PRECISIONS, MedfaqError
 from medfaq.common.settings import Declared, check_setting, declared_settings, setting
+from medfaq.retriever.queue.unanswered import UnansweredLog
 from medfaq.retriever.search import MAX_QUERY_CHARS, MODES, RRF_K, Hit, Retriever, clean_queries, reciprocal_rank_fusion
-from medfaq.retriever.unanswered import UnansweredLog
 
 if TYPE_CHECKING:
     from medfaq.index.faq_index import FaqIndex

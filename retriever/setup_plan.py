@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from medfaq.common.runtime import DEFAULT_ENCODER, MedfaqError, indexes_dir, models_dir
+from medfaq.index.datasets import FAQ_TRAINING_DATA
 
 FAQ_INDEX = "medquad-faq"  # the MedQuAD index encoded by the fine-tuned retrieval bi-encoder (under indexes_dir())
 STOCK_INDEX = "medquad-minilm"  # the MedQuAD index encoded by stock MiniLM: search works before any training
@@ -48,7 +49,7 @@ BIENCODER = ModelStep(
     model=BIENCODER_MODEL,
     title="Fine-tune the retrieval bi-encoder on query -> FAQ pairs (quick preset)",
     stage="retrieve",
-    data=("meqsum", "healthcaremagic", "chq_summ", "rqe", "mqp", "quebec", "mediqa2021"),  # mediqa2021: kept out
+    data=FAQ_TRAINING_DATA,
     commands=(("train", "biencoder", "--task", "faq", "--preset", "quick", "--out", "{out}"),),
     minutes=48,
     measured="43 min wall, 29 CPU-minutes, beside 2-3 other jobs (docs/results.md, retrieval bi-encoder), then 3 min "

@@ -4,8 +4,8 @@
 * ``rewrite``: :class:`summarizer.generation.Summarizer` (default: the best summarizer `medfaq setup` trained
   under ``$MEDFAQ_HOME/models``, see :mod:`retriever.setup_plan`), generating with the config's beams and length;
 * ``rerank``: the cross-encoder (default: the one `medfaq setup` trains) on the runtime :func:`rerank_backend`
-  picks: :class:`retriever.onnx_reranker.OnnxReranker` (ONNX Runtime, no torch) or
-  :class:`retriever.crossencoder.CrossEncoderReranker` (PyTorch);
+  picks: :class:`retriever.reranker.onnx.OnnxReranker` (ONNX Runtime, no torch) or
+  :class:`retriever.reranker.model.CrossEncoderReranker` (PyTorch);
 * ``likelihood``: :class:`summarizer.likelihood.SummaryLikelihood` over the same summarizer as ``rewrite``: how
   likely it finds each candidate FAQ question given the consumer question;
 * ``entities``: :func:`summarizer.entities.load_recognizer` (stanza when its models are on disk, else the
@@ -109,7 +109,7 @@ def load_reranker(model: str, settings: StageSettings) -> Any:
     path = Path(model)
     if path.is_dir() and not (path / "config.json").is_file():
         raise MedfaqError(f"reranker {path} is not a model directory (no config.json)")
-    from medfaq.retriever.reranker import has_classifier_head
+    from medfaq.retriever.reranker.base import has_classifier_head
 
     if path.is_dir() and not has_classifier_head(str(path)):
         raise MedfaqError(
@@ -117,10 +117,10 @@ def load_reranker(model: str, settings: StageSettings) -> Any:
             "pass a cross-encoder, e.g. one trained with `medfaq train crossencoder --task faq`"
         )
     if rerank_backend(settings) == "onnx":
-        from medfaq.retriever.onnx_reranker import OnnxReranker
+        from medfaq.retriever.reranker.onnx import OnnxReranker
 
         return OnnxReranker.load(model, quantize=settings.quantize, max_length=settings.rerank_max_length)
-    from medfaq.retriever.crossencoder import CrossEncoderReranker
+    from medfaq.retriever.reranker.model import CrossEncoderReranker
 
     return CrossEncoderReranker.load(
         model, quantize=settings.quantize, max_length=settings.rerank_max_length, precision=settings.rerank_precision

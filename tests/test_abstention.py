@@ -113,8 +113,8 @@ def test_an_index_rebuilt_with_an_uncalibrated_encoder_drops_the_inherited_thres
 
 
 def test_reranker_threshold_is_calibrated_over_its_first_stage(tmp_path, tiny_encoder_dir, tiny_bert_dir, dev_data):
+    from medfaq.retriever.reranker.training import train_crossencoder
     from medfaq.retriever.training.config import make_config
-    from medfaq.retriever.training.crossencoder import train_crossencoder
     from medfaq.retriever.training.pair_data import Pair
     from medfaq.retriever.training.pair_models import save_trained
 

@@ -105,7 +105,7 @@ def served_demo(tmp_path, tiny_encoder):
 def test_ask_read_results_and_give_feedback(served_demo, tmp_path):
     from playwright.sync_api import expect, sync_playwright
 
-    from medfaq.retriever.feedback import FeedbackStore
+    from medfaq.retriever.queue.feedback import FeedbackStore
 
     url, env = served_demo
     with sync_playwright() as playwright:

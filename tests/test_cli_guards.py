@@ -332,7 +332,7 @@ def test_an_output_inside_the_index_searched_is_refused_and_nothing_written(tmp_
 
 
 def test_an_output_that_is_the_unanswered_log_or_inside_a_model_is_refused(tmp_path, index_dir):
-    from medfaq.retriever.unanswered import default_unanswered_path
+    from medfaq.retriever.queue.unanswered import default_unanswered_path
 
     log = default_unanswered_path()
     log.parent.mkdir(parents=True, exist_ok=True)

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from medfaq.common.runtime import MedfaqError
-from medfaq.retriever.crossencoder import CrossEncoderReranker, SegmentCosine, load_crossencoder, truncate_first
 from medfaq.retriever.pipeline import Reranker
+from medfaq.retriever.reranker.model import CrossEncoderReranker, SegmentCosine, load_crossencoder, truncate_first
+from medfaq.retriever.reranker.training import both_orders, mean_reciprocal_rank, train_crossencoder
 from medfaq.retriever.training.config import EncoderTrainConfig, make_config
-from medfaq.retriever.training.crossencoder import both_orders, mean_reciprocal_rank, train_crossencoder
 from medfaq.retriever.training.loop import make_batches, train_loop
 from medfaq.retriever.training.pair_data import Pair, ranking_groups
 from medfaq.retriever.training.pair_models import save_trained
@@ -45,13 +45,14 @@ def test_train_save_reload_gives_same_scores(tmp_path, tiny_bert_dir, head):
     assert EncoderTrainConfig.load(tmp_path / "ce") == config
     assert config.max_length is not None and reranker.model.max_seq_length == config.max_length
     assert reranker.symmetric
-    if head == "cosine":  # a model saved before the medfaq namespace names its head class without "medfaq."
+    if head == "cosine":  # older saved models name their head class by the module it was in then
         modules = tmp_path / "ce" / "modules.json"
         saved = modules.read_text()
-        assert '"medfaq.retriever.crossencoder.SegmentCosine"' in saved
-        modules.write_text(saved.replace('"medfaq.retriever.crossencoder.', '"retriever.crossencoder.'))
-        older = CrossEncoderReranker.load(tmp_path / "ce", device="cpu").score_pairs(TEXTS)
-        np.testing.assert_allclose(older, after, rtol=1e-5, atol=1e-6)
+        assert '"medfaq.retriever.reranker.model.SegmentCosine"' in saved
+        for older_path in ("medfaq.retriever.crossencoder.", "retriever.crossencoder."):
+            modules.write_text(saved.replace('"medfaq.retriever.reranker.model.', f'"{older_path}'))
+            older = CrossEncoderReranker.load(tmp_path / "ce", device="cpu").score_pairs(TEXTS)
+            np.testing.assert_allclose(older, after, rtol=1e-5, atol=1e-6)
 
 
 def test_keep_ratio_moves_every_weight_back_towards_the_start(tiny_bert_dir):
@@ -248,7 +249,7 @@ def test_a_duplicate_detector_with_a_prior_learns_a_centred_correction_and_score
     tmp_path, tiny_bert_dir
 ):
     from medfaq.retriever.biencoder import BiEncoderScorer, load_biencoder
-    from medfaq.retriever.training.crossencoder import training_prior
+    from medfaq.retriever.reranker.training import training_prior
     from medfaq.retriever.training.pair_models import as_scorer, saved_threshold
 
     assert make_config("crossencoder", "mqp", "quick").prior_model == "mpnet"  # the quick preset corrects MPNet

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 from medfaq.common.runtime import MedfaqError
-from medfaq.index import onnx_export
-from medfaq.index.graph_check import PROBE_FAQS, PROBE_QUESTIONS, check_encoder, cpu_signature
-from medfaq.index.onnx_encoder import OnnxEncoder
-from medfaq.index.onnx_graph import EXPORT_DIR, EXPORT_INFO, GRAPHS, ExportInfo
+from medfaq.index.onnx import export as onnx_export
+from medfaq.index.onnx.check import PROBE_FAQS, PROBE_QUESTIONS, check_encoder, cpu_signature
+from medfaq.index.onnx.encoder import OnnxEncoder
+from medfaq.index.onnx.graph import EXPORT_DIR, EXPORT_INFO, GRAPHS, ExportInfo
 from tests.test_cli_guards import medfaq
 
 INT8 = "onnx-int8"
@@ -132,7 +132,7 @@ def test_a_graph_checked_on_another_cpu_is_checked_again_here(model_copy):
 def test_a_pytorch_int8_reranker_that_disagrees_is_refused(tmp_path, tiny_bert_dir, monkeypatch):
     import torch
 
-    from medfaq.retriever import crossencoder
+    from medfaq.retriever.reranker import model as crossencoder
     from tests.test_onnx_reranker import trained
 
     model = trained(tmp_path, tiny_bert_dir, head="mean")

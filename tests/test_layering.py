@@ -1,5 +1,6 @@
-"""The house's shape: every module imports in a fresh interpreter, packages import only the packages below them,
-and no module reaches itself through its imports (those inside functions included)."""
+"""The house's shape: every module imports in a fresh interpreter, packages import only the packages below them
+(and, inside them, the subpackages keep to their own rules), and no module reaches itself through its imports (those
+inside functions included)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,11 @@ ALLOWED = {
     "eval": {"common", "index", "summarizer", "retriever"},
     "app": {"common", "index", "summarizer", "retriever", "eval"},
 }
+CONFINED = {"medfaq.index.onnx": ("medfaq.index.onnx", "medfaq.index.model_files")}
+"""Subpackage -> the only modules of its package it imports: the ONNX backend sits below the rest of `index`, so
+both the bi-encoder and the cross-encoder build on it."""
+APART = [("medfaq.retriever.queue", "medfaq.retriever.reranker")]
+"""Sibling subpackages neither of which imports the other: the experts' queue and a model family."""
 NOT_IMPORTED = {"medfaq.app.__main__", "medfaq.app.streamlit_app"}  # scripts: importing them runs them
 
 
@@ -96,6 +102,33 @@ def test_packages_import_only_the_packages_below_them():
         if target.split(".")[1] != source.split(".")[1] and target.split(".")[1] not in ALLOWED[source.split(".")[1]]
     )
     assert not upward
+
+
+def _inside(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def test_subpackages_keep_to_their_rules():
+    graph = import_graph(module_files())
+    confined = sorted(
+        f"{source} -> {target}"
+        for package, allowed in CONFINED.items()
+        for source, targets in graph.items()
+        if _inside(source, package)
+        for target in targets
+        if target.split(".")[1] == source.split(".")[1] and not any(_inside(target, ok) for ok in allowed)
+    )
+    crossing = sorted(
+        f"{source} -> {target}"
+        for pair in APART
+        for here, there in (pair, pair[::-1])
+        for source, targets in graph.items()
+        if _inside(source, here)
+        for target in targets
+        if _inside(target, there)
+    )
+    assert not confined and not crossing
+    assert all(any(_inside(name, package) for name in graph) for package in [*CONFINED, *sum(APART, ())])
 
 
 def test_no_module_imports_itself_through_others():

@@ -15,8 +15,8 @@ import pytest
 
 from medfaq.common.runtime import MedfaqError
 from medfaq.index.encoder import Encoder, load_encoder, resolve_backend
-from medfaq.index.onnx_encoder import OnnxEncoder
-from medfaq.index.onnx_graph import EXPORT_DIR, EXPORT_INFO, export_location
+from medfaq.index.onnx.encoder import OnnxEncoder
+from medfaq.index.onnx.graph import EXPORT_DIR, EXPORT_INFO, export_location
 
 REPO = Path(__file__).resolve().parents[1]
 TEXTS = [

@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 
 from medfaq.common.runtime import MedfaqError
-from medfaq.index.onnx_graph import ExportInfo
-from medfaq.retriever.crossencoder import CrossEncoderReranker
-from medfaq.retriever.onnx_reranker import OnnxReranker
+from medfaq.index.onnx.graph import ExportInfo
+from medfaq.retriever.reranker.model import CrossEncoderReranker
+from medfaq.retriever.reranker.onnx import OnnxReranker
+from medfaq.retriever.reranker.training import train_crossencoder
 from medfaq.retriever.training.config import make_config
-from medfaq.retriever.training.crossencoder import train_crossencoder
 from medfaq.retriever.training.pair_data import Pair
 from medfaq.retriever.training.pair_models import save_trained
 from tests.test_onnx_encoder import HEAVY
@@ -83,7 +83,7 @@ def test_a_reranker_with_a_prior_scores_its_onnx_cosine_plus_the_onnx_logit(corr
 def test_a_reranked_search_imports_no_model_library(tmp_path, corrective_reranker, tiny_encoder_dir, faq_records):
     """A real `medfaq search --rerank` in a fresh process, the exports made beforehand."""
     from medfaq.index.faq_index import FaqIndex
-    from medfaq.index.onnx_encoder import OnnxEncoder
+    from medfaq.index.onnx.encoder import OnnxEncoder
 
     encoder = tmp_path / "encoder"
     shutil.copytree(tiny_encoder_dir, encoder)

@@ -15,7 +15,7 @@ from medfaq.index.faq_index import FaqIndex
 from medfaq.retriever.model_cache import build_pipeline
 from medfaq.retriever.pipeline import Pipeline, PipelineConfig, confidence, key_stems
 from medfaq.retriever.pipeline_file import read_config, store_threshold, write_config
-from medfaq.retriever.unanswered import UnansweredLog
+from medfaq.retriever.queue.unanswered import UnansweredLog
 
 
 @pytest.fixture(scope="module")

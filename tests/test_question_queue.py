@@ -1,4 +1,4 @@
-"""The experts' queue (retriever/question_queue.py): grouping by the duplicate detector, an expert's edits, and
+"""The experts' queue (retriever/queue/question_queue.py): grouping by the duplicate detector, an expert's edits, and
 answering a group once so that its questions find their FAQ first."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 
 from medfaq.common.runtime import MedfaqError
 from medfaq.index.faq_index import FaqIndex
-from medfaq.retriever.question_queue import SCHEMA, GroupingSettings, QuestionQueue, UnknownGroup
+from medfaq.retriever.queue.question_queue import SCHEMA, GroupingSettings, QuestionQueue, UnknownGroup
 
 ASKED = {
     "alcohol": [
@@ -165,7 +165,7 @@ def test_two_writers_asking_at_once_open_one_group(tmp_path, tiny_encoder):
 
 
 def test_sync_queues_each_logged_question_once(queue, tmp_path):
-    from medfaq.retriever.unanswered import UnansweredLog
+    from medfaq.retriever.queue.unanswered import UnansweredLog
 
     log = UnansweredLog(tmp_path / "unanswered.jsonl")
     for question in ASKED["alcohol"][:2]:
@@ -194,10 +194,10 @@ def test_grouping_measures_on_a_known_grouping():
 
 
 def test_expert_links_and_feedback_become_training_pairs_with_a_held_back_slice(index_dir, tiny_encoder):
-    from medfaq.retriever.feedback import Feedback, FeedbackStore
-    from medfaq.retriever.question_queue import queue_beside
+    from medfaq.retriever.queue.feedback import Feedback, FeedbackStore
+    from medfaq.retriever.queue.question_queue import queue_beside
+    from medfaq.retriever.queue.unanswered import UnansweredLog
     from medfaq.retriever.training.pair_data import expert_links, faq_pairs
-    from medfaq.retriever.unanswered import UnansweredLog
 
     path = queue_beside(UnansweredLog().path)
     queue = QuestionQueue(path, tiny_encoder, SharedWords(), settings=GroupingSettings(), index_dir=index_dir)
@@ -267,7 +267,7 @@ def test_a_store_of_before_the_queue_was_per_index_belongs_to_the_first_index_op
 ):
     import sqlite3
 
-    from medfaq.retriever.unanswered import UnansweredLog
+    from medfaq.retriever.queue.unanswered import UnansweredLog
 
     store = tmp_path / "queue.sqlite3"
     schema = SCHEMA.replace("    undo TEXT,\n    index_dir TEXT\n", "    undo TEXT\n")

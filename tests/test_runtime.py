@@ -181,8 +181,8 @@ def test_autocast_runs_matrix_products_in_the_resolved_precision(precision, dtyp
 
 
 def test_training_configs_refuse_an_unknown_precision_and_record_the_resolved_one(tiny_bert_dir):
+    from medfaq.retriever.reranker.training import train_crossencoder
     from medfaq.retriever.training.config import make_config
-    from medfaq.retriever.training.crossencoder import train_crossencoder
     from medfaq.retriever.training.pair_data import Pair
     from medfaq.summarizer.training.config import SummarizerTrainConfig
 

@@ -14,10 +14,10 @@ from typer.testing import CliRunner
 
 from medfaq.app.setup_state import EXAMPLE_QUESTIONS, DemoSettings, SetupRunner, SetupStep, default_steps
 from medfaq.app.ui.search_page import MODE_LABELS
-from medfaq.retriever.feedback import Feedback, FeedbackStore
 from medfaq.retriever.pipeline import pipeline_settings
 from medfaq.retriever.pipeline_file import read_config, write_config
-from medfaq.retriever.unanswered import UnansweredLog
+from medfaq.retriever.queue.feedback import Feedback, FeedbackStore
+from medfaq.retriever.queue.unanswered import UnansweredLog
 
 APP = str(Path(__file__).resolve().parents[1] / "app" / "streamlit_app.py")
 QUESTION = "I started amoxicillin on Monday for a chest infection. Can I drink alcohol while taking amoxicillin?"

@@ -11,8 +11,8 @@ import streamlit as st
 
 from medfaq.app.ui import common, resources
 from medfaq.common.runtime import MedfaqError
-from medfaq.retriever.question_queue import QuestionGroup, QuestionQueue
-from medfaq.retriever.unanswered import UnansweredLog
+from medfaq.retriever.queue.question_queue import QuestionGroup, QuestionQueue
+from medfaq.retriever.queue.unanswered import UnansweredLog
 
 QUEUE_COLUMNS = ["time", "query", "summary", "best_score", "best_question", "best_id"]
 

@@ -15,11 +15,11 @@ import streamlit as st
 
 from medfaq.app.setup_state import DemoSettings, SetupRunner, model_ready
 from medfaq.index.faq_index import FaqIndex
-from medfaq.retriever.feedback import FeedbackStore
 from medfaq.retriever.model_cache import shared_cache
 from medfaq.retriever.pipeline import EntityFinder, PipelineConfig, QueryRewriter, Reranker
 from medfaq.retriever.pipeline_file import read_config
-from medfaq.retriever.question_queue import QuestionQueue, open_queue
+from medfaq.retriever.queue.feedback import FeedbackStore
+from medfaq.retriever.queue.question_queue import QuestionQueue, open_queue
 
 LOADING = {
     "rewrite": "Loading the question summarizer…",

@@ -12,9 +12,9 @@ import streamlit as st
 
 from medfaq.app.setup_state import EXAMPLE_LABELS, EXAMPLE_QUESTIONS
 from medfaq.app.ui import common, resources
-from medfaq.retriever.feedback import Feedback
 from medfaq.retriever.model_cache import shared_cache
 from medfaq.retriever.pipeline import Pipeline, PipelineConfig, SearchResponse, pipeline_settings
+from medfaq.retriever.queue.feedback import Feedback
 from medfaq.retriever.search import Hit
 
 MAX_PASTE_CHARS = 20_000

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from medfaq.common.runtime import PRECISIONS, MedfaqError
+from medfaq.index.datasets import FAQ_SOURCES
 
 CONFIG_FILE = "train_config.json"
 MODEL_TYPES = ("biencoder", "crossencoder")
@@ -22,8 +23,6 @@ PRESETS = ("quick", "full")
 LOSSES = ("contrastive", "mnrl", "bce", "listwise", "mse")
 CROSSENCODER_LOSSES = ("bce", "listwise")
 HEADS = ("cosine", "mean", "cls", "pooler")
-FAQ_SOURCES = ("meqsum", "healthcaremagic", "chq_summ", "rqe", "mqp", "quebec")
-"""Training sources of the query -> FAQ task (see ``retriever.training.pair_data``), all on by default."""
 
 
 def _check_choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
@@ -57,7 +56,7 @@ class EncoderTrainConfig:
     negatives_encoder: str = "minilm"  # bi-encoder that mines hard negatives
     faq_synonyms: str = "none"  # task faq: FAQ sides read with their concepts' other names (as index --synonyms)
     feedback_index: str | None = None  # task faq: also the experts' links and search feedback about this index
-    head: str = "cosine"  # cross-encoder head: cosine | mean | cls | pooler (see retriever.crossencoder)
+    head: str = "cosine"  # cross-encoder head: cosine | mean | cls | pooler (see retriever.reranker.model)
     symmetric: bool = False  # train on both pair orders and score both (tasks where order carries no meaning)
     dev_fraction: float = 0.0  # group-disjoint dev part carved from the training pairs for best-epoch selection
     keep_ratio: float = 1.0  # final weights = start + keep_ratio x (fine-tuned - start); 1: the fine-tuned ones

@@ -23,8 +23,9 @@ import numpy as np
 from medfaq.common.runtime import MedfaqError
 from medfaq.index.collections import iter_jsonl, load_collection
 from medfaq.index.concepts import ConceptLexicon, concept_lexicon, read_with_concepts
+from medfaq.index.datasets import DATASETS, FAQ_SOURCES, HELD_OUT_SPLITS, OPTIONAL_FAQ_SOURCES
 from medfaq.index.pair_sources import dataset_file, load_jsonl_rows, load_mqp
-from medfaq.retriever.training.config import FAQ_SOURCES, EncoderTrainConfig
+from medfaq.retriever.training.config import EncoderTrainConfig
 
 logger = logging.getLogger("medfaq.training")
 
@@ -34,8 +35,9 @@ Encode = Callable[[list[str]], np.ndarray]
 """Texts -> (n, dim) unit-norm vectors, e.g. ``index.encoder.Encoder(name).encode``."""
 
 QUEBEC_HELDOUT_FRACTION = 0.2
-SUMMARY_SOURCES = ("meqsum", "healthcaremagic", "chq_summ")  # CHQ -> its FAQ-style summary
-OPTIONAL_FAQ_SOURCES = ("medquad",)  # question -> answer: a different task from question -> FAQ question
+SUMMARY_SOURCES = tuple(
+    name for name in FAQ_SOURCES if DATASETS[name].summary_splits and not DATASETS[name].positive_only
+)  # CHQ -> its FAQ-style summary
 EXPERT_HELDOUT_FRACTION = 0.2  # of the experts' queue groups, kept out of training to measure what it learned
 MEDQUAD_ANSWER_CHARS = 600
 NEAR_DUPLICATE = 0.9  # cosine to the positive at or above which a mined negative counts as a false negative
@@ -264,9 +266,7 @@ def heldout_texts(data_root: Path | None = None) -> set[str]:
     """Normalised questions of every benchmark's evaluation split (MeQSum valid/test, RQE valid/test, MEDIQA 2021,
     the Quebec held-out queries): no training pair may contain one. Data sets not fetched are skipped."""
     texts: set[str] = set()
-    splits = [("meqsum", "valid"), ("meqsum", "test"), ("rqe", "valid"), ("rqe", "test")]
-    splits += [("mediqa2021", "valid"), ("mediqa2021", "test")]
-    for name, split in splits:
+    for name, split in HELD_OUT_SPLITS:
         try:
             texts.update(normalise(row["chq"]) for row in load_jsonl_rows(name, f"{split}.jsonl", data_root))
         except MedfaqError:
@@ -280,11 +280,11 @@ def heldout_texts(data_root: Path | None = None) -> set[str]:
 
 def expert_links(index_dir: str | Path, seed: int = 0, held_back: bool = False) -> list[tuple[str, str]]:
     """(question, FAQ id) of every question an expert linked or answered in the experts' queue of the index in
-    `index_dir` (retriever/question_queue.py), FAQs since deleted left out. A seeded `EXPERT_HELDOUT_FRACTION` of
-    the groups (by their first question) is held back for evaluation: those with `held_back`, the others without."""
+    `index_dir` (retriever/queue/question_queue.py), FAQs since deleted left out. A seeded `EXPERT_HELDOUT_FRACTION`
+    of the groups (by their first question) is held back for evaluation: those with `held_back`, the others without."""
     from medfaq.retriever.pipeline_file import read_config
-    from medfaq.retriever.question_queue import QuestionQueue, queue_beside
-    from medfaq.retriever.unanswered import UnansweredLog
+    from medfaq.retriever.queue.question_queue import QuestionQueue, queue_beside
+    from medfaq.retriever.queue.unanswered import UnansweredLog
 
     log = UnansweredLog(read_config(index_dir).unanswered_log).path
     if not queue_beside(log).is_file():
@@ -299,10 +299,10 @@ def expert_links(index_dir: str | Path, seed: int = 0, held_back: bool = False) 
 
 def expert_query_set(index_dir: str | Path, seed: int = 0) -> QuerySet:
     """The experts' links (the training part of :func:`expert_links`) as positives, and the "Was this helpful?"
-    answers about searches (retriever/feedback.py): the FAQ a user found helpful as a positive, one found not helpful
-    as a labelled negative; hard negatives are mined from the index's FAQ questions."""
+    answers about searches (retriever/queue/feedback.py): the FAQ a user found helpful as a positive, one found not
+    helpful as a labelled negative; hard negatives are mined from the index's FAQ questions."""
     from medfaq.index.faq_index import FaqIndex
-    from medfaq.retriever.feedback import FeedbackStore, default_feedback_path
+    from medfaq.retriever.queue.feedback import FeedbackStore, default_feedback_path
 
     index = FaqIndex.load(index_dir)
     items: list[tuple[str, str | None, tuple[str, ...]]] = [

@@ -12,11 +12,11 @@ import numpy as np
 
 from medfaq.common.runtime import resolve_model
 from medfaq.retriever.biencoder import BiEncoderScorer, load_biencoder
-from medfaq.retriever.crossencoder import CrossEncoderReranker
-from medfaq.retriever.reranker import decision_boundary, has_classifier_head
+from medfaq.retriever.reranker.base import decision_boundary, has_classifier_head
+from medfaq.retriever.reranker.model import CrossEncoderReranker
+from medfaq.retriever.reranker.training import initial_crossencoder, save_prior, shared_prior, train_crossencoder
 from medfaq.retriever.training.biencoder import train_biencoder
 from medfaq.retriever.training.config import CONFIG_FILE, EncoderTrainConfig
-from medfaq.retriever.training.crossencoder import initial_crossencoder, save_prior, shared_prior, train_crossencoder
 from medfaq.retriever.training.pair_data import Pair, mqp_sibling_negatives
 
 logger = logging.getLogger("medfaq.training")
@@ -79,7 +79,7 @@ def load_pair_scorer(model: str | Path, device: str | None = None, quantize: boo
 
 def saved_threshold(model: str | Path, default: float = 0.5) -> float:
     """The best-accuracy threshold saved with a cross-validation fold model; else a cross-encoder's own decision
-    boundary (:func:`retriever.reranker.decision_boundary`); else `default`."""
+    boundary (:func:`retriever.reranker.base.decision_boundary`); else `default`."""
     path = Path(resolve_model(model))
     if not (path / CONFIG_FILE).is_file():
         return default

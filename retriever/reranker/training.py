@@ -1,5 +1,6 @@
 """Cross-encoder training: binary cross-entropy on labelled pairs or a listwise softmax over each query's mined
-candidates, optionally as a correction of a prior bi-encoder; the best epoch is kept by a dev score."""
+candidates (the losses: :mod:`retriever.reranker.losses`), optionally as a correction of a prior bi-encoder; the
+best epoch is kept by a dev score."""
 
 from __future__ import annotations
 
@@ -14,8 +15,9 @@ import torch
 
 from medfaq.common.runtime import MedfaqError, seed_everything
 from medfaq.retriever.biencoder import BiEncoderScorer, load_biencoder
-from medfaq.retriever.crossencoder import CrossEncoderReranker, load_crossencoder, truncate_first
-from medfaq.retriever.reranker import PRIOR_DIR
+from medfaq.retriever.reranker.base import PRIOR_DIR
+from medfaq.retriever.reranker.losses import BinaryCrossEntropyLoss, ListwiseSoftmaxLoss
+from medfaq.retriever.reranker.model import CrossEncoderReranker, load_crossencoder, truncate_first
 from medfaq.retriever.training.config import EncoderTrainConfig
 from medfaq.retriever.training.loop import split_dev, train_loop
 from medfaq.retriever.training.pair_data import Pair, ranking_groups
@@ -68,25 +70,6 @@ def initial_crossencoder(pairs: Sequence[Pair], config: EncoderTrainConfig, devi
     return model
 
 
-def pair_logits(model, pairs: Sequence[tuple[str, str]], max_length: int) -> torch.Tensor:
-    """The cross-encoder's raw scores (logits) of `pairs`, with gradients, the first text cut to fit."""
-    from sentence_transformers.util import batch_to_device
-
-    fitted = truncate_first(model.tokenizer, pairs, max_length)
-    features = batch_to_device(model.preprocess(fitted), model.device)
-    return model(features)["scores"].view(-1)
-
-
-def prior_logits(
-    model, pairs: Sequence[tuple[str, str]], max_length: int, offsets: dict[tuple[str, str], float]
-) -> torch.Tensor:
-    """:func:`pair_logits` in float32 plus each pair's prior offset (:func:`training_prior`; none without a prior)."""
-    logits = pair_logits(model, pairs, max_length).float()
-    if not offsets:
-        return logits
-    return logits + torch.tensor([offsets[pair] for pair in pairs], device=logits.device)
-
-
 def mean_reciprocal_rank(scores: np.ndarray, group_sizes: Sequence[int]) -> float:
     """Mean over groups of 1 / the rank of each group's first item (its positive) among the group's scores."""
     ranks, start = [], 0
@@ -129,10 +112,7 @@ def _pointwise_task(model, pairs: Sequence[Pair], dev: Sequence[Pair], config: E
     examples = both_orders(pairs) if config.symmetric else list(pairs)
     prior, offsets = training_prior(config, model, [*examples, *dev])
 
-    def step(batch: list[Pair]):
-        labels = torch.tensor([pair.label for pair in batch], dtype=torch.float32, device=model.device)
-        logits = prior_logits(model, [(p.text_a, p.text_b) for p in batch], config.max_length, offsets)
-        return torch.nn.functional.binary_cross_entropy_with_logits(logits, labels)
+    step = BinaryCrossEntropyLoss(model, config.max_length, offsets)
 
     dev_score = None
     if dev:
@@ -159,13 +139,7 @@ def _listwise_task(model, pairs: Sequence[Pair], dev: Sequence[Pair], config: En
         raise MedfaqError("the listwise loss needs queries with a positive and at least one negative")
     prior, offsets = training_prior(config, model, [*pairs, *dev])
 
-    def step(batch: list[list[Pair]]):
-        logits = prior_logits(
-            model, [(p.text_a, p.text_b) for group in batch for p in group], config.max_length, offsets
-        )
-        rows = torch.split(logits, [len(group) for group in batch])
-        padded = torch.nn.utils.rnn.pad_sequence(list(rows), batch_first=True, padding_value=float("-inf"))
-        return torch.nn.functional.cross_entropy(padded, torch.zeros(len(batch), dtype=torch.long, device=model.device))
+    step = ListwiseSoftmaxLoss(model, config.max_length, offsets)
 
     dev_score = None
     dev_groups = ranking_groups(dev)

@@ -1,4 +1,4 @@
-"""The bi-encoder on ONNX Runtime: a sentence-transformers model exported once (index/onnx_export.py) and run with
+"""The bi-encoder on ONNX Runtime: a sentence-transformers model exported once (index/onnx/export.py) and run with
 `onnxruntime` + `tokenizers` alone, so encoding imports neither torch, transformers nor sentence-transformers.
 
 The export holds the whole module chain (Transformer, Pooling, any Dense, Normalize) as one graph, so it gives the
@@ -13,46 +13,21 @@ Where the export lives: ``EXPORT_DIR`` inside a writable model directory (a trai
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from pathlib import Path
 
 import numpy as np
 
-from medfaq.common.runtime import DEFAULT_ENCODER, make_once, resolve_model
+from medfaq.common.runtime import DEFAULT_ENCODER, resolve_model
 from medfaq.index.model_files import check_model_directory
-from medfaq.index.onnx_graph import (
-    EXPORT_INFO,
-    EXPORT_VERSION,
-    ExportInfo,
-    OnnxGraph,
-    export_location,
-    source_signature,
-)
+from medfaq.index.onnx.export import ensure_export
+from medfaq.index.onnx.graph import OnnxGraph
 
 logger = logging.getLogger("medfaq.encoder")
-
-
-def ensure_export(location: str, export: Callable[[str, Path], None] | None = None) -> Path:
-    """The directory of an up-to-date export of the model at `location`, made (with torch, once) by
-    ``export(location, directory)`` (default: :func:`index.onnx_export.export_encoder`) when missing or older than
-    the model's files."""
-    directory = export_location(location)
-    info = ExportInfo.read(directory)
-    if info is not None and (info.version != EXPORT_VERSION or info.source != source_signature(location)):
-        logger.info("the model at %s changed since its ONNX export; exporting it again", location)
-        (directory / EXPORT_INFO).unlink(missing_ok=True)
-        info = None
-    if info is None:
-        if export is None:
-            from medfaq.index.onnx_export import export_encoder as export
-        make_once(directory, EXPORT_INFO, lambda out: export(location, out))
-    return directory
 
 
 class OnnxEncoder:
     """The :class:`index.encoder.Encoder` interface on ONNX Runtime (CPU): `name`, `dim`, `fingerprint`,
     `max_seq_length`, `encode`. `precision` ``int8`` runs the dynamically quantised graph (weights int8 per
-    channel), used only where it agrees with the fp32 graph (index/graph_check.py); its fingerprint is the source
+    channel), used only where it agrees with the fp32 graph (index/onnx/check.py); its fingerprint is the source
     model's, since it encodes with the same weights."""
 
     device = "cpu"

@@ -1,6 +1,6 @@
 """An ONNX export of an encoder on disk and how to run it: its directory's layout and ``export.json``
 (:class:`ExportInfo`), where the export of a model lives, and :class:`OnnxGraph`, one graph with its tokenizer run
-on ONNX Runtime. Made by :mod:`medfaq.index.onnx_export`, used by :mod:`medfaq.index.onnx_encoder` and the
+on ONNX Runtime. Made by :mod:`medfaq.index.onnx.export`, used by :mod:`medfaq.index.onnx.encoder` and the
 reranker."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from medfaq.common.runtime import MedfaqError, models_dir
-from medfaq.index.graph_check import (
+from medfaq.index.onnx.check import (
     GraphCheck,
     check_encoder,
     check_pair_scores,
@@ -30,7 +30,7 @@ EXPORT_VERSION = 3  # raised when the export's layout changes: older exports are
 TOKENIZER_FILE = "tokenizer.json"
 GRAPHS = {"fp32": "model.onnx", "int8": "model_int8.onnx"}
 PROBE_OUTPUTS = "probe_fp32.npy"
-"""The fp32 graph's outputs on index/graph_check.py's probes, which a derived graph is checked against."""
+"""The fp32 graph's outputs on index/onnx/check.py's probes, which a derived graph is checked against."""
 INSTALLED = {"site-packages", "dist-packages"}  # a model inside an installed package is never written to
 
 
@@ -39,7 +39,7 @@ class ExportInfo:
     """``export.json``: what the export was made from and what its graphs take and give (`dim`: the width of the
     output; `activation`: for a cross-encoder, what its scores apply to that logit, ``sigmoid`` or ``identity``;
     `checks`: per precision, how its graph agreed with its source when it was made: the fp32 graph's largest
-    difference from PyTorch, the int8 graph's :class:`~index.graph_check.GraphCheck`)."""
+    difference from PyTorch, the int8 graph's :class:`~index.onnx.check.GraphCheck`)."""
 
     fingerprint: str
     dim: int

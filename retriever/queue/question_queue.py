@@ -327,7 +327,7 @@ class QuestionQueue:
         return (self.titler.rewrite([text])[0].strip() or text)[:TITLE_CHARS]
 
     def sync(self, log_path: str | Path | None = None) -> int:
-        """Queue the questions the pipeline logged as unanswered (retriever/unanswered.py) at `log_path` (default:
+        """Queue the questions the pipeline logged as unanswered (retriever/queue/unanswered.py) at `log_path` (default:
         the queue's `log`) about this index since the last sync: returns how many. The log's position is kept in
         the queue, per index (a log that was replaced is read from its start); one sync at a time per queue file,
         whatever the process."""
@@ -569,7 +569,7 @@ def open_queue(index: FaqIndex, config: PipelineConfig) -> QuestionQueue:
     """The experts' queue for `index` searched with the pipeline `config`: beside the config's unanswered log,
     which it syncs from, its questions embedded with the index's encoder, its groups titled by the summarizer the
     config names (else the best one trained, when there is one; else the first question)."""
-    from medfaq.retriever.unanswered import UnansweredLog
+    from medfaq.retriever.queue.unanswered import UnansweredLog
 
     if index.directory is None:
         raise MedfaqError("the experts' queue belongs to an index on disk: save the index first")

@@ -1,6 +1,7 @@
-"""What every cross-encoder reranker shares, whatever runs it (PyTorch: retriever/crossencoder.py; ONNX Runtime:
-retriever/onnx_reranker.py): the saved model's layout, its decision boundary, the query-side cut of a long pair, and
-the scoring of pairs (both orders for a symmetric task, a prior bi-encoder's cosine added for a correction).
+"""What every cross-encoder reranker shares, whatever runs it (PyTorch: retriever/reranker/model.py; ONNX Runtime:
+retriever/reranker/onnx.py): the saved model's layout, its decision boundary, the first stage its abstention
+threshold is calibrated behind, the query-side cut of a long pair, and the scoring of pairs (both orders for a
+symmetric task, a prior bi-encoder's cosine added for a correction).
 
 Imports neither torch nor transformers.
 """
@@ -38,8 +39,14 @@ def has_classifier_head(path: str) -> bool:
 def decision_boundary(config: EncoderTrainConfig) -> float:
     """The score at which a cross-encoder's trained logit is 0, where it tells a match from a non-match on its own:
     0.5 for a probability; for a correction of a prior, the prior's median training cosine
-    (:func:`retriever.training.crossencoder.training_prior`)."""
+    (:func:`retriever.reranker.training.training_prior`)."""
     return float(config.extra.get("prior_median", 0.5)) if config.prior_scale else 0.5
+
+
+def calibration_first_stage(config: EncoderTrainConfig) -> str:
+    """The encoder a reranker's abstention threshold is calibrated behind (:mod:`retriever.abstention`): the
+    bi-encoder it corrects (its prior), else the one that mined its negatives."""
+    return config.prior_model if config.prior_scale else config.negatives_encoder
 
 
 def cut_first(

@@ -1,5 +1,5 @@
 """The cross-encoder: MiniLM (or any BERT-like model) with a one-logit head over a text pair (trained by
-:mod:`retriever.training.crossencoder`); :class:`CrossEncoderReranker` scores (query, FAQ) pairs for the pipeline.
+:mod:`retriever.reranker.training`); :class:`CrossEncoderReranker` scores (query, FAQ) pairs for the pipeline.
 
 The head (``head``): ``cosine`` = the cosine of the mean token vectors of the two texts' segments, scaled and shifted
 (all-MiniLM-L6-v2 was trained to make exactly these means similar for paraphrases, so training starts near the
@@ -28,12 +28,16 @@ from medfaq.common.runtime import (
     resolve_precision,
 )
 from medfaq.retriever.biencoder import BiEncoderScorer
-from medfaq.retriever.reranker import PRIOR_DIR, PairReranker, cut_first, decision_boundary, has_classifier_head
+from medfaq.retriever.reranker.base import PRIOR_DIR, PairReranker, cut_first, decision_boundary, has_classifier_head
 from medfaq.retriever.training.config import CONFIG_FILE, HEADS, EncoderTrainConfig
 
-HEAD_CLASS_NAMES = (f"{__name__}.SegmentCosine", "retriever.crossencoder.SegmentCosine")
-"""What a saved model's ``modules.json`` calls :class:`SegmentCosine`: its class path, or the one it had before the
-packages were installed as one ``medfaq`` namespace."""
+HEAD_CLASS_NAMES = (
+    f"{__name__}.SegmentCosine",
+    "medfaq.retriever.crossencoder.SegmentCosine",
+    "retriever.crossencoder.SegmentCosine",
+)
+"""What a saved model's ``modules.json`` calls :class:`SegmentCosine`: its class path, the one it had before the
+cross-encoder got its own package, or the one before the packages were installed as one ``medfaq`` namespace."""
 
 
 class SegmentCosine(Module):
@@ -127,7 +131,7 @@ def truncate_first(tokenizer, pairs: Sequence[tuple[str, str]], max_length: int)
 
 
 class CrossEncoderReranker(PairReranker):
-    """A sentence-transformers cross-encoder on PyTorch as a :class:`~retriever.reranker.PairReranker`; `precision`
+    """A sentence-transformers cross-encoder on PyTorch as a :class:`~retriever.reranker.base.PairReranker`; `precision`
     of its matrix products (fp32, bf16 or auto, see `common.runtime.resolve_precision`)."""
 
     def __init__(
@@ -178,8 +182,8 @@ class CrossEncoderReranker(PairReranker):
 
 def quantize_checked(encoder: Any, name: str) -> None:
     """Convert the cross-encoder `encoder`'s linear layers to int8 (PyTorch dynamic quantisation), refused with one
-    line where its logits of the probe search disagree with the fp32 model's (index/graph_check.py)."""
-    from medfaq.index.graph_check import check_pair_scores, probe_pairs
+    line where its logits of the probe search disagree with the fp32 model's (index/onnx/check.py)."""
+    from medfaq.index.onnx.check import check_pair_scores, probe_pairs
 
     def probe_logits() -> np.ndarray:
         logits = encoder.predict(probe_pairs(), activation_fn=torch.nn.Identity(), show_progress_bar=False)

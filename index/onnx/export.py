@@ -1,8 +1,9 @@
-"""Exports a sentence-transformers model for :mod:`medfaq.index.onnx_encoder` (needs torch; runs once per model).
+"""Exports a sentence-transformers model for :mod:`medfaq.index.onnx.encoder` (needs torch; runs once per model);
+:func:`ensure_export` keeps an export, the bi-encoder's or the cross-encoder's, up to date with its model.
 
 The whole module chain becomes one ONNX graph (TorchScript exporter, eager attention so ONNX Runtime's transformer
 optimizer can fuse it), written as ``model.onnx`` after fusion, and ``model_int8.onnx``, its dynamic int8
-quantisation (the first setting whose probe search agrees with the fp32 graph's, index/graph_check.py; none: no
+quantisation (the first setting whose probe search agrees with the fp32 graph's, index/onnx/check.py; none: no
 int8 graph), each with its weights in a ``.data`` file beside it. The export is checked against
 sentence-transformers on probe texts before it is kept; a fused graph that drifts is replaced by the plain one.
 """
@@ -17,9 +18,19 @@ from typing import Any
 
 import numpy as np
 
-from medfaq.common.runtime import MedfaqError
-from medfaq.index.graph_check import GraphCheck
-from medfaq.index.onnx_graph import GRAPHS, PROBE_OUTPUTS, TOKENIZER_FILE, ExportInfo, OnnxGraph, source_signature
+from medfaq.common.runtime import MedfaqError, make_once
+from medfaq.index.onnx.check import GraphCheck
+from medfaq.index.onnx.graph import (
+    EXPORT_INFO,
+    EXPORT_VERSION,
+    GRAPHS,
+    PROBE_OUTPUTS,
+    TOKENIZER_FILE,
+    ExportInfo,
+    OnnxGraph,
+    export_location,
+    source_signature,
+)
 
 logger = logging.getLogger("medfaq.encoder")
 
@@ -51,6 +62,21 @@ def export_encoder(location: str, out: Path) -> None:
     logger.info("exported %s to ONNX in %s (fp32 within %.1g of torch)", location, out, drift)
 
 
+def ensure_export(location: str, export: Callable[[str, Path], None] | None = None) -> Path:
+    """The directory of an up-to-date export of the model at `location`, made (with torch, once) by
+    ``export(location, directory)`` (default: :func:`export_encoder`) when missing or older than
+    the model's files."""
+    directory = export_location(location)
+    info = ExportInfo.read(directory)
+    if info is not None and (info.version != EXPORT_VERSION or info.source != source_signature(location)):
+        logger.info("the model at %s changed since its ONNX export; exporting it again", location)
+        (directory / EXPORT_INFO).unlink(missing_ok=True)
+        info = None
+    if info is None:
+        make_once(directory, EXPORT_INFO, lambda out: (export or export_encoder)(location, out))
+    return directory
+
+
 def finish_export(
     raw: Path,
     info: ExportInfo,
@@ -65,7 +91,7 @@ def finish_export(
     The fp32 graph is `raw` fused by ONNX Runtime's optimizer, or `raw` itself where the fused graph's `drift()`
     (its largest difference from PyTorch, measured on probes) exceeds `tolerance`; a drift above it then is the
     one-line error `failure` (``{drift}`` in it is filled in). Then the int8 graph of the first
-    :data:`QUANTIZATION_SETTINGS` whose probe search agrees with the fp32 graph's (:mod:`index.graph_check`; none:
+    :data:`QUANTIZATION_SETTINGS` whose probe search agrees with the fp32 graph's (:mod:`index.onnx.check`; none:
     no int8 graph, and the failed check is recorded), and every graph's weights in a ``.data`` file beside it.
     """
     out = raw.parent
