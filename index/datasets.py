@@ -418,6 +418,19 @@ def build_meqsum(paths: list[Path], target: Path) -> None:
 MEDQSUM_COMMIT = "8cbd7d14c295145de7b1db89b7a8b2f851c1b1e1"
 
 
+def medqsum_subset(folder: str) -> dict[str, object]:
+    """What the two MedQSum summarization subsets share: their files, sources, build, splits and uses."""
+    base = f"https://raw.githubusercontent.com/zekaouinoureddine/MedQSum/{MEDQSUM_COMMIT}/data/{folder}"
+    return {
+        "files": ("train.jsonl", "valid.jsonl"),
+        "urls": tuple(f"{base}/{split}.json" for split in ("train", "valid")),
+        "build": build_medqsum_split,
+        "summary_splits": ("train", "valid"),
+        "training_source": "default",
+        "calibration": True,
+    }
+
+
 def build_medqsum_split(paths: list[Path], target: Path) -> None:
     """MedQSum's pandas column-oriented JSON ``{"CHQ": {i: text}, "Summary": {i: text}}`` (train, valid) -> JSONL."""
     for path, split in zip(paths, ("train", "valid"), strict=True):
@@ -547,15 +560,7 @@ register(
         "1,314/329 split)",
         license="copyright healthcaremagic.com (MedDialog README); research use only",
         subdir="healthcaremagic",
-        files=("train.jsonl", "valid.jsonl"),
-        urls=tuple(
-            f"https://raw.githubusercontent.com/zekaouinoureddine/MedQSum/{MEDQSUM_COMMIT}/data/hcm_sum/{split}.json"
-            for split in ("train", "valid")
-        ),
-        build=build_medqsum_split,
-        summary_splits=("train", "valid"),
-        training_source="default",
-        calibration=True,
+        **medqsum_subset("hcm_sum"),
     )
 )
 
@@ -565,15 +570,7 @@ register(
         description="CHQ-Summ subset (693 Yahoo! Answers health questions with summaries; random 554/139 split)",
         license="question text from Yahoo! Answers L6 (Yahoo Webscope terms): research only, do not redistribute",
         subdir="chq_summ",
-        files=("train.jsonl", "valid.jsonl"),
-        urls=tuple(
-            f"https://raw.githubusercontent.com/zekaouinoureddine/MedQSum/{MEDQSUM_COMMIT}/data/chq_sum/{split}.json"
-            for split in ("train", "valid")
-        ),
-        build=build_medqsum_split,
-        summary_splits=("train", "valid"),
-        training_source="default",
-        calibration=True,
+        **medqsum_subset("chq_sum"),
     )
 )
 
