@@ -45,26 +45,30 @@ def minilm_dir() -> Path:
     return minilm_path()
 
 
-@pytest.fixture(scope="session")
-def tiny_bert_dir(tmp_path_factory, minilm_dir) -> Path:
-    """A 2-layer, 32-wide BERT with random weights and MiniLM's tokenizer, saved as a model directory."""
+def save_tiny_bert(out: Path, minilm_dir: Path, hidden: int = 32, layers: int = 2, seed: int = 0) -> Path:
+    """Save into `out` a BERT `hidden` wide with `layers` layers, random weights (`seed`) and MiniLM's tokenizer."""
     import torch
     from transformers import AutoTokenizer, BertConfig, BertModel
 
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     tokenizer = AutoTokenizer.from_pretrained(str(minilm_dir))
     config = BertConfig(
         vocab_size=tokenizer.vocab_size,
-        hidden_size=32,
-        num_hidden_layers=2,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
         num_attention_heads=2,
         intermediate_size=64,
         max_position_embeddings=128,
     )
-    out = tmp_path_factory.mktemp("tiny_bert")
     BertModel(config).save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
+
+
+@pytest.fixture(scope="session")
+def tiny_bert_dir(tmp_path_factory, minilm_dir) -> Path:
+    """A 2-layer, 32-wide BERT with random weights and MiniLM's tokenizer, saved as a model directory."""
+    return save_tiny_bert(tmp_path_factory.mktemp("tiny_bert"), minilm_dir)
 
 
 @pytest.fixture(scope="session")

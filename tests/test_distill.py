@@ -23,7 +23,7 @@ from medfaq.retriever.training.distill_data import (
     teacher_vectors,
 )
 from medfaq.retriever.training.pair_data import normalise, quebec_query_split
-from tests.conftest import write_jsonl
+from tests.conftest import save_tiny_bert, write_jsonl
 
 runner = CliRunner()
 TOPICS = ["gout", "asthma", "acne", "eczema", "migraine", "shingles", "measles", "anemia", "lupus", "psoriasis"]
@@ -84,24 +84,10 @@ def _dir(path: Path) -> Path:
 @pytest.fixture(scope="session")
 def tiny_teacher_dir(tmp_path_factory, minilm_dir) -> Path:
     """A sentence-transformers model 48 wide (the tiny student is 32 wide), random weights, MiniLM's tokenizer."""
-    import torch
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
-    from transformers import AutoTokenizer, BertConfig, BertModel
 
-    torch.manual_seed(1)
-    tokenizer = AutoTokenizer.from_pretrained(str(minilm_dir))
-    config = BertConfig(
-        vocab_size=tokenizer.vocab_size,
-        hidden_size=48,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=128,
-    )
-    bert = tmp_path_factory.mktemp("teacher_bert")
-    BertModel(config).save_pretrained(bert)
-    tokenizer.save_pretrained(bert)
+    bert = save_tiny_bert(tmp_path_factory.mktemp("teacher_bert"), minilm_dir, hidden=48, layers=1, seed=1)
     transformer = Transformer(str(bert), max_seq_length=64)
     pooling = Pooling(transformer.get_embedding_dimension(), pooling_mode="mean")
     out = tmp_path_factory.mktemp("teacher")
