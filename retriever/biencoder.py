@@ -5,11 +5,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from medfaq.common.runtime import choose_device, quantize_linear, resolve_model
 from medfaq.index.concepts import ExpandedText, combined_vectors
+
+if TYPE_CHECKING:
+    from sentence_transformers import SentenceTransformer
 
 
 def load_biencoder(model: str | Path, device: str | None = None, max_length: int | None = None):
@@ -37,7 +41,7 @@ class BiEncoderScorer:
     def load(cls, model: str | Path, device: str | None = None, quantize: bool = False) -> BiEncoderScorer:
         encoder = load_biencoder(model, device="cpu" if quantize else device)
         if quantize:
-            quantize_linear(encoder)
+            quantize_checked(encoder, str(model))
         return cls(encoder)
 
     def encode(self, texts: Sequence[str], progress: bool = False) -> np.ndarray:
@@ -77,3 +81,20 @@ class BiEncoderScorer:
         if new:
             self._memory.update(zip(new, self.encode(new, progress), strict=True))
         return np.stack([self._memory[text] for text in texts])
+
+
+def quantize_checked(encoder: SentenceTransformer, name: str) -> None:
+    """Convert the bi-encoder `encoder`'s linear layers to int8 (PyTorch dynamic quantisation), refused with one line
+    where its probe vectors disagree with the fp32 model's (index/onnx/check.py)."""
+    from medfaq.index.onnx.check import check_encoder, probe_texts, require_agreement
+
+    def probe_vectors() -> np.ndarray:
+        return encoder.encode(probe_texts(), normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False)
+
+    source = probe_vectors()
+    quantize_linear(encoder)
+    require_agreement(
+        check_encoder("torch-int8", source, probe_vectors()),
+        f"the int8 (PyTorch dynamic) bi-encoder {name}",
+        "rerank without --quantize",
+    )

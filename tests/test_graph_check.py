@@ -38,6 +38,15 @@ def scramble_int8_weights(graph: Path) -> None:
     onnx.save(model, str(graph))
 
 
+def scramble_parameters(model) -> None:
+    """What a broken PyTorch int8 conversion would leave: every weight random."""
+    import torch
+
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.copy_(torch.randn_like(parameter))
+
+
 @pytest.fixture
 def model_copy(tmp_path, tiny_encoder_dir) -> Path:
     model = tmp_path / "tiny"
@@ -130,19 +139,13 @@ def test_a_graph_checked_on_another_cpu_is_checked_again_here(model_copy):
 
 
 def test_a_pytorch_int8_reranker_that_disagrees_is_refused(tmp_path, tiny_bert_dir, monkeypatch):
-    import torch
 
     from medfaq.retriever.reranker import model as crossencoder
     from tests.test_onnx_reranker import trained
 
     model = trained(tmp_path, tiny_bert_dir, head="mean")
 
-    def scrambling(encoder) -> None:  # int8 layers that answer noise
-        with torch.no_grad():
-            for parameter in encoder.parameters():
-                parameter.copy_(torch.randn_like(parameter))
-
-    monkeypatch.setattr(crossencoder, "quantize_linear", scrambling)
+    monkeypatch.setattr(crossencoder, "quantize_linear", scramble_parameters)
     with pytest.raises(MedfaqError, match=r"int8 \(PyTorch dynamic\) reranker .* \(best FAQ changed in .* --quantize"):
         crossencoder.CrossEncoderReranker.load(model, quantize=True)
 
@@ -153,3 +156,13 @@ def test_activation_outliers_measures_each_layer(tiny_encoder_dir, capsys):
     ratios = peak_over_mean(str(tiny_encoder_dir))
     assert set(ratios) == set(PROJECTIONS) and all(len(row) == 2 and min(row) >= 1.0 for row in ratios.values())
     assert main(["--model", str(tiny_encoder_dir)]) == 0 and "| feed-forward output |" in capsys.readouterr().out
+
+
+def test_a_pytorch_int8_bi_encoder_that_disagrees_is_refused(tiny_encoder_dir, monkeypatch):
+
+    from medfaq.retriever import biencoder
+
+    assert biencoder.BiEncoderScorer.load(tiny_encoder_dir, quantize=True).encode(["What is asthma?"]).shape[0] == 1
+    monkeypatch.setattr(biencoder, "quantize_linear", scramble_parameters)
+    with pytest.raises(MedfaqError, match=r"int8 \(PyTorch dynamic\) bi-encoder .* disagrees .* --quantize"):
+        biencoder.BiEncoderScorer.load(tiny_encoder_dir, quantize=True)

@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from medfaq.common.runtime import MedfaqError
+
 PROBE_QUESTIONS = [
     "can i drink a glass of wine while im on amoxicillin for a tooth infection",
     "my 6 year old has a rash on his belly and a fever, could it be chickenpox",
@@ -125,6 +127,12 @@ def compare(
     if cosines is not None:
         bounds["min_cosine"] = MIN_COSINE
     return GraphCheck(backend, passed, changes, tau, min_cosine, setting, cpu_signature(), bounds)
+
+
+def require_agreement(check: GraphCheck, what: str, works: str) -> None:
+    """One-line refusal of the derived model `what` where `check` failed; `works`: what to use instead."""
+    if not check.passed:
+        raise MedfaqError(f"{what} disagrees with its fp32 source ({check.describe()}); it is not used: {works}")
 
 
 def encoder_scores(vectors: np.ndarray) -> np.ndarray:

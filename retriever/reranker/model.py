@@ -183,7 +183,7 @@ class CrossEncoderReranker(PairReranker):
 def quantize_checked(encoder: Any, name: str) -> None:
     """Convert the cross-encoder `encoder`'s linear layers to int8 (PyTorch dynamic quantisation), refused with one
     line where its logits of the probe search disagree with the fp32 model's (index/onnx/check.py)."""
-    from medfaq.index.onnx.check import check_pair_scores, probe_pairs
+    from medfaq.index.onnx.check import check_pair_scores, probe_pairs, require_agreement
 
     def probe_logits() -> np.ndarray:
         logits = encoder.predict(probe_pairs(), activation_fn=torch.nn.Identity(), show_progress_bar=False)
@@ -192,8 +192,4 @@ def quantize_checked(encoder: Any, name: str) -> None:
     source = probe_logits()
     quantize_linear(encoder)
     check = check_pair_scores("torch-int8", source, probe_logits())
-    if not check.passed:
-        raise MedfaqError(
-            f"the int8 (PyTorch dynamic) reranker {name} disagrees with its fp32 weights ({check.describe()}); "
-            "it is not used: rerank without --quantize"
-        )
+    require_agreement(check, f"the int8 (PyTorch dynamic) reranker {name}", "rerank without --quantize")
