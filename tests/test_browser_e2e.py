@@ -115,7 +115,7 @@ def test_ask_read_results_and_give_feedback(served_demo, tmp_path):
         box = page.get_by_label("Your question")
         expect(box).to_be_visible(timeout=START_TIMEOUT_S * 1000)
         box.fill(QUESTION)
-        page.get_by_role("button", name="Search").click()
+        page.get_by_role("button", name="Search", exact=True).click()
         # the first search loads the index and the models: on a loaded machine that takes as long as starting up
         expect(page.get_by_text("We read your question as")).to_be_visible(timeout=START_TIMEOUT_S * 1000)
         expect(page.locator(".mf-summary mark.mf-drug").first).to_have_text(re.compile("amoxicillin|alcohol"))
@@ -146,7 +146,7 @@ def test_an_expert_answers_a_queued_question_and_the_search_then_finds_it(served
             box = page.get_by_label("Your question")
             expect(box).to_be_visible(timeout=START_TIMEOUT_S * 1000)
             box.fill(asked)
-            page.get_by_role("button", name="Search").click()
+            page.get_by_role("button", name="Search", exact=True).click()
 
         search()
         expect(page.get_by_text("No good match")).to_be_visible(timeout=START_TIMEOUT_S * 1000)

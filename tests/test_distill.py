@@ -212,7 +212,7 @@ def test_a_student_learns_its_teacher_saves_and_indexes_on_onnx(
         (("--lr", "0"), "0.0 is not above 0"),
         (("--teacher-backend", "gpu"), "unknown teacher backend 'gpu'"),
         (("--init", "/nonexistent/student"), "/nonexistent/student"),
-        (("--data-root", "/nonexistent/data"), "not found"),
+        (("--data-root", "/nonexistent/data", "--teacher", "minilm"), "not found"),  # a teacher that is installed
     ],
 )
 def test_bad_options_are_one_line_errors(options, pattern, tmp_path):
