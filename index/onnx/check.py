@@ -13,6 +13,7 @@ the CPU it ran on (:func:`cpu_signature`), and a graph checked on another CPU is
 
 from __future__ import annotations
 
+import functools
 import platform
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -51,8 +52,8 @@ PROBE_FAQS = [
     "What are the side effects of metformin?",
 ]
 MIN_COSINE = 0.95
-"""Smallest cosine an encoder's derived vector may keep with its source's (MiniLM int8: 0.99; all-mpnet-base-v2
-int8 with every MatMul quantised: 0.78)."""
+"""Smallest cosine an encoder's derived vector may keep with its source's (on the probes, MiniLM int8: 0.99;
+all-mpnet-base-v2 int8 with every MatMul quantised: 0.82)."""
 MIN_KENDALL_TAU = 0.8
 MAX_TOP1_CHANGES = 1
 """Probe searches whose best FAQ may change."""
@@ -65,6 +66,7 @@ def probe_pairs() -> list[tuple[str, str]]:
     return [(question, faq) for question in PROBE_QUESTIONS for faq in PROBE_FAQS]
 
 
+@functools.cache
 def cpu_signature() -> str:
     """The machine and the int8-relevant instruction sets of this CPU, e.g. ``x86_64:avx2,avx512_vnni``."""
     flags: set[str] = set()
@@ -100,14 +102,16 @@ class GraphCheck:
         return cls(**data)
 
     def describe(self) -> str:
-        """One line of its numbers, e.g. ``min cosine 0.78 (bound 0.95), best FAQ changed in 3 of 12 probe
-        searches (bound 1), Kendall tau 0.62 (bound 0.8)``."""
+        """One line of its numbers and the CPU they were measured on, e.g. ``min cosine 0.82 (bound 0.95), best FAQ
+        changed in 3 of 12 probe searches (bound 1), Kendall tau 0.62 (bound 0.8), on x86_64:avx2``."""
         parts = []
         if self.min_cosine is not None:
             parts.append(f"min cosine {self.min_cosine:.3f} (bound {MIN_COSINE})")
         searches = len(PROBE_QUESTIONS)
         parts.append(f"best FAQ changed in {self.top1_changes} of {searches} probe searches (bound {MAX_TOP1_CHANGES})")
         parts.append(f"Kendall tau {self.kendall_tau:.3f} (bound {MIN_KENDALL_TAU})")
+        if self.cpu:
+            parts.append(f"on {self.cpu}")
         return ", ".join(parts)
 
 

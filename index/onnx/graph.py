@@ -22,6 +22,7 @@ from medfaq.index.onnx.check import (
     cpu_signature,
     probe_pairs,
     probe_texts,
+    require_agreement,
 )
 
 EXPORT_DIR = "medfaq-onnx"
@@ -121,32 +122,30 @@ class OnnxGraph:
         if info is None:
             raise MedfaqError(f"{directory} holds no ONNX export (no readable {EXPORT_INFO})")
         self.info = info
-        self.directory = directory
         self.precision = precision
         self.name = name or str(directory)
-        recorded = info.checks.get(precision, {}) if precision != "fp32" else {}
-        if verify and precision != "fp32" and not recorded.get("passed"):
-            self._refuse(GraphCheck.from_dict(recorded) if recorded else None)
+        recorded = info.checks.get(precision) if precision != "fp32" else None
+        self.check_result = GraphCheck.from_dict(recorded) if recorded else None
+        if verify and precision != "fp32":
+            self._require(self.check_result)
         self.tokenizer = Tokenizer.from_file(str(directory / TOKENIZER_FILE))
         self.tokenizer.enable_truncation(info.max_seq_length)
         self.tokenizer.enable_padding(pad_id=info.pad_id, pad_token=info.pad_token)
         self.session = ort.InferenceSession(
             str(directory / GRAPHS[precision]), session_options(), providers=["CPUExecutionProvider"]
         )
-        self.check_result = GraphCheck.from_dict(recorded) if recorded else None
         if verify and self.check_result is not None and self.check_result.cpu != cpu_signature():
             source = np.load(directory / PROBE_OUTPUTS, allow_pickle=False)
             self.check_result = self.check(source, self.check_result.setting)
-            if not self.check_result.passed:
-                self._refuse(self.check_result)
+            self._require(self.check_result)
 
-    def _refuse(self, check: GraphCheck | None) -> None:
+    def _require(self, check: GraphCheck | None) -> None:
+        """One-line refusal of this derived graph unless `check` (None: never checked) passed."""
         works = "rerank without --quantize" if self.info.activation else "use --encoder-backend onnx (fp32) or torch"
-        numbers = check.describe() + (f", on {check.cpu}" if check.cpu else "") if check else "it was never checked"
-        raise MedfaqError(
-            f"the {self.precision} ONNX graph of {self.name} disagrees with its fp32 source ({numbers}); "
-            f"it is not used: {works}"
-        )
+        what = f"the {self.precision} ONNX graph of {self.name}"
+        if check is None:
+            raise MedfaqError(f"{what} was never checked against its fp32 source; it is not used: {works}")
+        require_agreement(check, what, works)
 
     def probe_outputs(self) -> np.ndarray:
         """This graph's outputs on the probe search: unit vectors of the probe texts (an encoder) or the logits of
