@@ -118,12 +118,10 @@ def query_latency_ms(encoder: Any, questions: list[str]) -> dict[str, float]:
 
 def retrieval_quality(benchmark: Any, corpus_vectors: np.ndarray, query_vectors: np.ndarray) -> dict[str, float]:
     """Recall@1 and MRR@10 of exact cosine search (the judged test queries, in percent)."""
-    from medfaq.eval.retrieval import RetrievalEvaluator
+    from medfaq.eval.retrieval import RetrievalEvaluator, exact_search_run
 
     ids = [row["_id"] for row in benchmark.corpus]
-    scores = query_vectors @ corpus_vectors.T
-    top = np.argsort(-scores, axis=1)[:, :TOP_K]
-    run = {query["_id"]: {ids[j]: float(scores[i, j]) for j in top[i]} for i, query in enumerate(benchmark.queries)}
+    run = exact_search_run([query["_id"] for query in benchmark.queries], query_vectors, ids, corpus_vectors, TOP_K)
     metrics = RetrievalEvaluator(benchmark.qrels, benchmark.ood_ids, benchmark.dev_ids)(run)
     return {"recall@1": metrics["recall@1"], "mrr@10": metrics["mrr@10"]}
 

@@ -26,8 +26,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from medfaq.common.runtime import MedfaqError
 from medfaq.eval.script_args import print_report
 
@@ -90,14 +88,16 @@ def choose(candidates: Sequence[Candidate], rule: EncoderRule = EncoderRule()) -
 def development_recall(encoder: Any, benchmark: Any) -> float:
     """R@1 (%) of exact cosine search over `benchmark`'s corpus for its development queries: those marked ``dev``,
     or all judged ones where the benchmark is itself a validation set (none marked)."""
-    from medfaq.eval.retrieval import ranking_metrics
+    from medfaq.eval.retrieval import exact_search_run, ranking_metrics
 
     dev = benchmark.dev_ids or set(benchmark.qrels)
     queries = [query for query in benchmark.queries if query["_id"] in dev and query["_id"] in benchmark.qrels]
-    ids = [row["_id"] for row in benchmark.corpus]
-    scores = encoder.encode([q["text"] for q in queries]) @ encoder.encode([row["text"] for row in benchmark.corpus]).T
-    top = np.argsort(-scores, axis=1)[:, :10]
-    run = {query["_id"]: {ids[j]: float(scores[i, j]) for j in top[i]} for i, query in enumerate(queries)}
+    docs = benchmark.corpus
+    query_vectors = encoder.encode([query["text"] for query in queries])
+    doc_vectors = encoder.encode([row["text"] for row in docs])
+    run = exact_search_run(
+        [query["_id"] for query in queries], query_vectors, [row["_id"] for row in docs], doc_vectors
+    )
     metrics, _ = ranking_metrics(run, {query["_id"]: benchmark.qrels[query["_id"]] for query in queries})
     return metrics["recall@1"]
 

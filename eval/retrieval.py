@@ -48,6 +48,16 @@ CUTOFF = 10
 BATCH = 32
 
 
+def exact_search_run(
+    query_ids: list[str], query_vectors: np.ndarray, doc_ids: list[str], doc_vectors: np.ndarray, depth: int = CUTOFF
+) -> Run:
+    """The run of exact cosine (inner-product) search of unit `query_vectors` over `doc_vectors`: each query's best
+    `depth` documents with their scores."""
+    scores = query_vectors @ doc_vectors.T
+    top = np.argsort(-scores, axis=1)[:, :depth]
+    return {query: {doc_ids[j]: float(scores[i, j]) for j in top[i]} for i, query in enumerate(query_ids)}
+
+
 def truncate_run(run: Run, depth: int = CUTOFF) -> Run:
     """The best `depth` documents of each query (score descending, then id), so MRR is MRR@`depth`."""
     return {q: dict(sorted(docs.items(), key=lambda item: (-item[1], item[0]))[:depth]) for q, docs in run.items()}
