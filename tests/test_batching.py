@@ -136,6 +136,7 @@ def test_concurrent_requests_on_a_real_server_are_batched_and_each_gets_its_seri
 
     def counted(asked):
         batch_sizes.append(len(asked))
+        time.sleep(0.05)  # a batch takes as long as a real model's: requests sent meanwhile queue up behind it
         return search_grouped(asked)
 
     service._batcher.run = counted
