@@ -235,6 +235,10 @@ def add(
     index, added = FaqIndex.add_to(directory, records, timeout=lock_timeout, backend=encoder_backend)
     typer.echo(report.summary(), err=True)
     typer.echo(f"added {added} FAQs; the index now holds {len(index)}")
+    if added and index.manifest.adaptation:
+        from medfaq.retriever.adaptation import coverage
+
+        typer.echo(f"note: {coverage(index.manifest.adaptation, len(index))}", err=True)
 
 
 def delete(
@@ -262,4 +266,79 @@ def info(
         typer.echo(json.dumps(details, indent=2))
         return
     for key, value in details.items():
+        if key == "adaptation":
+            from medfaq.retriever.adaptation import describe_adaptation
+
+            value = describe_adaptation(value, details["counts"].get("records", 0))
         typer.echo(f"{key:<20} {json.dumps(value) if isinstance(value, (dict, list)) else value}")
+
+
+def adapt(
+    directory: Path = typer.Argument(..., help="Index directory."),
+    writer: str = typer.Option(
+        "question-writer", "--writer", help="The question writer (`medfaq train question-writer`): a name or directory."
+    ),
+    questions: int = typer.Option(4, "--questions", "-k", min=1, help="Questions written per FAQ."),
+    depth: int = typer.Option(3, "--depth", min=1, help="Round trip: keep a question whose FAQ ranks in this top k."),
+    parts: list[str] = typer.Option(
+        ["answers", "phrasings", "encoder"],
+        "--part",
+        help="What may be added, each only where it wins: answers | phrasings | encoder (repeatable).",
+    ),
+    labels: str = typer.Option(
+        "auto",
+        "--labels",
+        help="The adapted encoder's labels: margin (the reranker's), hard, or auto (margin where "
+        "a reranker is set up).",
+    ),
+    dev_faqs: int = typer.Option(1000, "--dev-faqs", min=1, help="FAQs lending one question each to development."),
+    dev_queries: Path | None = typer.Option(None, "--dev-queries", help="Your labelled queries (BEIR queries.jsonl)."),
+    dev_qrels: Path | None = typer.Option(None, "--dev-qrels", help="Their judgements (BEIR qrels.tsv or TREC)."),
+    seed: int = typer.Option(0, "--seed", help="Random seed of the sampling and the development split."),
+    undo: bool = typer.Option(False, "--undo", help="Remove everything an adaptation added."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Say what would be done and how long it would take."),
+) -> None:
+    """Teach an index its own bank: write questions for every FAQ, keep those that find their FAQ again, and add
+    the FAQs' answers and those questions as extra rows, each only where it does not lose R@1 on held-back
+    questions (and on --dev-queries). Interrupted runs resume; --undo removes all of it."""
+    from medfaq.retriever import adaptation
+
+    if undo:
+        removed = adaptation.undo(directory)
+        typer.echo(f"removed {removed} adapted rows from {directory}")
+        return
+    if (dev_queries is None) != (dev_qrels is None):
+        raise MedfaqError("--dev-queries and --dev-qrels go together")
+    config = adaptation.AdaptConfig(
+        writer=writer,
+        questions_per_faq=questions,
+        round_trip_depth=depth,
+        dev_faqs=dev_faqs,
+        parts=parts,
+        seed=seed,
+        encoder_labels=labels,
+    )
+    labelled = _labelled_queries(dev_queries, dev_qrels) if dev_queries and dev_qrels else []
+    if dry_run:
+        typer.echo(adaptation.dry_run_plan(directory, config))
+        return
+    record = adaptation.adapt(directory, config, labelled, log=lambda line: typer.echo(line, err=True))
+    applied = ", ".join(record["applied"]) or "nothing (no part won on the development queries)"
+    typer.echo(f"adapted {directory} in {record['seconds'] / 60:.1f} min: {applied}")
+
+
+def _labelled_queries(queries: Path, qrels: Path) -> list[Any]:
+    """The user's development queries with their relevant FAQ ids (queries without judgements are dropped)."""
+    from medfaq.eval.benchmarks import read_qrels
+    from medfaq.index.collections import iter_jsonl
+    from medfaq.retriever.adaptation import DevQuery
+
+    judged = read_qrels(qrels)
+    found = [
+        DevQuery(row["text"], frozenset(doc for doc, grade in judged[row["_id"]].items() if grade > 0))
+        for _, row in iter_jsonl(queries)
+        if judged.get(str(row.get("_id")))
+    ]
+    if not found:
+        raise MedfaqError(f"none of the queries in {queries} has a judgement in {qrels}")
+    return found

@@ -160,6 +160,50 @@ def train_summarizer(
     )
 
 
+def train_question_writer(
+    out: Path = typer.Option(..., "--out", help="Output directory (the best model; last/ holds the checkpoint)."),
+    train_data: str | None = typer.Option(
+        None, "--train-data", help="Summarization pairs turned round (default: meqsum, healthcaremagic, chq_summ, rqe)."
+    ),
+    backbone: str | None = typer.Option(
+        None, "--backbone", help="minilm, gemma-3-270m, a directory, or a HF seq2seq or causal-LM id."
+    ),
+    preset: str = typer.Option("quick", "--preset", help="quick | full (GPU)."),
+    epochs: int | None = typer.Option(None, "--epochs", min=1, help="Epochs (default: 2 for quick)."),
+    seed: int = typer.Option(0, "--seed", help="Random seed."),
+    resume: bool = typer.Option(False, "--resume", help="Continue an interrupted run in --out from last/."),
+    data_root: Path | None = typer.Option(None, "--data-root", help="Read data laid out like ../shared/data."),
+    threads: int | None = typer.Option(None, "--threads", help="Torch CPU threads."),
+    precision: str | None = typer.Option(None, "--precision", help=PRECISION_HELP),
+    save_every_steps: int | None = typer.Option(None, "--save-every-steps"),
+    max_steps: int | None = typer.Option(None, "--max-steps", help="Stop with a checkpoint after N steps."),
+) -> None:
+    """Train the question writer: FAQ (question and head of answer) -> the consumer questions it answers, the
+    summarization pairs turned round; `medfaq index adapt` samples questions for every FAQ of a bank with it."""
+    from medfaq.summarizer.question_writer import WRITER_SETTINGS, WRITER_TRAIN, WRITER_VALID, reversed_pairs
+    from medfaq.summarizer.training.config import SummarizerTrainConfig, preset_config
+    from medfaq.summarizer.training.trainer import LAST_DIR, SummarizerTrainer
+
+    given = {"backbone": backbone, "epochs": epochs, "threads": threads, "precision": precision}
+    given |= {"save_every_steps": save_every_steps, "max_steps": max_steps}
+    options = {key: value for key, value in given.items() if value is not None}
+    if resume:
+        if not (out / LAST_DIR).is_dir():
+            raise MedfaqError(f"nothing to resume in {out} (no {LAST_DIR}/ checkpoint)")
+        config = SummarizerTrainConfig(**{**SummarizerTrainConfig.load(out / LAST_DIR).__dict__, "max_steps": 0})
+    else:
+        settings = {"epochs": 2, "patience": 1, "eval_max_length": 64, **WRITER_SETTINGS}
+        config = preset_config(preset, seed=seed, train_data=train_data or WRITER_TRAIN, **{**settings, **options})
+    train = reversed_pairs(_pairs(config.train_data, data_root))
+    valid = reversed_pairs(_pairs(WRITER_VALID, data_root))
+    history = SummarizerTrainer(config, out, resume=resume).train(train, valid)
+    best = max((h["valid_rougeL"] for h in history if h.get("stage") == "main"), default=None)
+    typer.echo(
+        f"trained the question writer ({config.preset}, seed {config.seed}, {len(train)} pairs); best valid ROUGE-L "
+        f"{'n/a' if best is None else f'{best:.2f}'}; model in {out}"
+    )
+
+
 def average(
     runs: list[str] = typer.Argument(..., help="Trained summarizer directories: one recipe, different seeds."),
     out: Path = typer.Option(..., "--out", help="Output directory for the averaged summarizer."),

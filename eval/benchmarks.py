@@ -40,8 +40,9 @@ from medfaq.index.records import FaqRecord
 
 CHQ_PARTS = ("meqsum", "rqe-test", "mediqa2021")  # the CHQ sets of ``medquad-chq``
 BANK_INDEX = "medquad-minilm"  # under indexes_dir(): the bank ``medquad-chq`` adds its gold FAQs to
-CORPUS_FIELDS = {"id": "_id", "question": "text"}
-"""How `medfaq index build` reads a benchmark corpus: ``--field id=_id --field question=text``."""
+CORPUS_FIELDS = {"id": "_id", "question": "text", "answer": "answer"}
+"""How `medfaq index build` reads a benchmark corpus: ``--field id=_id --field question=text --field answer=answer``
+(an FAQ's answer, where its bank has one, is a field of its corpus row beside BEIR's)."""
 QUEBEC_DEV_SEED = 1  # second hash that halves the Quebec held-out queries into dev and test
 
 Qrels = dict[str, dict[str, int]]
@@ -285,7 +286,7 @@ def _quebec(data_root: Path | None) -> Benchmark:
 
     records, _ = load_collection(dataset_file("quebec", "faqs.jsonl", data_root), format="quebec")
     corpus = [
-        {"_id": r.id, "title": "", "text": r.question, "metadata": {"answer": r.answer, "url": r.url}} for r in records
+        {"_id": r.id, "title": "", "text": r.question, "answer": r.answer, "metadata": {"url": r.url}} for r in records
     ]
     known = {r.id for r in records}
     _, heldout = quebec_query_split(seed=0, data_root=data_root)
@@ -313,20 +314,33 @@ def _quebec(data_root: Path | None) -> Benchmark:
 
 def covid_q_classes(data_root: Path | None = None) -> dict[str, list[str]]:
     """COVID-Q's questions by class (``Question ID``), in file order, repeated strings once."""
+    return _covid_q_rows(data_root)[0]
+
+
+def covid_q_answers(data_root: Path | None = None) -> dict[str, str]:
+    """Each COVID-Q class's answer: the first non-blank one of its rows."""
+    return _covid_q_rows(data_root)[1]
+
+
+def _covid_q_rows(data_root: Path | None) -> tuple[dict[str, list[str]], dict[str, str]]:
     import csv
 
     from medfaq.index.pair_sources import dataset_file
 
     path = dataset_file("covid_q", "final_master_dataset.csv", data_root)
     classes: dict[str, list[str]] = {}
+    answers: dict[str, str] = {}
     with path.open(encoding="utf-8", newline="") as handle:
         for row in csv.DictReader(handle):
             text = " ".join(row["Question"].split())
             if text and text not in classes.setdefault(row["Question ID"], []):
                 classes[row["Question ID"]].append(text)
+            answer = " ".join((row.get("Answers") or "").split())
+            if answer and not answers.get(row["Question ID"]):
+                answers[row["Question ID"]] = answer
     if not classes:
         raise MedfaqError(f"{path} holds no questions")
-    return classes
+    return classes, answers
 
 
 def covid_q_faq_id(class_id: str) -> str:
@@ -337,14 +351,15 @@ def _covid_q(data_root: Path | None) -> Benchmark:
     """A bank no model here trained on: the first question of each COVID-Q class is its FAQ (two classes whose first
     questions differ only in case share one), every other question of the class a test query judged relevant to
     it (a text that is some FAQ's is not a query)."""
-    classes = covid_q_classes(data_root)
+    classes, answers = _covid_q_rows(data_root)
     faq_of: dict[str, str] = {}  # normalised FAQ text -> the id of the first class that has it
     corpus = []
     for class_id, texts in classes.items():
         key = _normalise(texts[0])
         if key not in faq_of:
             faq_of[key] = covid_q_faq_id(class_id)
-            corpus.append({"_id": faq_of[key], "title": "", "text": texts[0], "metadata": {}})
+            row = {"_id": faq_of[key], "title": "", "text": texts[0], "answer": answers.get(class_id, "")}
+            corpus.append({**row, "metadata": {}})
     queries: dict[str, dict[str, Any]] = {}
     qrels: Qrels = {}
     for texts in classes.values():

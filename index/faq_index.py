@@ -47,7 +47,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
@@ -95,7 +95,8 @@ class IndexManifest:
     `encoder_backend` the runtime that encoded the FAQs (torch, onnx, onnx-int8; empty before it was recorded);
     `encoder_check` how that runtime's graph agreed with its source (index/onnx/check.py; empty for torch);
     `generation` counts the saves of this directory; `sources` counts FAQs per source (for `index info`);
-    `concepts` describes the concept lexicon FAQs are encoded with (empty: none).
+    `concepts` describes the concept lexicon FAQs are encoded with (empty: none); `adaptation` records what
+    `medfaq index adapt` added and the development numbers it decided by (retriever/adaptation.py; empty: none).
     """
 
     encoder: str
@@ -115,6 +116,7 @@ class IndexManifest:
     concepts: dict[str, Any] = field(default_factory=dict)
     encoder_backend: str = ""
     encoder_check: dict[str, Any] = field(default_factory=dict)
+    adaptation: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -229,6 +231,37 @@ class FaqIndex:
         )
         moved._origin, moved._version = self._origin, self._version  # saving it in place checks for other writes
         return moved
+
+    def reencoded(self, encoder: SentenceEncoder, progress: bool = True) -> FaqIndex:
+        """A copy of this index whose FAQs and phrasings `encoder` encodes again under the same row keys (records,
+        phrasings and BM25 shared; FAISS only). Call :meth:`save`."""
+        backend = self.manifest.backend.get("name", "faiss")
+        if backend != "faiss":
+            raise MedfaqError(f"re-encoding an index kept in {backend} is not supported; migrate it to faiss first")
+        phrasings = list(self._phrasings)
+        rows = list(self._records.values()) + [FaqRecord(id=p.faq_id, question=p.text) for p in phrasings]
+        texts = [record_text(r, self.manifest.fields) for r in rows[: len(self._records)]] + [p.text for p in phrasings]
+        keys = np.concatenate([self._records.keys(), np.array([p.key for p in phrasings], dtype=np.int64)])
+        store = backend_class(backend)(dim=encoder.dim, kind=self.manifest.kind)
+        identity = {
+            "encoder": encoder.name,
+            "dimension": encoder.dim,
+            "encoder_fingerprint": encoder.fingerprint,
+            "encoder_backend": getattr(encoder, "backend", ""),
+            "encoder_check": getattr(encoder, "check", {}),
+            "backend": {"name": backend, "dim": encoder.dim},
+            "updated": _now(),
+        }
+        manifest = IndexManifest.from_dict({**self.manifest.to_dict(), **identity})
+        copy = FaqIndex(
+            manifest, self._records.copy(), store, self._bm25, encoder, self._concepts, self._phrasings.copy()
+        )
+        vectors = copy._vectors(
+            rows, texts, lambda everything: encode_chunks(encoder.encode, everything, encoder.dim, None, "", progress)
+        )
+        store.add(keys, vectors)
+        copy._origin, copy._version = self._origin, self._version  # saving it in place checks for other writes
+        return copy
 
     @property
     def bm25(self) -> Bm25Index:
@@ -378,22 +411,30 @@ class FaqIndex:
         return list(self._phrasings) if faq_ids is None else self._phrasings.of_faqs(faq_ids)
 
     def add_phrasings(self, faq_id: str, texts: list[str], by: str = "", origin: str = "") -> list[Phrasing]:
-        """Search each of `texts` as FAQ `faq_id` from now on: encoded as the FAQ's questions are (with the concept
-        lexicon's synonyms), one vector and one BM25 row each. Blank texts, the FAQ's own question and wordings it
-        already has are skipped. Returns the phrasings added."""
-        record = self.get(faq_id)
-        known = {_folded(record.question), *(_folded(p.text) for p in self._phrasings.of_faqs([faq_id]))}
-        new_texts: list[str] = []
-        for text in (" ".join(text.split()) for text in texts):
-            if text and _folded(text) not in known:
-                known.add(_folded(text))
-                new_texts.append(text)
-        if not new_texts:
+        """Search each of `texts` as FAQ `faq_id` from now on (see :meth:`add_phrasings_of`)."""
+        return self.add_phrasings_of({faq_id: texts}, by, origin)
+
+    def add_phrasings_of(self, texts_by_faq: Mapping[str, list[str]], by: str = "", origin: str = "") -> list[Phrasing]:
+        """Search each text as the FAQ it is listed under from now on: encoded as the FAQs' questions are (with the
+        concept lexicon's synonyms), one vector and one BM25 row each, all in one batch. Blank texts, the FAQ's own
+        question and wordings it already has are skipped. Returns the phrasings added."""
+        as_records: list[FaqRecord] = []
+        for faq_id, texts in texts_by_faq.items():
+            record = self.get(faq_id)
+            known = {_folded(record.question), *(_folded(p.text) for p in self._phrasings.of_faqs([faq_id]))}
+            for text in (" ".join(text.split()) for text in texts):
+                if text and _folded(text) not in known:
+                    known.add(_folded(text))
+                    as_records.append(FaqRecord(id=faq_id, question=text))
+        if not as_records:
             return []
         first = self.manifest.next_key
-        as_records = [FaqRecord(id=faq_id, question=text) for text in new_texts]
+        new_texts = [record.question for record in as_records]
         vectors = self._vectors(as_records, new_texts, self.encoder.encode)
-        added = [Phrasing(first + number, faq_id, text, _now(), by, origin) for number, text in enumerate(new_texts)]
+        added = [
+            Phrasing(first + number, record.id, record.question, _now(), by, origin)
+            for number, record in enumerate(as_records)
+        ]
         phrasings = self._phrasings.copy()
         phrasings.add(added)
         bm25 = self._bm25_over(self._records, phrasings)
@@ -404,12 +445,13 @@ class FaqIndex:
         return added
 
     def remove_phrasings(self, keys: list[int]) -> list[Phrasing]:
-        """Stop searching the phrasings under `keys` (unknown keys: a one-line error, nothing removed)."""
+        """Stop searching the phrasings under `keys` (unknown keys: a one-line error, nothing removed); BM25 is
+        rebuilt over the rows that stay, as if the removed ones had never been added."""
         removed = self._phrasings.get(keys)
-        dropped = np.array(keys, dtype=np.int64)
-        self.store.delete(dropped)
-        self.bm25.delete(dropped)
-        self._phrasings.remove(keys)
+        self.store.delete(np.array(keys, dtype=np.int64))
+        phrasings = self._phrasings.copy()
+        phrasings.remove(keys)
+        self._bm25, self._phrasings = self._bm25_over(self._records, phrasings), phrasings
         self.manifest.updated = _now()
         return removed
 

@@ -41,21 +41,27 @@ class CT2Generator:
         )
 
     def __call__(self, texts: Sequence[str], decoding: Decoding, max_source_len: int) -> list[list[str]]:
-        """The `decoding.mbr` best beams per text, best first (context-aware `decoding.guidance` is not supported)."""
+        """The `decoding.mbr` best beams per text, best first, or `decoding.mbr` samples per text (context-aware
+        `decoding.guidance` is not supported)."""
         prompts = [
             self.tokenizer.convert_ids_to_tokens(prompt_ids(self.tokenizer, t, max_source_len)[0]) for t in texts
         ]
+        copies = decoding.mbr if decoding.sample else 1  # each sample is its own one-hypothesis search
+        if decoding.sample:
+            search = {"sampling_topk": 0, "sampling_topp": decoding.top_p, "sampling_temperature": decoding.temperature}
+        else:
+            search = {"sampling_topk": 1, "num_hypotheses": decoding.mbr}
         results = self.generator.generate_batch(
-            prompts,
+            [prompt for prompt in prompts for _ in range(copies)],
             max_length=decoding.max_length,
             beam_size=decoding.width,
-            num_hypotheses=decoding.mbr,
             length_penalty=decoding.length_penalty,
-            sampling_topk=1,
             include_prompt_in_result=False,
             end_token=self.tokenizer.eos_token,
+            **search,
         )
-        return [
+        texts_out = [
             [" ".join(text.split()) for text in self.tokenizer.batch_decode(r.sequences_ids, skip_special_tokens=True)]
             for r in results
         ]
+        return [sum(texts_out[i * copies : (i + 1) * copies], []) for i in range(len(prompts))]

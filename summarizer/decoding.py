@@ -23,8 +23,15 @@ class Decoding:
     length_penalty: float = 1.0
     guidance: float = 0.0
     mbr: int = 1
+    sample: bool = False
+    top_p: float = 0.9
+    temperature: float = 1.0
 
     def __post_init__(self) -> None:
+        if self.sample and self.num_beams > 1:
+            raise MedfaqError("sampling draws one token at a time: num_beams must be 1")
+        if not (0 < self.top_p <= 1 and self.temperature > 0):
+            raise MedfaqError(f"top_p must be in (0, 1] and the temperature positive: {self.top_p}, {self.temperature}")
         if min(self.num_beams, self.max_length, self.mbr) < 1:
             raise MedfaqError("num_beams, max_length and the mbr candidates must each be at least 1")
         if not math.isfinite(self.length_penalty):
@@ -34,8 +41,8 @@ class Decoding:
 
     @property
     def width(self) -> int:
-        """The beam width: at least the number of beams returned."""
-        return max(self.num_beams, self.mbr)
+        """The beam width: at least the number of beams returned (1 when sampling)."""
+        return 1 if self.sample else max(self.num_beams, self.mbr)
 
 
 GREEDY = Decoding()

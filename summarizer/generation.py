@@ -74,10 +74,10 @@ def generate_candidates(
                 attention_mask=encoded["attention_mask"],
                 num_beams=decoding.width,
                 num_return_sequences=num_return,
-                do_sample=False,
                 use_cache=True,
                 max_new_tokens=decoding.max_length,
                 early_stopping=decoding.width > 1,
+                **sampling_arguments(decoding),
                 length_penalty=decoding.length_penalty,
                 logits_processor=LogitsProcessorList(guide),
             )
@@ -87,6 +87,13 @@ def generate_candidates(
             for row, i in enumerate(chunk):
                 outputs[i] = [" ".join(text.split()) for text in decoded[row * num_return : (row + 1) * num_return]]
     return outputs
+
+
+def sampling_arguments(decoding: Decoding) -> dict:
+    """`generate`'s sampling arguments: nucleus sampling when `decoding.sample`, else none (search)."""
+    if not decoding.sample:
+        return {"do_sample": False}
+    return {"do_sample": True, "top_p": decoding.top_p, "temperature": decoding.temperature}
 
 
 class ContextGuidance:
@@ -171,15 +178,25 @@ class Summarizer:
 
     @classmethod
     def load(
-        cls, model: str | Path, device: str | None = None, quantize: bool = False, int8_backend: str = "auto"
+        cls,
+        model: str | Path,
+        device: str | None = None,
+        quantize: bool = False,
+        int8_backend: str = "auto",
+        direction: str = "summarize",
     ) -> Summarizer:
         """Load a trained summarizer directory (seq2seq or decoder-only) resolved by `common.runtime.resolve_model`;
         `quantize`: int8 on CPU through `int8_backend`: ``ctranslate2`` (decoder-only models; converted once into
         ``<model>/ct2-int8``), ``torch`` (PyTorch dynamic quantisation of the linear layers), or ``auto``: CTranslate2
-        for decoder-only models, PyTorch for seq2seq ones."""
+        for decoder-only models, PyTorch for seq2seq ones; `direction`: what the model must have been trained for
+        (``summarize``, or ``ask`` for the question writer)."""
         if int8_backend not in INT8_BACKENDS:
             raise MedfaqError(f"unknown int8 backend {int8_backend!r}; choose {', '.join(INT8_BACKENDS)}")
         path, saved = trained_summarizer(model)
+        trained_for = saved.get("direction", "summarize")
+        if trained_for != direction:
+            kind = {"summarize": "a summarizer", "ask": "a question writer"}
+            raise MedfaqError(f"{path} is {kind[trained_for]}, not {kind[direction]}")
         device = "cpu" if quantize else choose_device(device)
         settings = {
             "decoding": Decoding(num_beams=saved.get("eval_beams", 1), max_length=saved.get("eval_max_length", 64)),

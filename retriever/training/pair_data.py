@@ -184,7 +184,7 @@ def mine_hard_negatives(
 
 
 def retrieval_near_misses(
-    index_dir: str | Path,
+    index_dir: str | Path | Any,
     pairs: Sequence[tuple[str, str]],
     n_negatives: int,
     near_duplicate: float = NEAR_DUPLICATE,
@@ -192,10 +192,10 @@ def retrieval_near_misses(
     """For each (CHQ, FAQ) pair, the `n_negatives` FAQ questions of the index in `index_dir` that its dense search
     ranks highest for the CHQ, false negatives removed as in :func:`mine_hard_negatives` (the FAQ itself, and
     questions within `near_duplicate` cosine of it): ``{"chq", "negatives"}`` rows, the summarizer's retrieval
-    negatives (``medfaq train summarizer --retrieval-negatives``)."""
+    negatives (``medfaq train summarizer --retrieval-negatives``); `index_dir` may be a loaded index."""
     from medfaq.index.faq_index import FaqIndex
 
-    index = FaqIndex.load(index_dir)
+    index = index_dir if isinstance(index_dir, FaqIndex) else FaqIndex.load(index_dir)
     chqs = list(dict.fromkeys(chq for chq, _ in pairs))
     faq_of = dict(pairs)
     found = index.search_dense(chqs, 4 * n_negatives + 8)

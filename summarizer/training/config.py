@@ -11,6 +11,8 @@ from medfaq.common.runtime import PRECISIONS, MedfaqError
 from medfaq.summarizer.modeling import backbone_is_causal
 
 VARIANTS = ("ecl", "mle", "ecl-s", "ecl-h", "qfcl", "learned", "rank")
+# summarize: CHQ -> FAQ question (the summarizer); ask: FAQ -> the consumer questions it answers (the question writer)
+DIRECTIONS = ("summarize", "ask")
 CONFIG_FILE = "train_config.json"
 RETRIEVAL_NEGATIVES_FILE = "retrieval_negatives.jsonl"  # beside a model trained with retrieval negatives
 
@@ -20,6 +22,7 @@ class SummarizerTrainConfig:
     """Everything a training run depends on; saved as ``train_config.json`` beside every checkpoint."""
 
     backbone: str = "minilm"
+    direction: str = "summarize"
     variant: str = "ecl"
     preset: str = "quick"
     alpha: float = 1.0  # weight of L_scl (queue negatives)
@@ -70,6 +73,8 @@ class SummarizerTrainConfig:
     averaged_from: list[str] = field(default_factory=list)  # runs whose weights this model averages (soup)
 
     def __post_init__(self) -> None:
+        if self.direction not in DIRECTIONS:
+            raise MedfaqError(f"unknown direction {self.direction!r}; choose one of {', '.join(DIRECTIONS)}")
         if self.variant not in VARIANTS:
             raise MedfaqError(f"unknown variant {self.variant!r}; choose one of {', '.join(VARIANTS)}")
         if self.batch_size < 1 or self.grad_accum < 1 or self.epochs < 1:

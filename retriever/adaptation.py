@@ -1,0 +1,495 @@
+"""`medfaq index adapt`: an index learns its own bank from questions written for each of its FAQs.
+
+For every FAQ the question writer (summarizer/question_writer.py) samples K consumer questions. One question of each
+of up to `dev_faqs` FAQs is held back as the bank's development query (never a phrasing, never trained on); the rest
+pass the round trip: kept only where the index's own pipeline ranks their FAQ in its top `round_trip_depth`. Then
+each part is tried in `PARTS` order and kept by the rule below:
+
+- ``answers``: the head of each FAQ's answer as one more row of that FAQ (a phrasing marked ``adapt:answer``);
+- ``phrasings``: the kept questions as the FAQ's phrasings (marked ``adapt:question``);
+- ``encoder``: the index's bi-encoder continued on (kept question, its FAQ, a near miss from the same bank), labelled
+  by the reranker's margins (GPL's margin-MSE) or, without a reranker or with ``encoder_labels="hard"``, hard labels
+  (retriever/training/adapted_encoder.py); saved beside the index (`work_dir`) and the bank encoded again with it.
+
+The rule, fixed before any bank was scored: a part is kept when, added to the parts kept before it, it does not lower
+R@1 on the development queries (the held-back generated questions, and the user's labelled queries when given: on
+each set separately), and it raises R@1 or MRR@10 on at least one of them. The decision and every number it was
+made with are recorded in the manifest (`IndexManifest.adaptation`); `undo` removes every adapted row and the record.
+
+Generated questions are cached beside the index (`work_dir`), one JSON line per FAQ as they are written, so an
+interrupted run resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from medfaq.common.runtime import MedfaqError, resolve_model
+from medfaq.index.faq_index import FaqIndex, read_manifest, write_lock
+from medfaq.index.records import FaqRecord
+
+PARTS = ("answers", "phrasings", "encoder")
+ORIGIN_PREFIX = "adapt:"
+ORIGINS = {"answers": "adapt:answer", "phrasings": "adapt:question"}
+ADAPTED_BY = "medfaq index adapt"
+DEV_DEPTH = 10  # MRR@10
+SAMPLE_FAQS = 8  # FAQs whose questions a dry run writes to time the writer
+
+
+@dataclass
+class AdaptConfig:
+    """How an index is adapted; saved in the manifest's record of the adaptation."""
+
+    writer: str = "question-writer"
+    questions_per_faq: int = 4
+    round_trip_depth: int = 3
+    dev_faqs: int = 1000  # FAQs that each lend one generated question to the development queries
+    answer_words: int = 96
+    parts: list[str] = field(default_factory=lambda: list(PARTS))
+    seed: int = 0
+    top_p: float = 0.9
+    batch_size: int = 16
+    encoder_labels: str = "auto"  # margin (the reranker's) | hard | auto: margin where a reranker is set up
+    encoder_negatives: int = 1  # near misses mined per generated question
+    near_duplicate: float = 0.9  # a near miss this close (cosine) to the FAQ counts as a false negative: dropped
+    encoder_epochs: int = 1
+    encoder_lr: float = 2e-5
+    force: bool = False  # apply every part whatever the rule says (to measure each part alone; recorded)
+
+    def __post_init__(self) -> None:
+        if self.encoder_labels not in ("auto", "margin", "hard"):
+            raise MedfaqError(f"unknown encoder labels {self.encoder_labels!r}; choose auto, margin or hard")
+        unknown = sorted(set(self.parts) - set(PARTS))
+        if unknown:
+            raise MedfaqError(f"unknown adaptation part(s) {', '.join(unknown)}; choose from {', '.join(PARTS)}")
+        if min(self.questions_per_faq, self.round_trip_depth, self.answer_words) < 1 or self.dev_faqs < 0:
+            raise MedfaqError("questions per FAQ, round-trip depth and answer words must be at least 1")
+
+
+@dataclass(frozen=True)
+class DevQuery:
+    text: str
+    golds: frozenset[str]
+
+
+def work_dir(directory: Path) -> Path:
+    """Where an index's generated questions are cached: beside the index, never inside it (a save replaces it)."""
+    directory = Path(directory).expanduser().resolve()
+    return directory.parent / f".{directory.name}.adapt"
+
+
+def generation_key(config: AdaptConfig, writer: Any = None) -> str:
+    """What the generated questions depend on: the writer's weights (`writer`: a loaded one, else
+    `config.writer`), K, the seed and the sampling."""
+    location = getattr(writer, "path", None) if writer is not None else resolve_model(config.writer)
+    if location is None:
+        identity: Any = type(writer).__name__
+    else:
+        files = Path(location).glob("*.safetensors")
+        identity = [str(location), sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files)]
+    spec = [identity, config.questions_per_faq, config.seed, config.top_p]
+    return hashlib.sha256(json.dumps(spec).encode()).hexdigest()[:16]
+
+
+def faq_input(record: FaqRecord) -> tuple[str, str]:
+    return record.question, record.answer
+
+
+def generated_questions(
+    records: Sequence[FaqRecord],
+    config: AdaptConfig,
+    cache: Path,
+    writer: Any = None,
+    progress: bool = True,
+) -> dict[str, list[str]]:
+    """Each FAQ's generated questions, written for those not yet in `cache` (appended as they are written, so a
+    run stopped anywhere resumes there); `writer`: a loaded :class:`QuestionWriter` (else `config.writer`)."""
+    from tqdm.auto import tqdm
+
+    done = read_generated(cache)
+    todo = [record for record in records if record.id not in done]
+    if todo:
+        if writer is None:
+            from medfaq.summarizer.question_writer import QuestionWriter
+
+            writer = QuestionWriter.load(config.writer)
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        step = config.batch_size * 4
+        with (
+            cache.open("a", encoding="utf-8") as handle,
+            tqdm(
+                total=len(records), initial=len(records) - len(todo), desc="write questions", disable=not progress
+            ) as bar,
+        ):
+            for start in range(0, len(todo), step):
+                chunk = todo[start : start + step]
+                seed = config.seed * 1_000_003 + len(done)  # each chunk its own seed: a resumed run stays seeded
+                written = writer.write(
+                    [faq_input(r) for r in chunk],
+                    config.questions_per_faq,
+                    seed=seed,
+                    batch_size=config.batch_size,
+                    top_p=config.top_p,
+                )
+                for record, questions in zip(chunk, written, strict=True):
+                    done[record.id] = questions
+                    handle.write(json.dumps({"faq_id": record.id, "questions": questions}, ensure_ascii=False) + "\n")
+                handle.flush()
+                bar.update(len(chunk))
+    return {record.id: done[record.id] for record in records}
+
+
+def read_generated(cache: Path) -> dict[str, list[str]]:
+    """The cached questions by FAQ id; a line cut short by an interruption is dropped."""
+    found: dict[str, list[str]] = {}
+    if cache.is_file():
+        for line in cache.read_text(encoding="utf-8").splitlines():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            found[row["faq_id"]] = row["questions"]
+    return found
+
+
+def split_development(
+    generated: dict[str, list[str]], dev_faqs: int, seed: int
+) -> tuple[list[DevQuery], dict[str, list[str]]]:
+    """Hold back one question of each of `dev_faqs` seeded FAQs as development queries; the rest are for use."""
+    rng = random.Random(seed)
+    eligible = sorted(faq_id for faq_id, questions in generated.items() if questions)
+    chosen = set(rng.sample(eligible, min(dev_faqs, len(eligible))))
+    dev, rest = [], {}
+    for faq_id, questions in generated.items():
+        questions = list(questions)
+        if faq_id in chosen:
+            held = questions.pop(rng.randrange(len(questions)))
+            dev.append(DevQuery(held, frozenset([faq_id])))
+        rest[faq_id] = questions
+    return dev, rest
+
+
+def round_trip(pipeline: Any, questions: dict[str, list[str]], depth: int) -> dict[str, list[str]]:
+    """The questions whose own FAQ `pipeline` ranks in its top `depth`."""
+    flat = [(faq_id, text) for faq_id, texts in questions.items() for text in texts]
+    ranked = ranked_ids(pipeline, [text for _, text in flat], depth)
+    kept: dict[str, list[str]] = {faq_id: [] for faq_id in questions}
+    for (faq_id, text), ids in zip(flat, ranked, strict=True):
+        if faq_id in ids:
+            kept[faq_id].append(text)
+    return kept
+
+
+def ranked_ids(pipeline: Any, queries: list[str], depth: int, batch_size: int = 64) -> list[list[str]]:
+    """The FAQ ids `pipeline` ranks first for each query (abstention and logging off)."""
+    from dataclasses import replace
+
+    from tqdm.auto import tqdm
+
+    saved = pipeline.config
+    pipeline.config = replace(saved, top_k=depth, abstain=False, log_unanswered=False, entities=False)
+    try:
+        ranked = []
+        starts = range(0, len(queries), batch_size)
+        for start in tqdm(starts, desc="search", disable=len(queries) <= batch_size * 4, leave=False):
+            ranked += [[hit.id for hit in r.hits] for r in pipeline.run_batch(queries[start : start + batch_size])]
+    finally:
+        pipeline.config = saved
+    return ranked
+
+
+def dev_scores(pipeline: Any, queries: Sequence[DevQuery]) -> dict[str, float]:
+    """R@1 and MRR@10 (in %) of `pipeline` on `queries`."""
+    if not queries:
+        return {"r@1": 0.0, "mrr@10": 0.0, "queries": 0}
+    ranked = ranked_ids(pipeline, [q.text for q in queries], DEV_DEPTH)
+    hits1 = mrr = 0.0
+    for query, ids in zip(queries, ranked, strict=True):
+        first = next((rank for rank, faq_id in enumerate(ids, 1) if faq_id in query.golds), None)
+        hits1 += first == 1
+        mrr += 1 / first if first else 0.0
+    return {
+        "r@1": round(100 * hits1 / len(queries), 2),
+        "mrr@10": round(100 * mrr / len(queries), 2),
+        "queries": len(queries),
+    }
+
+
+def part_kept(before: dict[str, dict], after: dict[str, dict]) -> bool:
+    """The rule: no development set loses R@1, and at least one gains R@1 or MRR@10."""
+    if any(after[name]["r@1"] < before[name]["r@1"] for name in before):
+        return False
+    return any(
+        after[name]["r@1"] > before[name]["r@1"] or after[name]["mrr@10"] > before[name]["mrr@10"] for name in before
+    )
+
+
+def answer_rows(records: Sequence[FaqRecord], words: int) -> dict[str, list[str]]:
+    """The head of each FAQ's answer (those with one)."""
+    return {r.id: [" ".join(r.answer.split()[:words])] for r in records if r.answer.strip()}
+
+
+def add_rows(index: FaqIndex, rows: dict[str, list[str]], origin: str) -> list[int]:
+    """Add `rows` as phrasings of their FAQs; the keys added."""
+    keys = []
+    for faq_id, texts in rows.items():
+        keys += [p.key for p in index.add_phrasings(faq_id, texts, by=ADAPTED_BY, origin=origin)]
+    return keys
+
+
+def adapted_keys(index: FaqIndex) -> list[int]:
+    return [p.key for p in index.phrasings() if p.origin.startswith(ORIGIN_PREFIX)]
+
+
+def adapt(
+    directory: Path,
+    config: AdaptConfig,
+    user_dev: Sequence[DevQuery] = (),
+    writer: Any = None,
+    progress: bool = True,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Adapt the index in `directory` (see the module docstring) and save it; returns the record kept in its
+    manifest. An index already adapted is a one-line error (undo first)."""
+    from medfaq.retriever.model_cache import build_pipeline
+    from medfaq.retriever.pipeline_file import read_config
+
+    directory = Path(directory).expanduser()
+    started = time.perf_counter()
+    index = FaqIndex.load(directory)
+    if index.manifest.adaptation:
+        raise MedfaqError(f"index {directory} is already adapted; run `medfaq index adapt {directory} --undo` first")
+    records = index.records()
+    if not records:
+        raise MedfaqError(f"index {directory} holds no FAQs to adapt")
+    pipeline = build_pipeline(index, read_config(directory))
+    key = generation_key(config, writer)
+    cache = work_dir(directory) / f"questions-{key}.jsonl"
+    generated = generated_questions(records, config, cache, writer, progress)
+    written = sum(len(q) for q in generated.values())
+    dev, usable = split_development(generated, config.dev_faqs, config.seed)
+    dev_sets = {"generated": dev, **({"labelled": list(user_dev)} if user_dev else {})}
+    kept = round_trip(pipeline, usable, config.round_trip_depth)
+    n_usable, n_kept = sum(len(q) for q in usable.values()), sum(len(q) for q in kept.values())
+    log(
+        f"wrote {written} questions for {len(records)} FAQs; {len(dev)} held back for development; "
+        f"{n_kept} of {n_usable} passed the round trip (own FAQ in the top {config.round_trip_depth})"
+    )
+    candidates = {"answers": answer_rows(records, config.answer_words), "phrasings": kept}
+    scores = {name: dev_scores(pipeline, queries) for name, queries in dev_sets.items()}
+    decisions: dict[str, dict[str, Any]] = {}
+    current = scores
+    for part in (part for part in PARTS if part in config.parts and part != "encoder"):
+        rows = candidates[part]
+        keys = add_rows(index, rows, ORIGINS[part])
+        if not keys:
+            decisions[part] = {"kept": False, "rows": 0, "why": "nothing to add"}
+            continue
+        after = {name: dev_scores(pipeline, queries) for name, queries in dev_sets.items()}
+        keep = part_kept(current, after) or config.force
+        decisions[part] = {"kept": keep, "rows": len(keys), "dev": after}
+        log(
+            f"{part}: {len(keys)} rows; development {describe(current)} -> {describe(after)}: "
+            f"{'kept' if keep else 'not kept'}"
+        )
+        if keep:
+            current = after
+        else:
+            index.remove_phrasings(keys)
+    original_encoder = {"name": index.manifest.encoder, "backend": index.manifest.encoder_backend or "auto"}
+    if "encoder" in config.parts:
+        decisions["encoder"], index = adapt_encoder(index, kept, dev_sets, current, config, directory, key, log)
+    record = {
+        "adapted": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "config": asdict(config),
+        "questions_written": written,
+        "development_queries": {name: len(queries) for name, queries in dev_sets.items()},
+        "round_trip": {"usable": n_usable, "kept": n_kept},
+        "before": scores,
+        "parts": decisions,
+        "applied": [part for part, d in decisions.items() if d["kept"]],
+        "original_encoder": original_encoder,
+        "faqs": len(records),
+        "seconds": round(time.perf_counter() - started, 1),
+    }
+    index.manifest.adaptation = record
+    index.save(directory)
+    return record
+
+
+def adapt_encoder(
+    index: FaqIndex,
+    kept: dict[str, list[str]],
+    dev_sets: dict[str, list[DevQuery]],
+    current: dict[str, dict],
+    config: AdaptConfig,
+    directory: Path,
+    key: str,
+    log: Callable[[str], None],
+) -> tuple[dict[str, Any], FaqIndex]:
+    """Train the adapted encoder on the kept questions, encode the bank again with it and score the development
+    queries: (the decision, the index to keep: the re-encoded one where the rule keeps it, else `index`). The
+    model is saved beside the index under the generated questions' `key`."""
+    import shutil
+
+    from medfaq.index.encoder import load_encoder
+    from medfaq.retriever.model_cache import build_pipeline
+    from medfaq.retriever.pipeline_file import read_config
+    from medfaq.retriever.training.adapted_encoder import adaptation_triplets, teacher_margins, train_adapted_encoder
+    from medfaq.retriever.training.config import EncoderTrainConfig
+
+    if not any(kept.values()):
+        return {"kept": False, "rows": 0, "why": "no generated question passed the round trip"}, index
+    triplets = adaptation_triplets(index, kept, config.encoder_negatives, config.near_duplicate)
+    if not triplets:
+        return {"kept": False, "rows": 0, "why": "every near miss was a near-duplicate of its FAQ"}, index
+    labels, reranker = encoder_labels(config, directory)
+    margins = teacher_margins(load_reranker(reranker), triplets) if reranker else None
+    train_config = EncoderTrainConfig(
+        model_type="biencoder",
+        task="faq",
+        init=index.manifest.encoder,
+        loss="mnrl",
+        seed=config.seed,
+        epochs=config.encoder_epochs,
+        lr=config.encoder_lr,
+        batch_size=16,
+        max_length=64,
+        extra={"adapted_from": str(directory), "labels": labels, "reranker": str(reranker or "")},
+    )
+    model = train_adapted_encoder(index.manifest.encoder, triplets, train_config, labels, margins)
+    out = work_dir(directory) / f"encoder-{key[:8]}-{labels}"
+    shutil.rmtree(out, ignore_errors=True)
+    model.save(str(out))
+    train_config.save(out)
+    candidate = index.reencoded(load_encoder(str(out), index.manifest.encoder_backend or "auto"), progress=False)
+    pipeline = build_pipeline(candidate, read_config(directory))
+    after = {name: dev_scores(pipeline, queries) for name, queries in dev_sets.items()}
+    keep = part_kept(current, after) or config.force
+    log(
+        f"encoder ({labels} labels, {len(triplets)} triplets): development {describe(current)} -> {describe(after)}: "
+        f"{'kept' if keep else 'not kept'}"
+    )
+    decision = {"kept": keep, "rows": len(triplets), "labels": labels, "model": str(out), "dev": after}
+    if not keep:
+        shutil.rmtree(out, ignore_errors=True)
+    return decision, candidate if keep else index
+
+
+def encoder_labels(config: AdaptConfig, directory: Path) -> tuple[str, Path | None]:
+    """The encoder's labels and the reranker that gives margins: the index pipeline's reranker, else the set-up one;
+    ``auto`` falls back to hard labels without either, ``margin`` then is a one-line error."""
+    from medfaq.retriever.pipeline_file import read_config
+    from medfaq.retriever.setup_plan import set_up_reranker
+
+    if config.encoder_labels == "hard":
+        return "hard", None
+    named = read_config(directory).reranker
+    reranker = Path(resolve_model(named)) if named else set_up_reranker()
+    if reranker is None and config.encoder_labels == "margin":
+        raise MedfaqError("margin labels come from a reranker: run `medfaq setup` or set one in the index's pipeline")
+    return ("margin", reranker) if reranker is not None else ("hard", None)
+
+
+def load_reranker(path: Path) -> Any:
+    from medfaq.retriever.reranker.model import CrossEncoderReranker
+
+    return CrossEncoderReranker.load(path)
+
+
+def describe(scores: dict[str, dict]) -> str:
+    return ", ".join(f"{name} R@1 {s['r@1']:.1f} MRR@10 {s['mrr@10']:.1f}" for name, s in scores.items())
+
+
+def undo(directory: Path) -> int:
+    """Remove every row the adaptation added and its record; the number of rows removed."""
+
+    from medfaq.index.encoder import load_encoder
+
+    directory = Path(directory).expanduser()
+    record = read_manifest(directory).adaptation
+    original = record.get("original_encoder") if "encoder" in record.get("applied", []) else None
+    encoder = load_encoder(original["name"], original["backend"]) if original else None  # before the write lock
+
+    def change(index: FaqIndex) -> int:
+        keys = adapted_keys(index)
+        if not keys and not index.manifest.adaptation:
+            raise MedfaqError(f"index {directory} is not adapted; nothing to undo")
+        if keys:
+            index.remove_phrasings(keys)
+            if max(keys) == index.manifest.next_key - 1 and len(keys) == index.manifest.next_key - min(keys):
+                index.manifest.next_key = min(keys)  # the adapted rows were the last keys given out
+        index.manifest.adaptation = {}
+        return len(keys)
+
+    with write_lock(directory):
+        index = FaqIndex.load(directory)
+        removed = change(index)
+        if encoder is not None:
+            index = index.reencoded(encoder, progress=False)
+        index.save(directory)
+    return removed
+
+
+def adaptation_of(directory: Path) -> dict[str, Any]:
+    """The manifest's record of the adaptation (empty: not adapted)."""
+    return read_manifest(Path(directory).expanduser()).adaptation
+
+
+def coverage(record: dict[str, Any], faqs_now: int) -> str:
+    """Whether the adaptation still covers every FAQ of the index."""
+    covered = record.get("faqs", 0)
+    if faqs_now <= covered:
+        return f"the adaptation covers all {faqs_now} FAQs"
+    return (
+        f"the adaptation covers {covered} of {faqs_now} FAQs (the newer ones have no written questions): "
+        "run `medfaq index adapt DIR --undo`, then adapt again"
+    )
+
+
+def describe_adaptation(record: dict[str, Any], faqs_now: int) -> str:
+    """One line for `index info`: what was applied, when, on what development numbers."""
+    if not record:
+        return "none"
+    applied = ", ".join(record["applied"]) or "nothing kept"
+    last = record["parts"][record["applied"][-1]]["dev"] if record["applied"] else record["before"]
+    return f"{applied} ({record['adapted']}; development {describe(record['before'])} -> {describe(last)}; " + (
+        coverage(record, faqs_now) + ")"
+    )
+
+
+def dry_run_plan(directory: Path, config: AdaptConfig) -> str:
+    """What `adapt` would do and how long it would take here: the writer is timed on a few FAQs (nothing is
+    written or saved)."""
+    from medfaq.summarizer.question_writer import QuestionWriter
+
+    directory = Path(directory).expanduser()
+    index = FaqIndex.load(directory)
+    if index.manifest.adaptation:
+        raise MedfaqError(f"index {directory} is already adapted; run `medfaq index adapt {directory} --undo` first")
+    records = index.records()
+    writer = QuestionWriter.load(config.writer)
+    cache = work_dir(directory) / f"questions-{generation_key(config, writer)}.jsonl"
+    todo = [r for r in records if r.id not in read_generated(cache)]
+    sample = todo[:SAMPLE_FAQS] or records[:SAMPLE_FAQS]
+    start = time.perf_counter()
+    writer.write([faq_input(r) for r in sample], config.questions_per_faq, config.seed, config.batch_size)
+    per_faq = (time.perf_counter() - start) / max(len(sample), 1)
+    minutes = per_faq * len(todo) / 60
+    lines = [
+        f"{len(records)} FAQs; {len(records) - len(todo)} already have their questions in {cache.parent}",
+        f"write {config.questions_per_faq} questions for each of {len(todo)} FAQs: about {minutes:.1f} min "
+        f"({per_faq:.2f} s per FAQ, measured on {len(sample)} here)",
+        f"hold back one question of up to {config.dev_faqs} FAQs; round trip: keep questions whose FAQ ranks in the "
+        f"top {config.round_trip_depth}",
+        f"try {', '.join(config.parts)}, each kept only where it does not lose R@1 on the development queries "
+        "(a few searches per question: usually under a minute per thousand FAQs)",
+    ]
+    return "\n".join(lines)

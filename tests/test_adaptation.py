@@ -1,0 +1,209 @@
+"""`medfaq index adapt`: the question writer, the round trip, the per-bank rule, undo, resume, and `index add` after."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from medfaq.app.cli import app
+from medfaq.common.runtime import MedfaqError
+from medfaq.index.faq_index import MANIFEST, FaqIndex, read_manifest
+from medfaq.retriever import adaptation
+from medfaq.retriever.adaptation import AdaptConfig, DevQuery
+from medfaq.summarizer.generation import Summarizer
+from medfaq.summarizer.question_writer import QuestionWriter, reversed_pairs, writer_input
+from medfaq.summarizer.training.trainer import train_summarizer
+from tests.conftest import SUMMARY_PAIRS, tiny_summarizer_config, write_jsonl
+
+ROW_PARTS = ["answers", "phrasings"]
+
+
+class TemplateWriter:
+    """Writes fixed rewordings of each FAQ's question; counts the FAQs it was asked about."""
+
+    def __init__(self, fail_after_calls: int | None = None):
+        self.asked: list[str] = []
+        self.fail_after_calls = fail_after_calls
+
+    def write(self, faqs, k, seed=0, batch_size=16, top_p=0.9):
+        if self.fail_after_calls is not None and len(self.asked) >= self.fail_after_calls:
+            raise KeyboardInterrupt
+        self.asked += [question for question, _ in faqs]
+        templates = ["please tell me {}", "i wonder: {}", "my doctor said {}", "quick question {}"]
+        return [[t.format(question.lower()) for t in templates[:k]] for question, _ in faqs]
+
+
+def scripted_scores(monkeypatch, r_at_1: list[float]):
+    """Make each development scoring return the next R@1 of `r_at_1` (MRR@10 the same)."""
+    values = iter(r_at_1)
+
+    def scores(pipeline, queries):
+        value = next(values)
+        return {"r@1": value, "mrr@10": value, "queries": len(queries)}
+
+    monkeypatch.setattr(adaptation, "dev_scores", scores)
+
+
+def index_files(directory: Path) -> dict[str, bytes]:
+    """Every file of an index, its manifest without the save counter and time (which every save moves on)."""
+    files = {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
+    manifest = json.loads(files.pop(MANIFEST))
+    for key in ("generation", "updated", "checksums"):
+        manifest.pop(key)
+    files[MANIFEST] = json.dumps(manifest, sort_keys=True).encode()
+    return files
+
+
+@pytest.fixture(scope="module")
+def tiny_writer(tmp_path_factory, tiny_bert_dir) -> Path:
+    out = tmp_path_factory.mktemp("writer") / "writer"
+    config = tiny_summarizer_config("mle", backbone=str(tiny_bert_dir), direction="ask", max_target_len=16)
+    pairs = reversed_pairs(SUMMARY_PAIRS)
+    train_summarizer(config, pairs[:4], pairs[4:], out)
+    return out
+
+
+def test_writer_samples_k_questions_per_faq_reproducibly_and_is_no_summarizer(tiny_writer):
+    writer = QuestionWriter.load(tiny_writer)
+    faqs = [("Is migraine inherited?", "Often it runs in families."), ("How is shingles treated?", "")]
+    first = writer.write(faqs, k=3, seed=7, batch_size=2)
+    assert len(first) == 2 and all(1 <= len(questions) <= 3 for questions in first)
+    assert writer.write(faqs, k=3, seed=7, batch_size=2) == first
+    assert writer_input("Q?", "one two three") == "Q? | one two three" and writer_input("Q?", "") == "Q?"
+    with pytest.raises(MedfaqError, match="is a question writer, not a summarizer"):
+        Summarizer.load(tiny_writer)
+
+
+def test_summarizer_is_no_question_writer(tiny_bert_dir, tmp_path):
+    out = tmp_path / "summarizer"
+    config = tiny_summarizer_config("mle", backbone=str(tiny_bert_dir))
+    train_summarizer(config, SUMMARY_PAIRS[:4], SUMMARY_PAIRS[4:], out)
+    with pytest.raises(MedfaqError, match="is a summarizer, not a question writer"):
+        QuestionWriter.load(out)
+
+
+def test_adapt_keeps_winning_parts_records_them_and_undo_restores_the_index(index_dir, monkeypatch):
+    before = index_files(index_dir)
+    scripted_scores(monkeypatch, [50.0, 60.0, 70.0])  # before, + answers, + phrasings
+    config = AdaptConfig(questions_per_faq=3, round_trip_depth=6, dev_faqs=2, parts=ROW_PARTS)
+    record = adaptation.adapt(index_dir, config, writer=TemplateWriter(), progress=False, log=lambda _: None)
+    assert record["applied"] == ["answers", "phrasings"]
+    assert record["development_queries"] == {"generated": 2} and record["round_trip"]["usable"] == 6 * 3 - 2
+    index = FaqIndex.load(index_dir)
+    origins = {p.origin for p in index.phrasings()}
+    assert origins == {"adapt:answer", "adapt:question"}
+    assert len([p for p in index.phrasings() if p.origin == "adapt:answer"]) == 5  # f5 has no answer
+    assert read_manifest(index_dir).adaptation["parts"]["phrasings"]["dev"]["generated"]["r@1"] == 70.0
+    info = CliRunner().invoke(app, ["index", "info", str(index_dir)])
+    assert "answers, phrasings" in info.output and "covers all 6 FAQs" in info.output
+    result = CliRunner().invoke(app, ["index", "adapt", str(index_dir), "--undo"])
+    assert result.exit_code == 0 and f"removed {record['parts']['answers']['rows'] + 16} adapted rows" in result.output
+    assert index_files(index_dir) == before
+
+
+def test_rule_refuses_a_part_that_loses_and_keeps_an_experts_phrasings(index_dir, monkeypatch):
+    FaqIndex.edit(index_dir, lambda index: index.add_phrasings("f1", ["beer with antibiotics?"], origin="queue:1"))
+    scripted_scores(monkeypatch, [50.0, 49.0, 55.0])  # answers lose a point; phrasings gain
+    config = AdaptConfig(questions_per_faq=2, round_trip_depth=6, dev_faqs=1, parts=ROW_PARTS)
+    record = adaptation.adapt(index_dir, config, writer=TemplateWriter(), progress=False, log=lambda _: None)
+    assert record["applied"] == ["phrasings"] and record["parts"]["answers"]["kept"] is False
+    assert not [p for p in FaqIndex.load(index_dir).phrasings() if p.origin == "adapt:answer"]
+    adaptation.undo(index_dir)
+    assert [p.text for p in FaqIndex.load(index_dir).phrasings()] == ["beer with antibiotics?"]
+
+
+def test_rule_needs_a_gain_and_no_loss_on_every_development_set():
+    base = {"generated": {"r@1": 50.0, "mrr@10": 60.0}, "labelled": {"r@1": 40.0, "mrr@10": 50.0}}
+    same = json.loads(json.dumps(base))
+    assert not adaptation.part_kept(base, same)
+    gain_one = {**same, "generated": {"r@1": 50.0, "mrr@10": 61.0}}
+    assert adaptation.part_kept(base, gain_one)
+    loses_labelled = {"generated": {"r@1": 60.0, "mrr@10": 70.0}, "labelled": {"r@1": 39.0, "mrr@10": 55.0}}
+    assert not adaptation.part_kept(base, loses_labelled)
+
+
+def test_an_interrupted_generation_resumes_where_it_stopped(index_dir, tmp_path):
+    records = FaqIndex.load(index_dir).records()
+    config = AdaptConfig(questions_per_faq=2, batch_size=1)  # chunks of 4 FAQs
+    cache = tmp_path / "questions.jsonl"
+    with pytest.raises(KeyboardInterrupt):
+        adaptation.generated_questions(records, config, cache, TemplateWriter(fail_after_calls=4), progress=False)
+    assert len(adaptation.read_generated(cache)) == 4
+    with cache.open("a") as handle:
+        handle.write('{"faq_id": "f5", "quest')  # a line cut by the kill
+    second = TemplateWriter()
+    found = adaptation.generated_questions(records, config, cache, second, progress=False)
+    assert len(second.asked) == 2 and set(found) == {r.id for r in records}
+
+
+def test_index_add_after_adapt_says_the_adaptation_is_partial(index_dir, tmp_path, monkeypatch):
+    scripted_scores(monkeypatch, [50.0, 60.0, 70.0])
+    config = AdaptConfig(questions_per_faq=2, round_trip_depth=6, dev_faqs=1, parts=ROW_PARTS)
+    adaptation.adapt(index_dir, config, writer=TemplateWriter(), progress=False, log=lambda _: None)
+    new = write_jsonl(tmp_path / "new.jsonl", [{"id": "f7", "question": "Is flu contagious?", "answer": "Yes."}])
+    result = CliRunner().invoke(app, ["index", "add", str(index_dir), str(new)])
+    assert result.exit_code == 0 and "covers 6 of 7 FAQs" in result.output
+    with pytest.raises(MedfaqError, match="already adapted"):
+        adaptation.adapt(index_dir, config, writer=TemplateWriter(), progress=False)
+
+
+def test_adapt_command_errors_are_one_line(index_dir, tmp_path):
+    runner = CliRunner()
+    result = runner.invoke(app, ["index", "adapt", str(index_dir), "--undo"])
+    assert result.exit_code != 0 and "is not adapted" in result.output
+    result = runner.invoke(app, ["index", "adapt", str(index_dir), "--dev-queries", str(tmp_path / "q.jsonl")])
+    assert result.exit_code != 0 and "go together" in result.output
+    result = runner.invoke(app, ["index", "adapt", str(index_dir), "--part", "everything"])
+    assert result.exit_code != 0 and "unknown adaptation part" in result.output
+
+
+def test_user_queries_are_a_development_set_of_their_own(index_dir, monkeypatch):
+    # answers gain on the generated questions and lose one of the user's: refused; phrasings gain on both
+    scripted_scores(monkeypatch, [50.0, 40.0, 55.0, 39.0, 60.0, 41.0])
+    config = AdaptConfig(questions_per_faq=2, round_trip_depth=6, dev_faqs=1, parts=ROW_PARTS)
+    user = [DevQuery("alcohol and amoxicillin", frozenset({"f1"}))]
+    record = adaptation.adapt(index_dir, config, user, writer=TemplateWriter(), progress=False, log=lambda _: None)
+    assert record["development_queries"] == {"generated": 1, "labelled": 1}
+    assert record["applied"] == ["phrasings"]
+
+
+def test_adapted_encoder_is_saved_with_its_fingerprint_and_undo_restores_the_vectors(index_dir, monkeypatch):
+    from medfaq.index.encoder import Encoder
+
+    before = index_files(index_dir)
+    original = read_manifest(index_dir)
+    scripted_scores(monkeypatch, [50.0, 60.0])  # before, with the adapted encoder
+    config = AdaptConfig(
+        questions_per_faq=3,
+        round_trip_depth=6,
+        dev_faqs=1,
+        parts=["encoder"],
+        encoder_labels="hard",
+        near_duplicate=1.1,
+    )  # a random tiny encoder finds every FAQ a near-duplicate of every other
+    record = adaptation.adapt(index_dir, config, writer=TemplateWriter(), progress=False, log=lambda _: None)
+    decision = record["parts"]["encoder"]
+    assert record["applied"] == ["encoder"] and decision["labels"] == "hard" and decision["rows"] > 0
+    adapted = read_manifest(index_dir)
+    assert adapted.encoder == decision["model"] and Path(decision["model"]).parent == adaptation.work_dir(index_dir)
+    assert adapted.encoder_fingerprint == Encoder(decision["model"]).fingerprint != original.encoder_fingerprint
+    index = FaqIndex.load(index_dir)
+    assert index.search_dense(["How is shingles treated?"], 1)[0][0][0] == "f3"  # searchable with its new encoder
+    adaptation.undo(index_dir)
+    assert index_files(index_dir) == before
+
+
+def test_margin_labels_scale_the_rerankers_margins_to_the_students(tiny_encoder_dir):
+    from medfaq.retriever.training.adapted_encoder import cosine_margins, train_adapted_encoder
+    from medfaq.retriever.training.config import EncoderTrainConfig
+
+    triplets = [(f"question {i}", f"faq {i}", f"other faq {i}") for i in range(8)]
+    config = EncoderTrainConfig(model_type="biencoder", task="faq", init=str(tiny_encoder_dir), loss="mnrl", epochs=1)
+    model = train_adapted_encoder(str(tiny_encoder_dir), triplets, config, "margin", margins=np.full(8, 5.0))
+    assert cosine_margins(model, triplets).shape == (8,)
+    with pytest.raises(MedfaqError, match="one reranker margin per triplet"):
+        train_adapted_encoder(str(tiny_encoder_dir), triplets, config, "margin", margins=None)
