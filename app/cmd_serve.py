@@ -69,7 +69,8 @@ def serve(
     allow_writes: bool = typer.Option(
         False,
         "--allow-writes",
-        help="Enable the endpoints that change the index: POST /index/add, /index/delete, and the experts' "
+        help="Enable the endpoints that change the index: POST /index/add, /index/delete, /index/adapt (in the "
+        "background; GET /index/adapt says how it went), and the experts' "
         "/queue/{group_id}/link, /queue/{group_id}/answer, /queue/{group_id}/split, /queue/{group_id}/undo and "
         "/queue/merge; without MEDFAQ_API_KEY from loopback clients only.",
     ),

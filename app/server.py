@@ -1,5 +1,6 @@
 """The HTTP API (FastAPI): ``POST /search``, ``POST /feedback``, ``GET /unanswered``, ``GET /health`` and, with
-``allow_writes``, ``POST /index/add`` and ``POST /index/delete``; the OpenAPI page is at ``/docs``.
+``allow_writes``, ``POST /index/add``, ``POST /index/delete`` and ``POST /index/adapt`` (started in the background;
+``GET /index/adapt`` says how it went); the OpenAPI page is at ``/docs``.
 
 Bad input is a 4xx with a one-line ``detail``, never a 500: request bodies are validated by pydantic (unknown fields
 included), bodies over `max_body_bytes` get 413 however they are framed, and a
@@ -42,6 +43,7 @@ from pydantic import (
     model_validator,
 )
 
+from medfaq.app.adaptation_job import AdaptationRunning
 from medfaq.app.service import SearchService, ServiceStatus, ServiceUnavailable
 from medfaq.common.runtime import MedfaqError, NotFound
 from medfaq.common.settings import Declared
@@ -196,6 +198,17 @@ class DeleteRequest(StrictModel):
     ids: list[str] = Field(min_length=1)
 
 
+class AdaptRequest(StrictModel):
+    """Start `medfaq index adapt` for the served index (or its undo); each part is kept only where it wins."""
+
+    undo: bool = False
+    questions: int = Field(4, ge=1, le=16, description="Questions written per FAQ.")
+    parts: list[Literal["answers", "phrasings", "encoder"]] = Field(
+        default_factory=lambda: ["answers", "phrasings", "encoder"], min_length=1
+    )
+    labels: Literal["auto", "margin", "hard"] = "auto"
+
+
 class Detail(BaseModel):
     """Every 4xx and 5xx body: one line saying what is wrong."""
 
@@ -302,6 +315,17 @@ class DeleteOut(BaseModel):
     removed: int
 
 
+class AdaptOut(BaseModel):
+    """The served index's adaptation run: idle (none started by this server), running, done or failed."""
+
+    state: Literal["idle", "running", "done", "failed"]
+    action: str
+    started: str
+    finished: str
+    error: str
+    record: dict[str, Any]
+
+
 def errors(*codes: int) -> dict[int | str, dict[str, Any]]:
     """The OpenAPI description of an endpoint's error answers."""
     meaning = {
@@ -309,6 +333,7 @@ def errors(*codes: int) -> dict[int | str, dict[str, Any]]:
         401: "missing or wrong API key",
         403: "not allowed on this server",
         404: "no such group in this index's queue",
+        409: "an adaptation of this index is running",
         413: "request body or batch too large",
         422: "invalid request",
         503: "a stage of the server is not available",
@@ -392,7 +417,7 @@ def access_rules(allow_writes: bool, allow_public_queue: bool, allow_public_writ
 
     writes = private(allow_public_writes, "--allow-public-writes") if allow_writes else "nobody (no --allow-writes)"
     return [
-        "searches (POST /search) and health (GET /health): any client",
+        "searches (POST /search), health (GET /health) and the adaptation's state (GET /index/adapt): any client",
         f"feedback (POST /feedback): {with_key if keyed else 'any client'}",
         f"the experts' queue (GET /queue, GET /unanswered): {private(allow_public_queue, '--allow-public-queue')}",
         f"index and queue changes (POST /index/..., POST /queue/...): {writes}",
@@ -423,6 +448,10 @@ def create_app(
     @app.exception_handler(MedfaqError)
     async def user_error(_request: Request, error: MedfaqError) -> JSONResponse:
         return JSONResponse({"detail": str(error)}, status_code=400)
+
+    @app.exception_handler(AdaptationRunning)
+    async def conflict(_request: Request, error: AdaptationRunning) -> JSONResponse:
+        return JSONResponse({"detail": str(error)}, status_code=409)
 
     @app.exception_handler(NotFound)
     async def not_found(_request: Request, error: NotFound) -> JSONResponse:
@@ -537,5 +566,20 @@ def create_app(
     @app.post("/index/delete", dependencies=WRITE, response_model=DeleteOut, responses=errors(400, 401, 403, 413, 422))
     async def delete(body: DeleteRequest):
         return {"removed": await run_in_threadpool(service.delete_faqs, body.ids)}
+
+    @app.post(
+        "/index/adapt",
+        status_code=202,
+        dependencies=WRITE,
+        response_model=AdaptOut,
+        responses=errors(400, 401, 403, 409, 422),
+    )
+    async def adapt(body: AdaptRequest):
+        settings = {"questions_per_faq": body.questions, "parts": body.parts, "encoder_labels": body.labels}
+        return service.adaptation.start(undo=body.undo, **({} if body.undo else settings))
+
+    @app.get("/index/adapt", response_model=AdaptOut)
+    async def adaptation_status():
+        return service.adaptation.status()
 
     return app

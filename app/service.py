@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from medfaq.app.adaptation_job import AdaptationJob
 from medfaq.app.batching import BatchSettings, MicroBatcher
 from medfaq.common.runtime import MedfaqError
 from medfaq.index.faq_index import FaqIndex, disk_version
@@ -75,6 +76,7 @@ class SearchService:
         self._queue: tuple[FaqIndex, QuestionQueue] | None = None  # opened for that index on first use
         self.fault: str | None = None
         self._load(FaqIndex.load(self.index_dir), config_bytes(self.index_dir))
+        self.adaptation = AdaptationJob(self.index_dir, on_done=self.refresh)  # `medfaq index adapt`, in the background
 
     def _load(self, index: FaqIndex | None, saved: bytes | None) -> None:
         """Serve the pipeline.json read as `saved` over `index` (None: the loaded one, opened again when the config

@@ -85,10 +85,21 @@ def work_dir(directory: Path) -> Path:
     return directory.parent / f".{directory.name}.adapt"
 
 
+def writer_location(name: str) -> str:
+    """The question writer's directory; a missing one is a one-line error saying how to make it."""
+    try:
+        return resolve_model(name)
+    except MedfaqError:
+        raise MedfaqError(
+            f"no question writer {name!r}: run `medfaq setup`, or train one with `medfaq train question-writer --out "
+            "DIR` and pass --writer DIR"
+        ) from None
+
+
 def generation_key(config: AdaptConfig, writer: Any = None) -> str:
     """What the generated questions depend on: the writer's weights (`writer`: a loaded one, else
     `config.writer`), K, the seed and the sampling."""
-    location = getattr(writer, "path", None) if writer is not None else resolve_model(config.writer)
+    location = getattr(writer, "path", None) if writer is not None else writer_location(config.writer)
     if location is None:
         identity: Any = type(writer).__name__
     else:
@@ -475,7 +486,7 @@ def dry_run_plan(directory: Path, config: AdaptConfig) -> str:
     if index.manifest.adaptation:
         raise MedfaqError(f"index {directory} is already adapted; run `medfaq index adapt {directory} --undo` first")
     records = index.records()
-    writer = QuestionWriter.load(config.writer)
+    writer = QuestionWriter.load(writer_location(config.writer))
     cache = work_dir(directory) / f"questions-{generation_key(config, writer)}.jsonl"
     todo = [r for r in records if r.id not in read_generated(cache)]
     sample = todo[:SAMPLE_FAQS] or records[:SAMPLE_FAQS]

@@ -182,6 +182,41 @@ def test_index_writes_only_when_allowed_and_served_at_once(service):
     assert client.get("/health").json()["faqs"] == len(FAQ_ROWS)
 
 
+def test_adaptation_starts_in_the_background_as_a_write_one_run_at_a_time(service, monkeypatch):
+    import threading
+
+    from medfaq.retriever import adaptation
+
+    release = threading.Event()
+
+    def slow_adapt(directory, config, progress=True, log=print):
+        release.wait(10)
+        return {"applied": ["phrasings"], "questions_written": config.questions_per_faq * 6}
+
+    monkeypatch.setattr(adaptation, "adapt", slow_adapt)
+    assert client_for(service).post("/index/adapt", json={}).status_code == 403  # no --allow-writes
+    client = client_for(service, allow_writes=True)
+    assert client.get("/index/adapt").json()["state"] == "idle"
+    assert client.post("/index/adapt", json={"questions": 0}).status_code == 422
+    assert client.post("/index/adapt", json={"parts": ["everything"]}).status_code == 422
+    started = client.post("/index/adapt", json={"questions": 2, "parts": ["phrasings"]})
+    assert started.status_code == 202 and started.json()["state"] == "running"
+    busy = client.post("/index/adapt", json={})
+    assert busy.status_code == 409 and "is running since" in busy.json()["detail"]
+    release.set()
+    finished = service.adaptation.wait(10)
+    assert finished["state"] == "done" and finished["record"] == {"applied": ["phrasings"], "questions_written": 12}
+    assert client.get("/index/adapt").json() == finished
+
+
+def test_a_failed_adaptation_says_why_and_the_index_goes_on_serving(service):
+    client = client_for(service, allow_writes=True)
+    assert client.post("/index/adapt", json={"questions": 1}).status_code == 202
+    failed = service.adaptation.wait(60)
+    assert failed["state"] == "failed" and "medfaq train question-writer" in failed["error"]
+    assert client.post("/search", json={"question": QUESTIONS[0]}).status_code == 200
+
+
 def test_serve_help_names_every_endpoint_each_allow_option_opens(service):
     import typer
 
@@ -258,7 +293,7 @@ def test_the_access_rules_name_who_may_do_what(monkeypatch):
     searches, feedback, reads, writes = access_rules(
         allow_writes=True, allow_public_queue=False, allow_public_writes=False
     )
-    assert searches.startswith("searches (POST /search) and health (GET /health): any client")
+    assert searches.startswith("searches (POST /search), health (GET /health) and the adaptation's state")
     assert feedback.endswith("any client") and "loopback clients only" in reads and "loopback clients only" in writes
     assert "nobody" in access_rules(False, True, False)[3] and "any client" in access_rules(False, True, False)[2]
     assert "any client (--allow-public-writes)" in access_rules(True, False, True)[3]
