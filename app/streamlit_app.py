@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from medfaq.app.ui import common, queue_page, resources, results_page, search_page
+from medfaq.app.ui import adapt_page, common, queue_page, resources, results_page, search_page
 from medfaq.common.runtime import MedfaqError
 
 
@@ -20,6 +20,7 @@ def main() -> None:
         [
             st.Page(search_page.render, title="Search", icon=":material/search:", url_path="search", default=True),
             st.Page(queue_page.render, title="Expert queue", icon=":material/inbox:", url_path="expert-queue"),
+            st.Page(adapt_page.render, title="Adapt", icon=":material/tune:", url_path="adapt"),
             st.Page(results_page.render, title="Results", icon=":material/bar_chart:", url_path="results"),
         ]
     )
