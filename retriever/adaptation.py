@@ -98,14 +98,15 @@ def writer_location(name: str) -> str:
 
 def generation_key(config: AdaptConfig, writer: Any = None) -> str:
     """What the generated questions depend on: the writer's weights (`writer`: a loaded one, else
-    `config.writer`), K, the seed and the sampling."""
+    `config.writer`), the seed and the sampling. Not K: the samples are independent, so the first K of a longer
+    run are a run of K, and one cache serves every K up to the largest written."""
     location = getattr(writer, "path", None) if writer is not None else writer_location(config.writer)
     if location is None:
         identity: Any = type(writer).__name__
     else:
         files = Path(location).glob("*.safetensors")
         identity = [str(location), sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files)]
-    spec = [identity, config.questions_per_faq, config.seed, config.top_p]
+    spec = [identity, config.seed, config.top_p]
     return hashlib.sha256(json.dumps(spec).encode()).hexdigest()[:16]
 
 
@@ -120,12 +121,14 @@ def generated_questions(
     writer: Any = None,
     progress: bool = True,
 ) -> dict[str, list[str]]:
-    """Each FAQ's generated questions, written for those not yet in `cache` (appended as they are written, so a
-    run stopped anywhere resumes there); `writer`: a loaded :class:`QuestionWriter` (else `config.writer`)."""
+    """Each FAQ's first K samples (blank ones as ""), written for those with fewer in `cache` (appended as they are
+    written, so a run stopped anywhere resumes there); `writer`: a loaded :class:`QuestionWriter` (else
+    `config.writer`)."""
     from tqdm.auto import tqdm
 
+    k = config.questions_per_faq
     done = read_generated(cache)
-    todo = [record for record in records if record.id not in done]
+    todo = [record for record in records if len(done.get(record.id, ())) < k]
     if todo:
         if writer is None:
             from medfaq.summarizer.question_writer import QuestionWriter
@@ -143,22 +146,19 @@ def generated_questions(
                 chunk = todo[start : start + step]
                 seed = config.seed * 1_000_003 + len(done)  # each chunk its own seed: a resumed run stays seeded
                 written = writer.write(
-                    [faq_input(r) for r in chunk],
-                    config.questions_per_faq,
-                    seed=seed,
-                    batch_size=config.batch_size,
-                    top_p=config.top_p,
+                    [faq_input(r) for r in chunk], k, seed=seed, batch_size=config.batch_size, top_p=config.top_p
                 )
-                for record, questions in zip(chunk, written, strict=True):
-                    done[record.id] = questions
-                    handle.write(json.dumps({"faq_id": record.id, "questions": questions}, ensure_ascii=False) + "\n")
+                for record, samples in zip(chunk, written, strict=True):
+                    done[record.id] = samples
+                    handle.write(json.dumps({"faq_id": record.id, "samples": samples}, ensure_ascii=False) + "\n")
                 handle.flush()
                 bar.update(len(chunk))
-    return {record.id: done[record.id] for record in records}
+    return {record.id: done[record.id][:k] for record in records}
 
 
 def read_generated(cache: Path) -> dict[str, list[str]]:
-    """The cached questions by FAQ id; a line cut short by an interruption is dropped."""
+    """The cached samples by FAQ id (the last line of an FAQ wins); a line cut short by an interruption is
+    dropped."""
     found: dict[str, list[str]] = {}
     if cache.is_file():
         for line in cache.read_text(encoding="utf-8").splitlines():
@@ -166,24 +166,25 @@ def read_generated(cache: Path) -> dict[str, list[str]]:
                 row = json.loads(line)
             except json.JSONDecodeError:
                 continue
-            found[row["faq_id"]] = row["questions"]
+            found[row["faq_id"]] = row["samples"]
     return found
 
 
 def split_development(
     generated: dict[str, list[str]], dev_faqs: int, seed: int
 ) -> tuple[list[DevQuery], dict[str, list[str]]]:
-    """Hold back one question of each of `dev_faqs` seeded FAQs as development queries; the rest are for use."""
+    """Hold back the first sample of each of `dev_faqs` seeded FAQs as a development query (the same queries for
+    every K); the other samples, blank ones and repeats dropped (the held-back text too), are for use."""
     rng = random.Random(seed)
-    eligible = sorted(faq_id for faq_id, questions in generated.items() if questions)
+    eligible = sorted(faq_id for faq_id, samples in generated.items() if samples and samples[0].strip())
     chosen = set(rng.sample(eligible, min(dev_faqs, len(eligible))))
     dev, rest = [], {}
-    for faq_id, questions in generated.items():
-        questions = list(questions)
-        if faq_id in chosen:
-            held = questions.pop(rng.randrange(len(questions)))
+    for faq_id, samples in generated.items():
+        held = samples[0] if faq_id in chosen else None
+        if held is not None:
             dev.append(DevQuery(held, frozenset([faq_id])))
-        rest[faq_id] = questions
+        usable = (text for text in samples[1 if held is not None else 0 :] if text.strip() and text != held)
+        rest[faq_id] = list(dict.fromkeys(usable))
     return dev, rest
 
 

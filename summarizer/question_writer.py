@@ -56,13 +56,12 @@ class QuestionWriter:
     def write(
         self, faqs: Sequence[tuple[str, str]], k: int, seed: int = 0, batch_size: int = 16, top_p: float = 0.9
     ) -> list[list[str]]:
-        """`k` sampled questions for each (question, answer) FAQ, in input order; the same seed writes the same
-        questions. Blank samples are dropped, repeats kept once."""
+        """`k` sampled questions for each (question, answer) FAQ, in input order, repeats and blanks ("") as sampled;
+        the same seed writes the same questions."""
         import torch
 
         if k < 1:
             raise MedfaqError(f"the questions per FAQ must be at least 1, got {k}")
         torch.manual_seed(seed)
         texts = [writer_input(question, answer) for question, answer in faqs]
-        written = self.model.candidates(texts, sampling(k, top_p=top_p), batch_size=batch_size)
-        return [list(dict.fromkeys(text for text in questions if text.strip())) for questions in written]
+        return self.model.candidates(texts, sampling(k, top_p=top_p), batch_size=batch_size)

@@ -71,7 +71,7 @@ def test_writer_samples_k_questions_per_faq_reproducibly_and_is_no_summarizer(ti
     writer = QuestionWriter.load(tiny_writer)
     faqs = [("Is migraine inherited?", "Often it runs in families."), ("How is shingles treated?", "")]
     first = writer.write(faqs, k=3, seed=7, batch_size=2)
-    assert len(first) == 2 and all(1 <= len(questions) <= 3 for questions in first)
+    assert len(first) == 2 and all(len(questions) == 3 for questions in first)
     assert writer.write(faqs, k=3, seed=7, batch_size=2) == first
     assert writer_input("Q?", "one two three") == "Q? | one two three" and writer_input("Q?", "") == "Q?"
     with pytest.raises(MedfaqError, match="is a question writer, not a summarizer"):
@@ -134,10 +134,15 @@ def test_an_interrupted_generation_resumes_where_it_stopped(index_dir, tmp_path)
         adaptation.generated_questions(records, config, cache, TemplateWriter(fail_after_calls=4), progress=False)
     assert len(adaptation.read_generated(cache)) == 4
     with cache.open("a") as handle:
-        handle.write('{"faq_id": "f5", "quest')  # a line cut by the kill
+        handle.write('{"faq_id": "f5", "sampl')  # a line cut by the kill
     second = TemplateWriter()
     found = adaptation.generated_questions(records, config, cache, second, progress=False)
     assert len(second.asked) == 2 and set(found) == {r.id for r in records}
+    third = TemplateWriter()
+    longer = adaptation.generated_questions(records, AdaptConfig(questions_per_faq=3), cache, third, progress=False)
+    assert len(third.asked) == 6 and all(len(samples) == 3 for samples in longer.values())  # more samples: written
+    fewer = adaptation.generated_questions(records, AdaptConfig(questions_per_faq=1), cache, third, progress=False)
+    assert len(third.asked) == 6 and fewer == {faq: samples[:1] for faq, samples in longer.items()}
 
 
 def test_index_add_after_adapt_says_the_adaptation_is_partial(index_dir, tmp_path, monkeypatch):
