@@ -279,7 +279,9 @@ def adapt(
         "question-writer", "--writer", help="The question writer (`medfaq train question-writer`): a name or directory."
     ),
     questions: int = typer.Option(4, "--questions", "-k", min=1, help="Questions written per FAQ."),
-    depth: int = typer.Option(3, "--depth", min=1, help="Round trip: keep a question whose FAQ ranks in this top k."),
+    depth: int = typer.Option(
+        3, "--depth", min=0, help="Round trip: keep a question whose FAQ ranks in this top k (0: keep every one)."
+    ),
     parts: list[str] = typer.Option(
         ["answers", "phrasings", "encoder"],
         "--part",

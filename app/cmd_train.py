@@ -170,6 +170,9 @@ def train_question_writer(
     ),
     preset: str = typer.Option("quick", "--preset", help="quick | full (GPU)."),
     epochs: int | None = typer.Option(None, "--epochs", min=1, help="Epochs (default: 2 for quick)."),
+    max_pairs: int | None = typer.Option(
+        None, "--max-pairs", min=2, help="Train on a seeded sample of N pairs (a decoder-only backbone on a CPU)."
+    ),
     seed: int = typer.Option(0, "--seed", help="Random seed."),
     resume: bool = typer.Option(False, "--resume", help="Continue an interrupted run in --out from last/."),
     data_root: Path | None = typer.Option(None, "--data-root", help="Read data laid out like ../shared/data."),
@@ -180,6 +183,8 @@ def train_question_writer(
 ) -> None:
     """Train the question writer: FAQ (question and head of answer) -> the consumer questions it answers, the
     summarization pairs turned round; `medfaq index adapt` samples questions for every FAQ of a bank with it."""
+    import random
+
     from medfaq.summarizer.question_writer import WRITER_SETTINGS, WRITER_TRAIN, WRITER_VALID, reversed_pairs
     from medfaq.summarizer.training.config import SummarizerTrainConfig, preset_config
     from medfaq.summarizer.training.trainer import LAST_DIR, SummarizerTrainer
@@ -195,6 +200,8 @@ def train_question_writer(
         settings = {"epochs": 2, "patience": 1, "eval_max_length": 64, **WRITER_SETTINGS}
         config = preset_config(preset, seed=seed, train_data=train_data or WRITER_TRAIN, **{**settings, **options})
     train = reversed_pairs(_pairs(config.train_data, data_root))
+    if max_pairs and len(train) > max_pairs:
+        train = random.Random(config.seed).sample(train, max_pairs)
     valid = reversed_pairs(_pairs(WRITER_VALID, data_root))
     history = SummarizerTrainer(config, out, resume=resume).train(train, valid)
     best = max((h["valid_rougeL"] for h in history if h.get("stage") == "main"), default=None)

@@ -28,6 +28,7 @@ from medfaq.retriever.adaptation import PARTS, AdaptConfig
 VARIANTS: dict[str, dict[str, Any]] = {
     "answers": {"parts": ["answers"], "force": True},
     "phrasings": {"parts": ["phrasings"], "force": True},
+    "phrasings-unfiltered": {"parts": ["phrasings"], "force": True, "round_trip_depth": 0},
     "encoder": {"parts": ["encoder"], "force": True},
     "all": {"parts": list(PARTS), "force": True},
     "rule": {"parts": list(PARTS), "force": False},
@@ -56,7 +57,8 @@ def measure(bench_dir: Path, variants: list[str], seed: int, questions: int, dep
         raise MedfaqError(f"{index} is adapted already; undo it first (`medfaq index adapt {index} --undo`)")
     report: dict[str, Any] = {"benchmark": benchmark.name, "none": {"test": test_metrics(bench_dir, benchmark)}}
     for variant in variants:
-        config = AdaptConfig(questions_per_faq=questions, round_trip_depth=depth, seed=seed, **VARIANTS[variant])
+        settings = {"questions_per_faq": questions, "round_trip_depth": depth, "seed": seed, **VARIANTS[variant]}
+        config = AdaptConfig(**settings)
         started = time.perf_counter()
         record = adaptation.adapt(index, config, progress=False, log=lambda line: print(line, file=sys.stderr))
         report[variant] = {

@@ -48,8 +48,9 @@ class AdaptConfig:
     """How an index is adapted; saved in the manifest's record of the adaptation."""
 
     writer: str = "question-writer"
+    writer_int8: bool = True  # sample with the writer in int8 (CTranslate2 for a decoder-only writer)
     questions_per_faq: int = 4
-    round_trip_depth: int = 3
+    round_trip_depth: int = 3  # 0: no round trip (every written question is used)
     dev_faqs: int = 1000  # FAQs that each lend one generated question to the development queries
     answer_words: int = 96
     parts: list[str] = field(default_factory=lambda: list(PARTS))
@@ -69,8 +70,8 @@ class AdaptConfig:
         unknown = sorted(set(self.parts) - set(PARTS))
         if unknown:
             raise MedfaqError(f"unknown adaptation part(s) {', '.join(unknown)}; choose from {', '.join(PARTS)}")
-        if min(self.questions_per_faq, self.round_trip_depth, self.answer_words) < 1 or self.dev_faqs < 0:
-            raise MedfaqError("questions per FAQ, round-trip depth and answer words must be at least 1")
+        if min(self.questions_per_faq, self.answer_words) < 1 or min(self.dev_faqs, self.round_trip_depth) < 0:
+            raise MedfaqError("questions per FAQ and answer words must be at least 1, the round-trip depth 0 or more")
 
 
 @dataclass(frozen=True)
@@ -106,7 +107,7 @@ def generation_key(config: AdaptConfig, writer: Any = None) -> str:
     else:
         files = Path(location).glob("*.safetensors")
         identity = [str(location), sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files)]
-    spec = [identity, config.seed, config.top_p]
+    spec = [identity, config.writer_int8, config.seed, config.top_p]
     return hashlib.sha256(json.dumps(spec).encode()).hexdigest()[:16]
 
 
@@ -133,7 +134,7 @@ def generated_questions(
         if writer is None:
             from medfaq.summarizer.question_writer import QuestionWriter
 
-            writer = QuestionWriter.load(config.writer)
+            writer = QuestionWriter.load(config.writer, quantize=config.writer_int8)
         cache.parent.mkdir(parents=True, exist_ok=True)
         step = config.batch_size * 4
         with (
@@ -189,7 +190,9 @@ def split_development(
 
 
 def round_trip(pipeline: Any, questions: dict[str, list[str]], depth: int) -> dict[str, list[str]]:
-    """The questions whose own FAQ `pipeline` ranks in its top `depth`."""
+    """The questions whose own FAQ `pipeline` ranks in its top `depth` (0: all of them)."""
+    if depth == 0:
+        return {faq_id: list(texts) for faq_id, texts in questions.items()}
     flat = [(faq_id, text) for faq_id, texts in questions.items() for text in texts]
     ranked = ranked_ids(pipeline, [text for _, text in flat], depth)
     kept: dict[str, list[str]] = {faq_id: [] for faq_id in questions}
@@ -487,7 +490,7 @@ def dry_run_plan(directory: Path, config: AdaptConfig) -> str:
     if index.manifest.adaptation:
         raise MedfaqError(f"index {directory} is already adapted; run `medfaq index adapt {directory} --undo` first")
     records = index.records()
-    writer = QuestionWriter.load(writer_location(config.writer))
+    writer = QuestionWriter.load(writer_location(config.writer), quantize=config.writer_int8)
     cache = work_dir(directory) / f"questions-{generation_key(config, writer)}.jsonl"
     todo = [r for r in records if r.id not in read_generated(cache)]
     sample = todo[:SAMPLE_FAQS] or records[:SAMPLE_FAQS]

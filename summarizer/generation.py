@@ -216,6 +216,14 @@ class Summarizer:
             quantize_linear(network)
         return cls(network.to(device), tokenizer, device, **settings)
 
+    def seed(self, seed: int) -> None:
+        """Seed sampled decoding (`Decoding.sample`) on whichever runtime generates."""
+        torch.manual_seed(seed)
+        if self.fast is not None:
+            import ctranslate2
+
+            ctranslate2.set_random_seed(seed)
+
     def summarize(self, texts: list[str], decoding: Decoding = GREEDY, batch_size: int = 16) -> list[str]:
         """One short FAQ-style question per input text: the best beam, or the :func:`consensus` of the `decoding.mbr`
         best."""

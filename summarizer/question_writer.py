@@ -58,10 +58,8 @@ class QuestionWriter:
     ) -> list[list[str]]:
         """`k` sampled questions for each (question, answer) FAQ, in input order, repeats and blanks ("") as sampled;
         the same seed writes the same questions."""
-        import torch
-
         if k < 1:
             raise MedfaqError(f"the questions per FAQ must be at least 1, got {k}")
-        torch.manual_seed(seed)
+        self.model.seed(seed)
         texts = [writer_input(question, answer) for question, answer in faqs]
         return self.model.candidates(texts, sampling(k, top_p=top_p), batch_size=batch_size)
