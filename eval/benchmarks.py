@@ -42,7 +42,7 @@ CHQ_PARTS = ("meqsum", "rqe-test", "mediqa2021")  # the CHQ sets of ``medquad-ch
 BANK_INDEX = "medquad-minilm"  # under indexes_dir(): the bank ``medquad-chq`` adds its gold FAQs to
 CORPUS_FIELDS = {"id": "_id", "question": "text", "answer": "answer"}
 """How `medfaq index build` reads a benchmark corpus: ``--field id=_id --field question=text --field answer=answer``
-(an FAQ's answer, where its bank has one, is a field of its corpus row beside BEIR's)."""
+(every corpus row has an ``answer`` beside BEIR's fields: the FAQ's answer where its bank has one, else "")."""
 QUEBEC_DEV_SEED = 1  # second hash that halves the Quebec held-out queries into dev and test
 
 Qrels = dict[str, dict[str, int]]
@@ -85,7 +85,7 @@ class Benchmark:
         """Write the BEIR files (and TREC qrels, id lists, benchmark.json) into `directory`."""
         out = Path(directory).expanduser()
         out.mkdir(parents=True, exist_ok=True)
-        _write_jsonl(out / "corpus.jsonl", self.corpus)
+        _write_jsonl(out / "corpus.jsonl", [{**row, "answer": row.get("answer", "")} for row in self.corpus])
         _write_jsonl(out / "queries.jsonl", self.queries)
         write_qrels(out / "qrels.tsv", self.qrels)
         write_qrels(out / "qrels.trec", self.qrels, trec=True)
