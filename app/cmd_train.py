@@ -190,7 +190,14 @@ def train_question_writer(
     summarization pairs turned round; `medfaq index adapt` samples questions for every FAQ of a bank with it."""
     import random
 
-    from medfaq.summarizer.question_writer import WRITER_SETTINGS, WRITER_TRAIN, WRITER_VALID, reversed_pairs
+    from medfaq.summarizer.modeling import backbone_is_causal
+    from medfaq.summarizer.question_writer import (
+        WRITER_SETTINGS,
+        WRITER_TRAIN,
+        WRITER_VALID,
+        reversed_pairs,
+        save_vocabulary,
+    )
     from medfaq.summarizer.training.config import SummarizerTrainConfig, preset_config
     from medfaq.summarizer.training.trainer import LAST_DIR, SummarizerTrainer
 
@@ -209,6 +216,10 @@ def train_question_writer(
         train = random.Random(config.seed).sample(train, max_pairs)
     valid = reversed_pairs(_pairs(WRITER_VALID, data_root))
     history = SummarizerTrainer(config, out, resume=resume).train(train, valid)
+    if backbone_is_causal(config.backbone) and (out / "config.json").is_file():
+        every = _pairs(config.train_data, data_root)  # every pair's words, not only the sample trained on
+        kept = save_vocabulary(out, [text for pair in every for text in pair])
+        typer.echo(f"the writer samples over {kept} tokens of its training texts (and those of the FAQs it reads)")
     best = max((h["valid_rougeL"] for h in history if h.get("stage") == "main"), default=None)
     typer.echo(
         f"trained the question writer ({config.preset}, seed {config.seed}, {len(train)} pairs); best valid ROUGE-L "

@@ -153,7 +153,8 @@ class SetupStep:
 
 def model_targets(settings: DemoSettings) -> list[tuple[ModelStep, Path | None]]:
     """Each set-up model step with the directory it must fill (None: switched off): summarizers by name, a
-    summarizer directory of another name filled by the first summarizer step; the reranker wherever it is set."""
+    summarizer directory of another name filled by the first summarizer step; the reranker wherever it is set; the
+    question writer under its name."""
     plans = steps_for(settings.fast)
     by_name = {path.name: path for path in settings.summarizers}
     rewrite = [plan for plan in plans if plan.stage == "rewrite"]
@@ -164,6 +165,8 @@ def model_targets(settings: DemoSettings) -> list[tuple[ModelStep, Path | None]]
             targets.append((plan, settings.reranker))
         elif plan.stage == "retrieve":
             targets.append((plan, models_dir() / plan.model if settings.faq_index_dir else None))
+        elif plan.stage == "adapt":  # the question writer of `medfaq index adapt` and the demo's Adapt page
+            targets.append((plan, models_dir() / plan.model))
         else:
             targets.append(
                 (plan, custom if custom and plan is rewrite[0] else None if custom else by_name.get(plan.model))

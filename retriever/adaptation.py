@@ -48,7 +48,7 @@ class AdaptConfig:
     """How an index is adapted; saved in the manifest's record of the adaptation."""
 
     writer: str = "question-writer"
-    writer_int8: bool = True  # sample with the writer in int8 (CTranslate2 for a decoder-only writer)
+    writer_int8: bool = False  # int8 (CTranslate2) sampling wrote noise in other scripts: docs/results.md
     questions_per_faq: int = 4
     round_trip_depth: int = 3  # 0: no round trip (every written question is used)
     dev_faqs: int = 1000  # FAQs that each lend one generated question to the development queries

@@ -107,9 +107,21 @@ SUMMARIZER_GEMMA = ModelStep(
     measured="34 min wall on 2 shared cores (2 epochs, 100 steps; docs/results.md, Gemma summarizer)",
     slow=True,
 )
-MODEL_STEPS = (BIENCODER, SUMMARIZER_ECL, RERANKER, SUMMARIZER_GEMMA)
-"""In the order they are trained: the retrieval model the default pipeline uses first, then the optional stages,
-the quick ones before the slow Gemma summarizer."""
+QUESTION_WRITER = ModelStep(
+    key="question-writer",
+    model="question-writer",
+    title="Fine-tune the question writer `medfaq index adapt` uses (Gemma 3 270M, FAQ -> consumer questions)",
+    stage="adapt",
+    data=("meqsum", "healthcaremagic", "chq_summ", "rqe"),
+    commands=(("train", "question-writer", "--out", "{out}"),),
+    minutes=20,
+    measured="19 min 43 s wall (120 steps of 8 pairs, 18 min training) beside a reranker's training on 2 cores "
+    "(docs/results.md, medfaq learns your bank)",
+    slow=True,
+)
+MODEL_STEPS = (BIENCODER, SUMMARIZER_ECL, RERANKER, QUESTION_WRITER, SUMMARIZER_GEMMA)
+"""In the order they are trained: the retrieval model the default pipeline uses first, then the optional stages and
+the question writer, the quick ones before the slow Gemma summarizer."""
 SUMMARIZERS = (SUMMARIZER_GEMMA.model, SUMMARIZER_ECL.model)
 """Summarizer model names, best first (the Gemma fine-tune scores ROUGE-1 50.75 on MeQSum test against 35.3)."""
 

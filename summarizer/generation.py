@@ -8,7 +8,8 @@ Seq2seq models read the CHQ; decoder-only models read the cleaned CHQ + separato
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -25,6 +26,7 @@ from medfaq.summarizer.modeling import (
     prompt_ids,
     trained_summarizer,
 )
+from medfaq.summarizer.vocabulary import TrimmedVocabulary
 
 CONFIG_FILE = TRAIN_CONFIG_FILE
 INT8_BACKENDS = ("auto", "ctranslate2", "torch")
@@ -40,9 +42,11 @@ def generate_candidates(
     max_source_len: int = 512,
     device: str = "cpu",
     progress: bool = True,
+    vocabulary: TrimmedVocabulary | None = None,
 ) -> list[list[str]]:
     """The `decoding.mbr` best beams for each of `texts`, best first, in input order; batches hold inputs of similar
-    length to waste little padding."""
+    length to waste little padding. `vocabulary`: a decoder-only model reads and predicts only those tokens (it
+    must be applied to the model: :meth:`TrimmedVocabulary.applied`)."""
     from tqdm.auto import tqdm
     from transformers import LogitsProcessorList
 
@@ -66,6 +70,11 @@ def generate_candidates(
                     padding=True,
                     return_tensors="pt",
                 )
+            special = {}
+            if vocabulary is not None:
+                encoded["input_ids"] = vocabulary.to_kept(encoded["input_ids"])
+                ends = torch.tensor([tokenizer.eos_token_id, tokenizer.pad_token_id])
+                special = dict(zip(("eos_token_id", "pad_token_id"), vocabulary.to_kept(ends).tolist(), strict=True))
             encoded = {key: value.to(device) for key, value in encoded.items()}
             width = encoded["input_ids"].size(1)
             guide = [ContextGuidance(model, empty_prompt, width, guidance)] if guidance else []
@@ -78,11 +87,14 @@ def generate_candidates(
                 max_new_tokens=decoding.max_length,
                 early_stopping=decoding.width > 1,
                 **sampling_arguments(decoding),
+                **special,
                 length_penalty=decoding.length_penalty,
                 logits_processor=LogitsProcessorList(guide),
             )
             if causal:
                 generated = generated[:, width:]
+            if vocabulary is not None:
+                generated = vocabulary.to_full(generated.cpu())
             decoded = tokenizer.batch_decode(generated, skip_special_tokens=True)
             for row, i in enumerate(chunk):
                 outputs[i] = [" ".join(text.split()) for text in decoded[row * num_return : (row + 1) * num_return]]
@@ -175,6 +187,7 @@ class Summarizer:
         self.model = model.eval() if model is not None else None
         self.tokenizer, self.device, self.fast = tokenizer, device, fast
         self.decoding, self.max_source_len = decoding, max_source_len
+        self.vocabulary: TrimmedVocabulary | None = None  # set (and applied to the model) by `trimmed`
 
     @classmethod
     def load(
@@ -216,6 +229,18 @@ class Summarizer:
             quantize_linear(network)
         return cls(network.to(device), tokenizer, device, **settings)
 
+    @contextmanager
+    def trimmed(self, vocabulary: TrimmedVocabulary) -> Iterator[None]:
+        """Generate over `vocabulary`'s tokens only inside the block (a decoder-only model on PyTorch)."""
+        if self.fast is not None or not is_causal_lm(self.model):
+            raise MedfaqError("a trimmed vocabulary applies to a decoder-only model on PyTorch")
+        with vocabulary.applied(self.model):
+            self.vocabulary = vocabulary
+            try:
+                yield
+            finally:
+                self.vocabulary = None
+
     def seed(self, seed: int) -> None:
         """Seed sampled decoding (`Decoding.sample`) on whichever runtime generates."""
         torch.manual_seed(seed)
@@ -243,6 +268,7 @@ class Summarizer:
                 max_source_len=self.max_source_len,
                 device=self.device,
                 progress=len(texts) > batch_size,
+                vocabulary=self.vocabulary,
             )
         if decoding.guidance:
             raise MedfaqError("context-aware decoding (guidance) runs on the fp32 model, not the int8 one")

@@ -19,8 +19,9 @@ def dry_run(*flags: str) -> str:
 
 def test_dry_run_lists_every_step_with_time_and_command():
     output = dry_run()
-    assert "6 step(s) to run" in output
+    assert "7 step(s) to run" in output
     commands = ("index build medquad", "train biencoder --task faq", "train summarizer --preset quick")
+    assert "train question-writer --out " + str(models_dir() / "question-writer") in output
     for command in (*commands, "train crossencoder --task faq"):
         assert command in output
     assert "--encoder " + str(models_dir() / "biencoder-faq-quick") in output

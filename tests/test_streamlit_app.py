@@ -226,10 +226,11 @@ def test_a_mistyped_demo_index_is_an_error_not_a_build(demo_env, tmp_path, monke
 def test_default_steps_skip_what_exists_and_respect_no_train(demo_env, monkeypatch):
     ready = DemoSettings.from_env()
     steps = default_steps(ready)
-    keys = ["index", "biencoder", "index-faq", "summarizer-ecl", "reranker", "summarizer-gemma"]
+    keys = ["index", "biencoder", "index-faq", "summarizer-ecl", "reranker", "question-writer", "summarizer-gemma"]
     assert [step.key for step in steps] == keys
-    # a custom index and summarizer: the bi-encoder, its index and the Gemma step are switched off
-    assert [step.status for step in steps] == ["done"] * 6
+    # a custom index and summarizer: the bi-encoder, its index and the Gemma step are switched off; the question
+    # writer (of the Adapt page) is not trained while training is off
+    assert [step.status for step in steps] == ["done"] * 5 + ["skipped", "done"]
     assert not SetupRunner(ready).busy()
     monkeypatch.setenv("MEDFAQ_DEMO_RERANKER", "reranker-not-trained")
     statuses = {step.key: step.status for step in default_steps(DemoSettings.from_env())}
@@ -256,7 +257,7 @@ def test_demo_uses_the_best_summarizer_on_disk_while_a_better_one_trains(demo_en
     (models_dir() / "summarizer-ecl-quick" / "config.json").write_text("{}", encoding="utf-8")
     assert settings.summarizer.name == "summarizer-ecl-quick"
     pending = [step.key for step in default_steps(settings) if step.status == "pending"]
-    assert pending == ["summarizer-gemma"]
+    assert pending == ["question-writer", "summarizer-gemma"]
     (models_dir() / "summarizer-gemma-quick").mkdir()
     (models_dir() / "summarizer-gemma-quick" / "config.json").write_text("{}", encoding="utf-8")
     assert settings.summarizer.name == "summarizer-gemma-quick"

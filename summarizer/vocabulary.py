@@ -1,0 +1,71 @@
+"""A decoder-only model's output layer trimmed to the tokens a task uses.
+
+Gemma 3 270M predicts each token over 262,144 rows: about two thirds of a step's arithmetic, and the sampler then
+draws from 262,144 probabilities. A question writer or a summarizer only ever needs the tokens of its training texts
+and of the texts it reads. :class:`TrimmedVocabulary` keeps those rows of the tied embedding (input and output alike),
+so the model reads and predicts in the kept ids; the softmax runs over the kept rows only, which is the full softmax
+restricted to them and renormalised (`tests/test_vocabulary.py` checks it). Ids are mapped in (`to_kept`) before the
+model and back (`to_full`) after it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+
+import torch
+
+from medfaq.common.runtime import MedfaqError
+
+
+def token_ids(tokenizer, texts: Iterable[str]) -> set[int]:
+    """Every token id the tokenizer gives `texts` (with and without a leading space, as prompts and targets differ)."""
+    found: set[int] = set()
+    batch = list(texts)
+    for start in range(0, len(batch), 512):
+        chunk = batch[start : start + 512]
+        for ids in tokenizer([*chunk, *(" " + text for text in chunk)], add_special_tokens=False)["input_ids"]:
+            found.update(ids)
+    return found
+
+
+class TrimmedVocabulary:
+    """The kept token ids (sorted) of one tokenizer: the special tokens always, and `ids`."""
+
+    def __init__(self, tokenizer, ids: Iterable[int]) -> None:
+        special = {i for i in (tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id) if i is not None}
+        self.kept = torch.tensor(sorted(set(ids) | special | set(tokenizer.all_special_ids)), dtype=torch.long)
+        self.size = int(tokenizer.vocab_size if hasattr(tokenizer, "vocab_size") else len(tokenizer))
+        self.size = max(self.size, len(tokenizer), int(self.kept.max()) + 1)
+        self._index = torch.full((self.size,), -1, dtype=torch.long)
+        self._index[self.kept] = torch.arange(len(self.kept))
+
+    def __len__(self) -> int:
+        return len(self.kept)
+
+    def to_kept(self, ids: torch.Tensor) -> torch.Tensor:
+        """Full ids -> kept ids; an id that was not kept is a one-line error (its text was not among the kept)."""
+        mapped = self._index[ids]
+        if bool((mapped < 0).any()):
+            missing = ids[mapped < 0].unique()[:5].tolist()
+            raise MedfaqError(f"token ids {missing} are not in the trimmed vocabulary; add the texts that use them")
+        return mapped
+
+    def to_full(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.kept[ids]
+
+    @contextmanager
+    def applied(self, model) -> Iterator[None]:
+        """`model` (tied input and output embedding) reads and predicts the kept ids only, inside the block."""
+        embedding, head = model.get_input_embeddings(), model.get_output_embeddings()
+        if head is None or head.weight is not embedding.weight:
+            raise MedfaqError("a trimmed vocabulary needs a model whose output layer is its input embedding (tied)")
+        full, vocab_size = embedding.weight, model.config.vocab_size
+        trimmed = torch.nn.Parameter(full.detach()[self.kept.to(full.device)], requires_grad=False)
+        embedding.weight = head.weight = trimmed
+        embedding.num_embeddings = model.config.vocab_size = len(self.kept)
+        try:
+            yield
+        finally:
+            embedding.weight = head.weight = full
+            embedding.num_embeddings = model.config.vocab_size = vocab_size
