@@ -20,6 +20,7 @@ from medfaq.index.collections import FORMATS
 from medfaq.index.records import FIELDS
 from medfaq.index.vector_store import INDEX_KINDS as KINDS
 from medfaq.index.vector_store import VECTOR_BACKENDS
+from medfaq.retriever.adaptation_config import PARTS, AdaptConfig
 from medfaq.retriever.setup_plan import AUTO_ENCODER, choose_encoder, set_up_reranker
 
 BACKEND_FILE = "backend.json"  # in the staging directory: the options a resumed build must reuse
@@ -278,12 +279,17 @@ def adapt(
     writer: str = typer.Option(
         "question-writer", "--writer", help="The question writer (`medfaq train question-writer`): a name or directory."
     ),
-    questions: int = typer.Option(4, "--questions", "-k", min=1, help="Questions written per FAQ."),
+    questions: int = typer.Option(
+        AdaptConfig.questions_per_faq, "--questions", "-k", min=1, help="Questions written per FAQ."
+    ),
     depth: int = typer.Option(
-        3, "--depth", min=0, help="Round trip: keep a question whose FAQ ranks in this top k (0: keep every one)."
+        AdaptConfig.round_trip_depth,
+        "--depth",
+        min=0,
+        help="Round trip: keep a question whose FAQ ranks in this top k (0: keep every one).",
     ),
     parts: list[str] = typer.Option(
-        ["answers", "phrasings", "encoder"],
+        list(PARTS),
         "--part",
         help="What may be added, each only where it wins: answers | phrasings | encoder (repeatable).",
     ),
@@ -293,7 +299,9 @@ def adapt(
         help="The adapted encoder's labels: margin (the reranker's), hard, or auto (margin where "
         "a reranker is set up).",
     ),
-    dev_faqs: int = typer.Option(1000, "--dev-faqs", min=1, help="FAQs lending one question each to development."),
+    dev_faqs: int = typer.Option(
+        AdaptConfig.dev_faqs, "--dev-faqs", min=1, help="FAQs lending one question each to development."
+    ),
     dev_queries: Path | None = typer.Option(None, "--dev-queries", help="Your labelled queries (BEIR queries.jsonl)."),
     dev_qrels: Path | None = typer.Option(None, "--dev-qrels", help="Their judgements (BEIR qrels.tsv or TREC)."),
     seed: int = typer.Option(0, "--seed", help="Random seed of the sampling and the development split."),
@@ -311,7 +319,7 @@ def adapt(
         return
     if (dev_queries is None) != (dev_qrels is None):
         raise MedfaqError("--dev-queries and --dev-qrels go together")
-    config = adaptation.AdaptConfig(
+    config = AdaptConfig(
         writer=writer,
         questions_per_faq=questions,
         round_trip_depth=depth,

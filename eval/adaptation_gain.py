@@ -23,13 +23,14 @@ from medfaq.eval.benchmarks import Benchmark
 from medfaq.eval.retrieval import RetrievalEvaluator, run_pipeline
 from medfaq.eval.script_args import print_report
 from medfaq.retriever import adaptation
-from medfaq.retriever.adaptation import PARTS, AdaptConfig
+from medfaq.retriever.adaptation_config import PARTS, AdaptConfig
 
 VARIANTS: dict[str, dict[str, Any]] = {
     "answers": {"parts": ["answers"], "force": True},
     "phrasings": {"parts": ["phrasings"], "force": True},
     "phrasings-unfiltered": {"parts": ["phrasings"], "force": True, "round_trip_depth": 0},
     "encoder": {"parts": ["encoder"], "force": True},
+    "encoder-hard": {"parts": ["encoder"], "force": True, "encoder_labels": "hard"},
     "all": {"parts": list(PARTS), "force": True},
     "rule": {"parts": list(PARTS), "force": False},
 }

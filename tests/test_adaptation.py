@@ -13,7 +13,8 @@ from medfaq.app.cli import app
 from medfaq.common.runtime import MedfaqError
 from medfaq.index.faq_index import MANIFEST, FaqIndex, read_manifest
 from medfaq.retriever import adaptation
-from medfaq.retriever.adaptation import AdaptConfig, DevQuery
+from medfaq.retriever.adaptation import DevQuery
+from medfaq.retriever.adaptation_config import AdaptConfig
 from medfaq.summarizer.generation import Summarizer
 from medfaq.summarizer.question_writer import QuestionWriter, reversed_pairs, writer_input
 from medfaq.summarizer.training.trainer import train_summarizer

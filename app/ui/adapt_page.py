@@ -9,7 +9,8 @@ from medfaq.app.adaptation_job import AdaptationJob
 from medfaq.app.ui import resources
 from medfaq.common.runtime import MedfaqError
 from medfaq.index.faq_index import read_manifest
-from medfaq.retriever.adaptation import PARTS, describe_adaptation
+from medfaq.retriever.adaptation import describe_adaptation
+from medfaq.retriever.adaptation_config import PARTS, AdaptConfig
 
 
 @st.cache_resource
@@ -41,7 +42,7 @@ def render() -> None:
         st.success(f"The last run ({state['action']}) finished at {state['finished']}.")
     running = state["state"] == "running"
     with st.form("adapt"):
-        questions = st.slider("Questions written per FAQ", 1, 8, 4, key="adapt_questions")
+        questions = st.slider("Questions written per FAQ", 1, 8, AdaptConfig.questions_per_faq, key="adapt_questions")
         parts = st.multiselect("Parts to try", list(PARTS), list(PARTS), key="adapt_parts")
         if st.form_submit_button("Adapt", disabled=running or bool(manifest.adaptation)):
             _start(job, questions_per_faq=questions, parts=parts)
