@@ -8,6 +8,7 @@ import torch
 
 from medfaq.common.runtime import MedfaqError
 from medfaq.summarizer.vocabulary import TrimmedVocabulary
+from tests.test_summarizer_causal import _tiny_sizes
 
 
 class Tokenizer:
@@ -26,17 +27,7 @@ def tiny_gemma():
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
     torch.manual_seed(0)
-    config = Gemma3TextConfig(
-        vocab_size=64,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=8,
-        tie_word_embeddings=True,
-    )
-    return Gemma3ForCausalLM(config).eval()
+    return Gemma3ForCausalLM(Gemma3TextConfig(**_tiny_sizes(64), tie_word_embeddings=True)).eval()
 
 
 def test_trimmed_softmax_is_the_full_softmax_restricted_and_renormalised(tiny_gemma):
