@@ -131,6 +131,7 @@ def test_eval_summarizer_cli_json_and_predictions(tmp_path, meqsum_root, monkeyp
     )
     assert longer.exit_code == 0 and FakeSummarizer.decoding[-1] == (0.0, 1.5)
     decoding = {"num_beams": 3, "max_length": 64, "length_penalty": 1.5, "guidance": 0.0, "mbr": 1}
+    decoding |= {"sample": False, "top_p": 0.9, "temperature": 1.0}  # search, not sampling
     assert json.loads(longer.stdout)["decoding"] == decoding
     for option in ("--length-penalty", "--guidance"):
         endless = CliRunner().invoke(app, [*args, "--output", str(predictions), option, "inf"])
