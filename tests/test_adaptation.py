@@ -213,3 +213,24 @@ def test_margin_labels_scale_the_rerankers_margins_to_the_students(tiny_encoder_
     assert cosine_margins(model, triplets).shape == (8,)
     with pytest.raises(MedfaqError, match="one reranker margin per triplet"):
         train_adapted_encoder(str(tiny_encoder_dir), triplets, config, "margin", margins=None)
+
+
+def test_train_question_writer_on_a_tiny_causal_model_writes_with_its_training_vocabulary(
+    tmp_path, minilm_dir, shared_data
+):
+    from transformers import Gemma3TextConfig
+
+    from tests.test_summarizer_causal import _save_causal, _tiny_sizes
+
+    config = Gemma3TextConfig(**_tiny_sizes(30522), sliding_window=16, layer_types=["sliding_attention"] * 2)
+    backbone = _save_causal(tmp_path / "tiny", config, minilm_dir)
+    out = tmp_path / "writer"
+    command = ["train", "question-writer", "--backbone", str(backbone), "--out", str(out), "--max-pairs", "8"]
+    result = CliRunner().invoke(app, [*command, "--data-root", str(shared_data), "--train-data", "meqsum:train"])
+    assert result.exit_code == 0, result.output
+    assert "samples over" in result.output and (out / "vocabulary.json").is_file()
+    writer = QuestionWriter.load(out, precision="fp32")
+    assert writer.vocabulary and len(writer.vocabulary) < 30522
+    [questions] = writer.write([("Is migraine inherited?", "It often runs in families.")], k=2, seed=0)
+    assert len(questions) == 2  # sampled over the kept ids (tests/test_vocabulary.py checks the ids themselves)
+    assert writer.write([("Is migraine inherited?", "It often runs in families.")], k=2, seed=0) == [questions]
