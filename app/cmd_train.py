@@ -45,6 +45,24 @@ def _pairs(spec: str, data_root: Path | None) -> list[tuple[str, str]]:
     return [(pair.chq, pair.faq) for pair in load_pairs(spec, data_root)]
 
 
+def resumed_config(out: Path, options: dict[str, Any]):
+    """The config of the interrupted summarizer run in `out` (its ``last/`` checkpoint), with the options given now;
+    a stop requested for the interrupted run (``max_steps``) does not carry over."""
+    from medfaq.summarizer.training.config import SummarizerTrainConfig
+    from medfaq.summarizer.training.trainer import LAST_DIR
+
+    if not (out / LAST_DIR).is_dir():
+        raise MedfaqError(f"nothing to resume in {out} (no {LAST_DIR}/ checkpoint)")
+    saved = SummarizerTrainConfig.load(out / LAST_DIR)
+    return SummarizerTrainConfig(**{**saved.__dict__, "max_steps": 0, **options})
+
+
+def best_rouge(history: list[dict]) -> str:
+    """The best validation ROUGE-L of a summarizer run's main stage, or n/a."""
+    best = max((h["valid_rougeL"] for h in history if h.get("stage") == "main"), default=None)
+    return "n/a" if best is None else f"{best:.2f}"
+
+
 def train_summarizer(
     data: str = typer.Option("meqsum", "--data", help="Data set with train and valid splits (e.g. meqsum)."),
     train_data: str | None = typer.Option(
@@ -131,7 +149,7 @@ def train_summarizer(
     from dataclasses import fields
 
     from medfaq.summarizer.training.config import SummarizerTrainConfig, preset_config
-    from medfaq.summarizer.training.trainer import LAST_DIR, SummarizerTrainer
+    from medfaq.summarizer.training.trainer import SummarizerTrainer
 
     given = locals()
     tuned = {f.name for f in fields(SummarizerTrainConfig)} - {"variant", "preset", "seed", "pretrain"}
@@ -140,11 +158,7 @@ def train_summarizer(
     if pretrain or pretrain_data:
         options["pretrain"] = list(pretrain_data or DEFAULT_PRETRAIN)
     if resume:
-        if not (out / LAST_DIR).is_dir():
-            raise MedfaqError(f"nothing to resume in {out} (no {LAST_DIR}/ checkpoint)")
-        saved = SummarizerTrainConfig.load(out / LAST_DIR)
-        options.setdefault("max_steps", 0)  # a stop requested for the interrupted run does not carry over
-        config = SummarizerTrainConfig(**{**saved.__dict__, **options})
+        config = resumed_config(out, options)
     else:
         config = preset_config(preset, variant, seed=seed, **options)
     train = _pairs(config.train_data or f"{data}:train", data_root)
@@ -155,10 +169,9 @@ def train_summarizer(
     trainer = SummarizerTrainer(config, out, resume=resume)  # an --out in use fails before the mining
     mined = mine_retrieval_negatives(train, config.n_retrieval_negatives, index) if index else []
     history = trainer.train(train, valid, extra, retrieval_negatives=mined)
-    best = max((h["valid_rougeL"] for h in history if h.get("stage") == "main"), default=None)
     typer.echo(
-        f"trained {config.variant} ({config.preset}, seed {config.seed}); best valid ROUGE-L "
-        f"{'n/a' if best is None else f'{best:.2f}'}; model in {out}"
+        f"trained {config.variant} ({config.preset}, seed {config.seed}); best valid ROUGE-L {best_rouge(history)}; "
+        f"model in {out}"
     )
 
 
@@ -198,17 +211,15 @@ def train_question_writer(
         reversed_pairs,
         save_vocabulary,
     )
-    from medfaq.summarizer.training.config import SummarizerTrainConfig, preset_config
-    from medfaq.summarizer.training.trainer import LAST_DIR, SummarizerTrainer
+    from medfaq.summarizer.training.config import preset_config
+    from medfaq.summarizer.training.trainer import SummarizerTrainer
 
-    given = {"backbone": backbone, "epochs": epochs, "threads": threads, "precision": precision}
-    given |= {"save_every_steps": save_every_steps, "max_steps": max_steps}
-    options = {key: value for key, value in given.items() if value is not None}
-    if resume:
-        if not (out / LAST_DIR).is_dir():
-            raise MedfaqError(f"nothing to resume in {out} (no {LAST_DIR}/ checkpoint)")
-        config = SummarizerTrainConfig(**{**SummarizerTrainConfig.load(out / LAST_DIR).__dict__, "max_steps": 0})
+    runtime = {"threads": threads, "precision": precision, "save_every_steps": save_every_steps, "max_steps": max_steps}
+    options = {key: value for key, value in runtime.items() if value is not None}
+    if resume:  # the recipe is the interrupted run's; only how it runs may change
+        config = resumed_config(out, options)
     else:
+        options |= {"backbone": backbone, "epochs": epochs}
         settings = {"patience": 1, "eval_max_length": 64, **WRITER_SETTINGS}
         config = preset_config(preset, seed=seed, train_data=train_data or WRITER_TRAIN, **{**settings, **options})
     train = reversed_pairs(_pairs(config.train_data, data_root))
@@ -220,10 +231,9 @@ def train_question_writer(
         every = _pairs(config.train_data, data_root)  # every pair's words, not only the sample trained on
         kept = save_vocabulary(out, [text for pair in every for text in pair])
         typer.echo(f"the writer samples over {kept} tokens of its training texts (and those of the FAQs it reads)")
-    best = max((h["valid_rougeL"] for h in history if h.get("stage") == "main"), default=None)
     typer.echo(
         f"trained the question writer ({config.preset}, seed {config.seed}, {len(train)} pairs); best valid ROUGE-L "
-        f"{'n/a' if best is None else f'{best:.2f}'}; model in {out}"
+        f"{best_rouge(history)}; model in {out}"
     )
 
 

@@ -48,7 +48,7 @@ from medfaq.app.service import SearchService, ServiceStatus, ServiceUnavailable
 from medfaq.common.runtime import MedfaqError, NotFound
 from medfaq.common.settings import Declared
 from medfaq.index.records import FaqRecord, record_problem
-from medfaq.retriever.adaptation_config import AdaptConfig
+from medfaq.retriever.adaptation_config import PARTS, AdaptConfig
 from medfaq.retriever.pipeline import pipeline_settings
 from medfaq.retriever.search import check_query, invalid_text_position
 
@@ -204,9 +204,7 @@ class AdaptRequest(StrictModel):
 
     undo: bool = False
     questions: int = Field(AdaptConfig.questions_per_faq, ge=1, le=16, description="Questions written per FAQ.")
-    parts: list[Literal["answers", "phrasings", "encoder"]] = Field(
-        default_factory=lambda: ["answers", "phrasings", "encoder"], min_length=1
-    )
+    parts: list[Literal["answers", "phrasings", "encoder"]] = Field(default_factory=lambda: list(PARTS), min_length=1)
     labels: Literal["auto", "margin", "hard"] = "auto"
 
 

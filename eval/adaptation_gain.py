@@ -42,9 +42,11 @@ def test_metrics(bench_dir: Path, benchmark: Benchmark) -> dict[str, float]:
     from dataclasses import replace
 
     from medfaq.retriever.model_cache import open_pipeline
+    from medfaq.retriever.pipeline_file import read_config
 
-    pipeline = open_pipeline(bench_dir / "index")
-    pipeline.config = replace(pipeline.config, abstain=False, log_unanswered=False, entities=False)
+    index = bench_dir / "index"
+    config = replace(read_config(index), abstain=False, log_unanswered=False, entities=False)
+    pipeline = open_pipeline(index, config)
     queries = {query["_id"]: query["text"] for query in benchmark.queries}
     run, confidences, _ = run_pipeline(pipeline, queries, progress=False)
     return RetrievalEvaluator(benchmark.qrels, benchmark.ood_ids, benchmark.dev_ids)(run, confidences)

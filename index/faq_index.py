@@ -187,16 +187,11 @@ class FaqIndex:
         store = backend_class(backend)(dim=encoder.dim, kind=kind, **(backend_options or {}))
         now = _now()
         manifest = IndexManifest(
-            encoder=encoder.name,
-            dimension=encoder.dim,
+            **encoder_identity(encoder, backend),
             fields=fields,
             kind=kind,
-            backend={"name": backend, "dim": encoder.dim},
             created=now,
             updated=now,
-            encoder_fingerprint=encoder.fingerprint,
-            encoder_backend=getattr(encoder, "backend", ""),
-            encoder_check=getattr(encoder, "check", {}),
             concepts=concepts.describe() if concepts else {},
         )
         index = cls(manifest, RecordTable(), store, Bm25Index.build([], []), encoder, concepts)
@@ -243,15 +238,7 @@ class FaqIndex:
         texts = [record_text(r, self.manifest.fields) for r in rows[: len(self._records)]] + [p.text for p in phrasings]
         keys = np.concatenate([self._records.keys(), np.array([p.key for p in phrasings], dtype=np.int64)])
         store = backend_class(backend)(dim=encoder.dim, kind=self.manifest.kind)
-        identity = {
-            "encoder": encoder.name,
-            "dimension": encoder.dim,
-            "encoder_fingerprint": encoder.fingerprint,
-            "encoder_backend": getattr(encoder, "backend", ""),
-            "encoder_check": getattr(encoder, "check", {}),
-            "backend": {"name": backend, "dim": encoder.dim},
-            "updated": _now(),
-        }
+        identity = {**encoder_identity(encoder, backend), "updated": _now()}
         manifest = IndexManifest.from_dict({**self.manifest.to_dict(), **identity})
         copy = FaqIndex(
             manifest, self._records.copy(), store, self._bm25, encoder, self._concepts, self._phrasings.copy()
@@ -766,6 +753,18 @@ class FaqIndex:
         data = self.manifest.to_dict()
         data.pop("checksums")
         return {**data, "version": self.version, "sources": _source_counts(self._records.values())}
+
+
+def encoder_identity(encoder: SentenceEncoder, backend: str) -> dict[str, Any]:
+    """The manifest fields that say which encoder, on which runtime, wrote an index's vectors into `backend`."""
+    return {
+        "encoder": encoder.name,
+        "dimension": encoder.dim,
+        "encoder_fingerprint": encoder.fingerprint,
+        "encoder_backend": getattr(encoder, "backend", ""),
+        "encoder_check": getattr(encoder, "check", {}),
+        "backend": {"name": backend, "dim": encoder.dim},
+    }
 
 
 def index_info(directory: str | Path) -> dict[str, Any]:

@@ -172,21 +172,25 @@ def round_trip(pipeline: Any, questions: dict[str, list[str]], depth: int) -> di
 
 
 def ranked_ids(pipeline: Any, queries: list[str], depth: int, batch_size: int = 64) -> list[list[str]]:
-    """The FAQ ids `pipeline` ranks first for each query (abstention and logging off)."""
-    from dataclasses import replace
-
+    """The `depth` FAQ ids `pipeline` (a :func:`ranking_config` one) ranks first for each query."""
     from tqdm.auto import tqdm
 
-    saved = pipeline.config
-    pipeline.config = replace(saved, top_k=depth, abstain=False, log_unanswered=False, entities=False)
-    try:
-        ranked = []
-        starts = range(0, len(queries), batch_size)
-        for start in tqdm(starts, desc="search", disable=len(queries) <= batch_size * 4, leave=False):
-            ranked += [[hit.id for hit in r.hits] for r in pipeline.run_batch(queries[start : start + batch_size])]
-    finally:
-        pipeline.config = saved
+    ranked = []
+    starts = range(0, len(queries), batch_size)
+    for start in tqdm(starts, desc="search", disable=len(queries) <= batch_size * 4, leave=False):
+        ranked += [[hit.id for hit in r.hits[:depth]] for r in pipeline.run_batch(queries[start : start + batch_size])]
     return ranked
+
+
+def ranking_config(directory: Path, depth: int) -> Any:
+    """The index's own pipeline config ranking at least `depth` and the development depth, with abstention, its
+    log and the entity stage off: what the round trip and the development queries are searched with."""
+    from dataclasses import replace
+
+    from medfaq.retriever.pipeline_file import read_config
+
+    config = read_config(directory)
+    return replace(config, top_k=max(depth, DEV_DEPTH), abstain=False, log_unanswered=False, entities=False)
 
 
 def dev_scores(pipeline: Any, queries: Sequence[DevQuery]) -> dict[str, float]:
@@ -243,7 +247,6 @@ def adapt(
     """Adapt the index in `directory` (see the module docstring) and save it; returns the record kept in its
     manifest. An index already adapted is a one-line error (undo first)."""
     from medfaq.retriever.model_cache import build_pipeline
-    from medfaq.retriever.pipeline_file import read_config
 
     directory = Path(directory).expanduser()
     started = time.perf_counter()
@@ -253,7 +256,8 @@ def adapt(
     records = index.records()
     if not records:
         raise MedfaqError(f"index {directory} holds no FAQs to adapt")
-    pipeline = build_pipeline(index, read_config(directory))
+    searched = ranking_config(directory, config.round_trip_depth)
+    pipeline = build_pipeline(index, searched)
     key = generation_key(config, writer)
     cache = work_dir(directory) / f"questions-{key}.jsonl"
     generated = generated_questions(records, config, cache, writer, progress)
@@ -289,7 +293,9 @@ def adapt(
             index.remove_phrasings(keys)
     original_encoder = {"name": index.manifest.encoder, "backend": index.manifest.encoder_backend or "auto"}
     if "encoder" in config.parts:
-        decisions["encoder"], index = adapt_encoder(index, kept, dev_sets, current, config, directory, key, log)
+        decisions["encoder"], index = adapt_encoder(
+            index, kept, dev_sets, current, config, searched, directory, key, log
+        )
     record = {
         "adapted": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "config": asdict(config),
@@ -314,18 +320,19 @@ def adapt_encoder(
     dev_sets: dict[str, list[DevQuery]],
     current: dict[str, dict],
     config: AdaptConfig,
+    searched: Any,
     directory: Path,
     key: str,
     log: Callable[[str], None],
 ) -> tuple[dict[str, Any], FaqIndex]:
     """Train the adapted encoder on the kept questions, encode the bank again with it and score the development
-    queries: (the decision, the index to keep: the re-encoded one where the rule keeps it, else `index`). The
-    model is saved beside the index under the generated questions' `key`."""
+    queries with the `searched` pipeline config: (the decision, the index to keep: the re-encoded one where the rule
+    keeps it, else `index`). The model is saved beside the index under the generated questions' `key`."""
     import shutil
 
     from medfaq.index.encoder import load_encoder
     from medfaq.retriever.model_cache import build_pipeline
-    from medfaq.retriever.pipeline_file import read_config
+    from medfaq.retriever.reranker.model import CrossEncoderReranker
     from medfaq.retriever.training.adapted_encoder import adaptation_triplets, teacher_margins, train_adapted_encoder
     from medfaq.retriever.training.config import EncoderTrainConfig
 
@@ -334,8 +341,8 @@ def adapt_encoder(
     triplets = adaptation_triplets(index, kept, config.encoder_negatives, config.near_duplicate)
     if not triplets:
         return {"kept": False, "rows": 0, "why": "every near miss was a near-duplicate of its FAQ"}, index
-    labels, reranker = encoder_labels(config, directory)
-    margins = teacher_margins(load_reranker(reranker), triplets) if reranker else None
+    labels, reranker = encoder_labels(config, searched.reranker)
+    margins = teacher_margins(CrossEncoderReranker.load(reranker), triplets) if reranker else None
     train_config = EncoderTrainConfig(
         model_type="biencoder",
         task="faq",
@@ -354,7 +361,7 @@ def adapt_encoder(
     model.save(str(out))
     train_config.save(out)
     candidate = index.reencoded(load_encoder(str(out), index.manifest.encoder_backend or "auto"), progress=False)
-    pipeline = build_pipeline(candidate, read_config(directory))
+    pipeline = build_pipeline(candidate, searched)
     after = {name: dev_scores(pipeline, queries) for name, queries in dev_sets.items()}
     keep = part_kept(current, after) or config.force
     log(
@@ -367,25 +374,17 @@ def adapt_encoder(
     return decision, candidate if keep else index
 
 
-def encoder_labels(config: AdaptConfig, directory: Path) -> tuple[str, Path | None]:
-    """The encoder's labels and the reranker that gives margins: the index pipeline's reranker, else the set-up one;
-    ``auto`` falls back to hard labels without either, ``margin`` then is a one-line error."""
-    from medfaq.retriever.pipeline_file import read_config
+def encoder_labels(config: AdaptConfig, named: str | None) -> tuple[str, Path | None]:
+    """The encoder's labels and the reranker that gives margins: the index pipeline's reranker (`named`), else the
+    set-up one; ``auto`` falls back to hard labels without either, ``margin`` then is a one-line error."""
     from medfaq.retriever.setup_plan import set_up_reranker
 
     if config.encoder_labels == "hard":
         return "hard", None
-    named = read_config(directory).reranker
     reranker = Path(resolve_model(named)) if named else set_up_reranker()
     if reranker is None and config.encoder_labels == "margin":
         raise MedfaqError("margin labels come from a reranker: run `medfaq setup` or set one in the index's pipeline")
     return ("margin", reranker) if reranker is not None else ("hard", None)
-
-
-def load_reranker(path: Path) -> Any:
-    from medfaq.retriever.reranker.model import CrossEncoderReranker
-
-    return CrossEncoderReranker.load(path)
 
 
 def describe(scores: dict[str, dict]) -> str:
@@ -393,8 +392,8 @@ def describe(scores: dict[str, dict]) -> str:
 
 
 def undo(directory: Path) -> int:
-    """Remove every row the adaptation added and its record; the number of rows removed."""
-
+    """Remove every row the adaptation added and its record, and encode the bank again with its original encoder
+    where the adaptation replaced it; the number of rows removed."""
     from medfaq.index.encoder import load_encoder
 
     directory = Path(directory).expanduser()
@@ -402,7 +401,8 @@ def undo(directory: Path) -> int:
     original = record.get("original_encoder") if "encoder" in record.get("applied", []) else None
     encoder = load_encoder(original["name"], original["backend"]) if original else None  # before the write lock
 
-    def change(index: FaqIndex) -> int:
+    with write_lock(directory):
+        index = FaqIndex.load(directory)
         keys = adapted_keys(index)
         if not keys and not index.manifest.adaptation:
             raise MedfaqError(f"index {directory} is not adapted; nothing to undo")
@@ -411,15 +411,10 @@ def undo(directory: Path) -> int:
             if max(keys) == index.manifest.next_key - 1 and len(keys) == index.manifest.next_key - min(keys):
                 index.manifest.next_key = min(keys)  # the adapted rows were the last keys given out
         index.manifest.adaptation = {}
-        return len(keys)
-
-    with write_lock(directory):
-        index = FaqIndex.load(directory)
-        removed = change(index)
         if encoder is not None:
             index = index.reencoded(encoder, progress=False)
         index.save(directory)
-    return removed
+    return len(keys)
 
 
 def adaptation_of(directory: Path) -> dict[str, Any]:

@@ -65,7 +65,7 @@ def train_adapted_encoder(
         raise MedfaqError(f"unknown labels {labels!r}; choose one of {', '.join(LABELS)}")
     if not triplets:
         raise MedfaqError("no generated questions to adapt the encoder on")
-    model = load_biencoder(init, config.extra.get("device"))
+    model = load_biencoder(init)
     inference_length = model.max_seq_length
     model.max_seq_length = config.max_length or inference_length
 
