@@ -56,14 +56,20 @@ def work_dir(directory: Path) -> Path:
 
 
 def writer_location(name: str) -> str:
-    """The question writer's directory; a missing one is a one-line error saying how to make it."""
+    """The question writer's directory; a missing one (or a directory that is no trained model) is a one-line error
+    saying how to make it."""
+    from medfaq.summarizer.modeling import TRAIN_CONFIG_FILE
+
     try:
-        return resolve_model(name)
+        location = resolve_model(name)
     except MedfaqError:
+        location = ""
+    if not location or not (Path(location) / TRAIN_CONFIG_FILE).is_file():
         raise MedfaqError(
             f"no question writer {name!r}: run `medfaq setup`, or train one with `medfaq train question-writer --out "
             "DIR` and pass --writer DIR"
-        ) from None
+        )
+    return location
 
 
 def generation_key(config: AdaptConfig, writer: Any = None) -> str:

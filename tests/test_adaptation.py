@@ -165,6 +165,9 @@ def test_adapt_command_errors_are_one_line(index_dir, tmp_path):
     assert result.exit_code != 0 and "go together" in result.output
     result = runner.invoke(app, ["index", "adapt", str(index_dir), "--part", "everything"])
     assert result.exit_code != 0 and "unknown adaptation part" in result.output
+    for writer in ("question-writer", str(tmp_path)):  # not set up; a directory that is no trained model
+        result = runner.invoke(app, ["index", "adapt", str(index_dir), "--writer", writer, "--dry-run"])
+        assert result.exit_code != 0 and "no question writer" in result.output and "medfaq setup" in result.output
 
 
 def test_user_queries_are_a_development_set_of_their_own(index_dir, monkeypatch):
