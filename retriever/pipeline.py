@@ -180,6 +180,12 @@ class PipelineConfig:
     likelihood_prior: float = setting(1.0, help="Weight of an FAQ question's likelihood given no question.", ge=0)
     likelihood_per_token: bool = setting(True, help="Score the likelihood per token (else summed).")
     likelihood_weight: float = setting(1.0, help="Weight of the likelihood ranking in the reranking RRF.", gt=0)
+    likelihood_vocabulary: str = setting(
+        "bank",
+        help="Tokens a decoder-only summarizer's likelihood normalises over: bank (those of the index's FAQ questions, "
+        "the full softmax restricted and renormalised: far cheaper) or full.",
+        choices=("bank", "full"),
+    )
     quantize: bool = setting(False, help="int8 dynamic quantisation of summarizer and reranker.", flag="--quantize")
     encoder_backend: str = setting(
         "auto", help="Query encoder. " + BACKEND_HELP, flag="--encoder-backend", choices=ENCODER_BACKENDS
@@ -370,6 +376,8 @@ class Pipeline:
         self.rewriter = rewriter if self.config.summarize else None
         self.reranker = reranker if self.config.rerank else None
         self.likelihood = likelihood if self.config.likelihood else None
+        if self.likelihood is not None and hasattr(self.likelihood, "keep"):  # its trimmed vocabulary: this bank's
+            self.likelihood.keep([record.question for record in index.records()], f"{index.directory}@{index.version}")
         self.entity_finder = entity_finder if self.config.entities else None
         self.unanswered = unanswered or UnansweredLog(self.config.unanswered_log)
         self.retriever = Retriever(

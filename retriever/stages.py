@@ -96,7 +96,7 @@ def load_rewriter(model: str, settings: StageSettings) -> SummarizerRewriter:
 def load_likelihood(model: str, settings: StageSettings) -> Any:
     from medfaq.summarizer.likelihood import SummaryLikelihood
 
-    return SummaryLikelihood.load(model, quantize=settings.quantize)
+    return SummaryLikelihood.load(model, quantize=settings.quantize, vocabulary=settings.likelihood_vocabulary)
 
 
 def locate_reranker(name: str | None) -> str:
@@ -152,7 +152,7 @@ STAGE_LOADERS: dict[str, StageLoader] = {
         reads=("quantize", "rerank_max_length", "rerank_precision", "encoder_backend"),
         locate=locate_reranker,
     ),
-    "likelihood": StageLoader(load_likelihood, reads=("quantize",), locate=locate_summarizer),
+    "likelihood": StageLoader(load_likelihood, reads=("quantize", "likelihood_vocabulary"), locate=locate_summarizer),
     "entities": StageLoader(load_entities),
 }
 """The loader of each stage kind (:data:`retriever.pipeline.STAGE_KINDS`)."""

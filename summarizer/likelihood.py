@@ -12,19 +12,27 @@ decoder attends to that one encoding. The tokens scored are the ones the trainer
 (summarizer/training/collator.py): a decoder-only model's " " + question + EOS after the prompt, a seq2seq model's
 target tokens (BERT2BERT: without the [CLS] its decoder starts from). Priors depend on the candidate alone and are
 kept per text, so a bank's FAQs cost their prior once.
+
+A decoder-only model predicts over a trimmed vocabulary (``vocabulary="bank"``, summarizer/vocabulary.py): the tokens
+of the bank's FAQ questions (:meth:`SummaryLikelihood.keep`, which the pipeline calls with its index's questions) and
+of every candidate scored. Its softmax is the full softmax restricted to those tokens and renormalised; the question
+is read whole. Gemma's 262,144-row output layer over every candidate token is most of the stage's arithmetic, and a
+bank uses a few thousand of them. A newly kept token changes every score by the little probability its row carries,
+so the kept set and the priors computed under it are renewed together.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from medfaq.common.runtime import quantize_linear
+from medfaq.common.runtime import MedfaqError, quantize_linear
 from medfaq.summarizer.modeling import (
     cache_argument,
     clean_question,
@@ -33,6 +41,9 @@ from medfaq.summarizer.modeling import (
     prompt_ids,
     trained_summarizer,
 )
+from medfaq.summarizer.vocabulary import KeptRowsHead, TrimmedVocabulary
+
+VOCABULARIES = ("bank", "full")  # the tokens a decoder-only model's likelihood normalises over
 
 MAX_TARGET_TOKENS = 64
 PRIOR_CACHE_SIZE = 200_000
@@ -57,9 +68,19 @@ class SummaryLikelihood:
         max_source_len: int = 512,
         max_target_len: int = MAX_TARGET_TOKENS,
         name: str = "",
+        vocabulary: str = "bank",
+        quantized: bool = False,
     ) -> None:
+        if vocabulary not in VOCABULARIES:
+            raise MedfaqError(f"likelihood vocabulary must be one of {', '.join(VOCABULARIES)}, got {vocabulary!r}")
         self.model, self.tokenizer = model.eval(), tokenizer
         self.causal = is_causal_lm(model)
+        self.trims = self.causal and vocabulary == "bank"
+        self.quantized = quantized
+        self._kept_ids: set[int] = set()
+        self._vocabulary: TrimmedVocabulary | None = None
+        self._head: KeptRowsHead | None = None
+        self._kept_banks: set[str] = set()
         self.max_source_len, self.max_target_len = max_source_len, max_target_len
         self.name = name
         bert2bert = model.config.model_type == "encoder-decoder"
@@ -69,9 +90,9 @@ class SummaryLikelihood:
         self._cache_argument = cache_argument(model) if self.causal else ""
 
     @classmethod
-    def load(cls, model: str | Path, quantize: bool = False) -> SummaryLikelihood:
+    def load(cls, model: str | Path, quantize: bool = False, vocabulary: str = "bank") -> SummaryLikelihood:
         """A trained summarizer directory (seq2seq or decoder-only), on the CPU; `quantize`: int8 linear layers
-        (PyTorch dynamic quantisation)."""
+        (PyTorch dynamic quantisation); `vocabulary`: ``bank`` (trimmed, see the module docstring) or ``full``."""
         path, saved = trained_summarizer(model)
         network, tokenizer = load_backbone(path)
         if quantize:
@@ -82,7 +103,30 @@ class SummaryLikelihood:
             max_source_len=saved.get("max_source_len", 512),
             max_target_len=saved.get("max_target_len", MAX_TARGET_TOKENS),
             name=str(path),
+            vocabulary=vocabulary,
+            quantized=quantize,
         )
+
+    def keep(self, texts: Sequence[str], bank: str = "") -> None:
+        """Keep the target tokens of `texts` (a bank's FAQ questions) in the trimmed vocabulary; a `bank` key (an
+        index's directory and version) already kept is skipped. Nothing to do for an untrimmed stage."""
+        if not self.trims or (bank and bank in self._kept_banks):
+            return
+        with self._lock:
+            self._keep_targets([self._target_ids(text) for text in texts])
+            if bank:
+                self._kept_banks.add(bank)
+
+    def _keep_targets(self, rows: Sequence[Sequence[int]]) -> None:
+        new = {token for row in rows for token in row} - self._kept_ids
+        if not new and self._vocabulary is not None:
+            return
+        self._kept_ids |= new
+        self._vocabulary = TrimmedVocabulary(self.tokenizer, self._kept_ids)
+        self._head = self._vocabulary.head(self.model)
+        if self.quantized:
+            self._head.quantize()
+        self._priors.clear()  # computed under the old kept set
 
     def score(
         self, query: str, candidates: list[str], prior_weight: float = 0.0, per_token: bool = True
@@ -98,6 +142,8 @@ class SummaryLikelihood:
 
     def prior_scores(self, candidates: Sequence[str]) -> TokenScores:
         """log P(candidate | empty question) of each candidate, computed once per text."""
+        if self.trims:  # a token newly kept renews the priors: before they are read
+            self._keep_targets([self._target_ids(text) for text in candidates])
         missing = list(dict.fromkeys(text for text in candidates if text not in self._priors))
         if missing:
             if len(self._priors) + len(missing) > PRIOR_CACHE_SIZE:
@@ -109,18 +155,29 @@ class SummaryLikelihood:
 
     def token_scores(self, query: str, candidates: Sequence[str]) -> TokenScores:
         """Summed log P(candidate tokens | query) and token counts, all candidates in one batch sharing `query`."""
-        labels = padded_targets([self._target_ids(text) for text in candidates])
+        rows = [self._target_ids(text) for text in candidates]
+        labels = targets = padded_targets(rows)
         with torch.inference_mode():
             if self.causal:
                 prompt = torch.tensor([prompt_ids(self.tokenizer, query, self.max_source_len)[0]])
-                logits = causal_logits(self.model, prompt, labels, self._cache_argument)
+                with self._predicting(rows):
+                    logits = causal_logits(self.model, prompt, labels, self._cache_argument)
+                if self._vocabulary is not None:  # the logits are over the kept ids
+                    targets = torch.where(labels == -100, labels, self._vocabulary.to_kept(labels.clamp(min=0)))
             else:
                 encoded = self.tokenizer(
                     clean_question(query), max_length=self.max_source_len, truncation=True, return_tensors="pt"
                 )
                 logits = seq2seq_logits(self.model, encoded, labels)
-            total = summed_log_probs(logits, labels)
+            total = summed_log_probs(logits, targets)
         return TokenScores(total.double().numpy(), (labels != -100).sum(dim=1).numpy())
+
+    def _predicting(self, rows: Sequence[Sequence[int]]):
+        """The model predicting over the kept tokens (those of `rows` kept too) when trimmed, else as it is."""
+        if not self.trims:
+            return nullcontext()
+        self._keep_targets(rows)
+        return self._vocabulary.predicting(self.model, self._head)
 
     def _target_ids(self, text: str) -> list[int]:
         return target_ids(self.tokenizer, text, self.max_target_len, self.causal, self._strip_start)

@@ -6,6 +6,10 @@ and of the texts it reads. :class:`TrimmedVocabulary` keeps those rows of the ti
 so the model reads and predicts in the kept ids; the softmax runs over the kept rows only, which is the full softmax
 restricted to them and renormalised (`tests/test_vocabulary.py` checks it). Ids are mapped in (`to_kept`) before the
 model and back (`to_full`) after it.
+
+A scorer reads any text but predicts only known ones (the likelihood stage scores a bank's FAQ questions given any
+consumer question): :meth:`TrimmedVocabulary.predicting` trims the output layer alone, so the model reads full ids
+and its logits come out in kept ids (:class:`KeptRowsHead`).
 """
 
 from __future__ import annotations
@@ -54,6 +58,24 @@ class TrimmedVocabulary:
     def to_full(self, ids: torch.Tensor) -> torch.Tensor:
         return self.kept[ids]
 
+    def head(self, model, differentiable: bool = False) -> KeptRowsHead:
+        """`model`'s output layer over the kept rows (see :class:`KeptRowsHead`); the model must tie its output layer
+        to its input embedding (its head may since have been quantised: the rows are read from the embedding)."""
+        if not getattr(model.config, "tie_word_embeddings", False):
+            raise MedfaqError("a trimmed vocabulary needs a model whose output layer is its input embedding (tied)")
+        return KeptRowsHead(model.get_input_embeddings().weight, self.kept, differentiable)
+
+    @contextmanager
+    def predicting(self, model, head: KeptRowsHead | None = None) -> Iterator[None]:
+        """`model` reads full ids but predicts the kept ids only, inside the block (through `head`, else a fresh
+        :meth:`head`)."""
+        full = model.get_output_embeddings()
+        model.set_output_embeddings(head if head is not None else self.head(model))
+        try:
+            yield
+        finally:
+            model.set_output_embeddings(full)
+
     @contextmanager
     def applied(self, model) -> Iterator[None]:
         """`model` (tied input and output embedding) reads and predicts the kept ids only, inside the block."""
@@ -69,3 +91,31 @@ class TrimmedVocabulary:
         finally:
             embedding.weight = head.weight = full
             embedding.num_embeddings = model.config.vocab_size = vocab_size
+
+
+class KeptRowsHead(torch.nn.Module):
+    """An output layer whose rows are the kept rows of a tied embedding: logits in kept ids. Frozen, it copies the
+    rows once (inference: `quantize` makes that copy an int8 layer); `differentiable`, it gathers them on every call,
+    so gradients reach the embedding."""
+
+    def __init__(self, embedding: torch.Tensor, kept: torch.Tensor, differentiable: bool = False) -> None:
+        super().__init__()
+        self.__dict__["embedding"] = embedding  # a reference, not a parameter of this layer
+        self.register_buffer("kept", kept.to(embedding.device), persistent=False)
+        self.linear: torch.nn.Module | None = None
+        if not differentiable:
+            self.linear = torch.nn.Linear(embedding.shape[1], len(kept), bias=False, dtype=embedding.dtype)
+            self.linear.weight = torch.nn.Parameter(embedding.detach()[self.kept].clone(), requires_grad=False)
+
+    def quantize(self) -> KeptRowsHead:
+        """int8 rows (PyTorch dynamic quantisation), for inference."""
+        from medfaq.common.runtime import quantize_linear
+
+        if self.linear is not None:
+            self.linear = quantize_linear(torch.nn.Sequential(self.linear))[0]
+        return self
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.linear is not None:
+            return self.linear(hidden)
+        return torch.nn.functional.linear(hidden, self.embedding[self.kept].to(hidden.dtype))

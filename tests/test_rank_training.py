@@ -40,6 +40,7 @@ def stage_ranking_loss(trainer: SummarizerTrainer, prior: float, temperature: fl
     """The ranking loss computed from the likelihood stage's own scores of the trainer's model (in eval mode)."""
     trainer.model.eval()
     stage = SummaryLikelihood(trainer.network, trainer.tokenizer, trainer.config.max_source_len, 12)
+    stage.keep([text for example in _examples() for text in (example.faq, *example.negatives)])
     losses = []
     for example in _examples():
         if example.negatives:
@@ -56,6 +57,8 @@ def test_the_ranking_loss_scores_candidates_as_the_likelihood_stage_does(backbon
     trainer.model.eval()  # no dropout: the two computations must agree exactly
     batch = trainer.collator(_examples())
     assert batch.candidates.shape[:2] == (4, 3)
+    trainer.keep_rank_vocabulary(_examples())  # what `train` does: the stage's trimmed softmax, over these FAQs
+    assert (trainer.rank_vocabulary is not None) == trainer.causal
     with torch.no_grad():
         loss = trainer._rank_loss(batch)
     assert float(loss) == pytest.approx(stage_ranking_loss(trainer, prior, 2.0), abs=1e-4)

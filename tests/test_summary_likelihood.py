@@ -56,7 +56,8 @@ def tiny_bert2bert_summarizer(tmp_path_factory, tiny_bert_dir):
 
 
 def unshared_log_probs(scorer: SummaryLikelihood, question: str, candidates: list[str]) -> np.ndarray:
-    """Each candidate's summed log-probability from its own full forward pass (no cache, no batch)."""
+    """Each candidate's summed log-probability from its own full forward pass (no cache, no batch), over the full
+    vocabulary, or over a trimmed stage's kept tokens: the full softmax restricted to them and renormalised."""
     totals = []
     for text in candidates:
         target = scorer._target_ids(text)
@@ -69,21 +70,42 @@ def unshared_log_probs(scorer: SummaryLikelihood, question: str, candidates: lis
                     question, max_length=scorer.max_source_len, truncation=True, return_tensors="pt"
                 )
                 logits = scorer.model(**encoded, labels=torch.tensor([target])).logits[0]
+        if scorer.trims:
+            kept = scorer._vocabulary.kept
+            logits, target = logits[:, kept], scorer._vocabulary.to_kept(torch.tensor(target)).tolist()
         log_probs = torch.log_softmax(logits.float(), dim=-1)
         totals.append(float(sum(log_probs[i, token] for i, token in enumerate(target))))
     return np.array(totals)
 
 
-@pytest.mark.parametrize("backbone", ["tiny_gemma_summarizer", "tiny_bert2bert_summarizer"])
-def test_shared_prefix_scores_equal_one_forward_pass_per_candidate(backbone, request):
-    scorer = SummaryLikelihood.load(request.getfixturevalue(backbone))
+@pytest.mark.parametrize(
+    ("backbone", "vocabulary"),
+    [("tiny_gemma_summarizer", "full"), ("tiny_gemma_summarizer", "bank"), ("tiny_bert2bert_summarizer", "bank")],
+)
+def test_shared_prefix_scores_equal_one_forward_pass_per_candidate(backbone, vocabulary, request):
+    scorer = SummaryLikelihood.load(request.getfixturevalue(backbone), vocabulary=vocabulary)
     assert scorer.causal == (backbone == "tiny_gemma_summarizer")
+    assert scorer.trims == (scorer.causal and vocabulary == "bank")
+    scorer.keep(["How is acne treated?", *CANDIDATES])
     shared = scorer.token_scores(QUESTION, CANDIDATES)
     np.testing.assert_allclose(shared.log_prob, unshared_log_probs(scorer, QUESTION, CANDIDATES), rtol=1e-4, atol=1e-4)
     assert shared.tokens.tolist() == [len(scorer._target_ids(text)) for text in CANDIDATES]
     assert (shared.log_prob < 0).all()
     alone = scorer.token_scores(QUESTION, CANDIDATES[2:3])  # padding beside a longer candidate changes nothing
     np.testing.assert_allclose(alone.log_prob, shared.log_prob[2:3], rtol=1e-4, atol=1e-4)
+
+
+def test_a_trimmed_stage_keeps_its_banks_tokens_once_and_a_new_token_renews_the_priors(tiny_gemma_summarizer):
+    scorer = SummaryLikelihood.load(tiny_gemma_summarizer)
+    scorer.keep(CANDIDATES, bank="faqs@1")
+    kept = len(scorer._vocabulary)
+    assert kept < scorer.model.config.vocab_size
+    first = scorer.score(QUESTION, CANDIDATES[:2], prior_weight=1.0)
+    assert scorer.score(QUESTION, CANDIDATES[:2], prior_weight=1.0) == first  # a fixed kept set: the same scores
+    scorer.keep(["Is zoster contagious?"], bank="faqs@1")  # that bank's version is kept already: nothing changes
+    assert len(scorer._vocabulary) == kept and set(scorer._priors) == set(CANDIDATES[:2])
+    scorer.score(QUESTION, ["Is zoster contagious?"], prior_weight=1.0)  # its new tokens are kept first
+    assert len(scorer._vocabulary) > kept and set(scorer._priors) == {"Is zoster contagious?"}
 
 
 def test_the_prior_correction_subtracts_the_likelihood_given_no_question(tiny_gemma_summarizer):
@@ -273,7 +295,7 @@ def test_the_beams_rankings_fuse_with_the_raw_ranking_by_weighted_rrf():
 
 
 def test_the_development_rule_puts_the_worst_set_first_then_fewest_losses():
-    from medfaq.eval.summary_ranking import choose_on_dev
+    from medfaq.retriever.likelihood_choice import choose_on_dev
 
     outcomes = {  # setting -> per set: (R@1, questions answered at rank 1)
         None: {"a": (50.0, {"1", "2"}), "b": (50.0, {"3"})},

@@ -34,12 +34,13 @@ import torch
 import torch.nn.functional as F
 
 from medfaq.common.runtime import MedfaqError, autocast, choose_device, resolve_precision, seed_everything
-from medfaq.summarizer.likelihood import causal_logits, seq2seq_logits, summed_log_probs
+from medfaq.summarizer.likelihood import causal_logits, seq2seq_logits, summed_log_probs, target_ids
 from medfaq.summarizer.modeling import cache_argument, is_causal_lm, load_backbone, prompt_ids
 from medfaq.summarizer.training.collator import Batch, Collator
 from medfaq.summarizer.training.config import RETRIEVAL_NEGATIVES_FILE, SummarizerTrainConfig
 from medfaq.summarizer.training.contrastive import MoCo, diversity_loss, info_nce, masked_mean, mean_cosine
-from medfaq.summarizer.training.examples import build_examples, epoch_batches
+from medfaq.summarizer.training.examples import Example, build_examples, epoch_batches
+from medfaq.summarizer.vocabulary import TrimmedVocabulary
 
 logger = logging.getLogger("medfaq")
 
@@ -112,6 +113,7 @@ class SummarizerTrainer:
             rank_targets=config.variant == "rank",
         )
         self._empty_source = self._source_for("") if config.variant == "rank" else None  # the prior's: no question
+        self.rank_vocabulary: TrimmedVocabulary | None = None  # set by `keep_rank_vocabulary`
         self.history: list[dict] = []
         self.best_score = -math.inf
         self.bad_epochs = 0
@@ -257,9 +259,25 @@ class SummarizerTrainer:
         length = int(batch.source["attention_mask"][row].sum())
         return {key: value[row : row + 1, :length] for key, value in batch.source.items()}
 
+    def keep_rank_vocabulary(self, examples: Sequence[Example]) -> None:
+        """Variant rank on a decoder-only model: L_rank's softmax over the tokens of the examples' FAQs and negatives
+        alone, as the likelihood stage's trimmed vocabulary (summarizer/likelihood.py) normalises over its bank's."""
+        if self.config.variant != "rank" or not self.causal:
+            return
+        texts = {text for example in examples for text in (example.faq, *example.negatives)}
+        max_len = self.config.max_target_len
+        self.rank_vocabulary = TrimmedVocabulary(
+            self.tokenizer, {token for text in texts for token in target_ids(self.tokenizer, text, max_len, True)}
+        )
+
     def _summed_log_probs(self, source, labels: torch.Tensor) -> torch.Tensor:
         """log P(each row of `labels` | `source`), the source read once and shared, as the likelihood stage reads it."""
-        if self.causal:
+        if self.causal and self.rank_vocabulary is not None:
+            kept = self.rank_vocabulary
+            with kept.predicting(self.network, kept.head(self.network, differentiable=True)):
+                logits = causal_logits(self.model, source, labels, self._cache_argument)
+            labels = torch.where(labels == -100, labels, kept.to_kept(labels.clamp(min=0).cpu()).to(labels.device))
+        elif self.causal:
             logits = causal_logits(self.model, source, labels, self._cache_argument)
         else:
             logits = seq2seq_logits(self.model, source, labels)
@@ -330,6 +348,7 @@ class SummarizerTrainer:
                 ("pretrain", build_examples(pretrain_pairs, config, start_id=len(train_pairs)), config.pretrain_epochs)
             )
         stages.append(("main", build_examples(train_pairs, config), config.epochs))
+        self.keep_rank_vocabulary([example for _, examples, _ in stages for example in examples])
         valid = list(valid_pairs)[: config.eval_examples or None]
         steps_per_epoch = {
             name: math.ceil(math.ceil(len(ex) / config.batch_size) / config.grad_accum) for name, ex, _ in stages
