@@ -68,6 +68,25 @@ def dedup(
         typer.echo(f"re-split {dataset} ({level} duplicates dropped, seed {seed}): {split_counts} in {out}")
 
 
+def split_benchmark(
+    benchmark: Path = typer.Argument(..., help="A benchmark directory (`medfaq data make-benchmark`)."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the split."),
+    fractions: str = typer.Option("0.6,0.2,0.2", "--fractions", help="Shares of train,dev,test."),
+    out: Path | None = typer.Option(None, "--out", help="Directory for the parts (default: BENCHMARK/split-SEED)."),
+) -> None:
+    """Split a benchmark's judged questions into seeded train / dev / test parts, each with its queries, qrels and
+    training pairs (question -> its gold FAQ question), to train and choose a stage for that bank."""
+    from medfaq.eval.benchmarks import Benchmark, save_query_parts
+
+    try:
+        shares = tuple(float(value) for value in fractions.split(","))
+    except ValueError:
+        raise MedfaqError(f"--fractions takes three numbers such as 0.6,0.2,0.2, got {fractions!r}") from None
+    out = out or benchmark / f"split-{seed}"
+    counts = save_query_parts(Benchmark.load(benchmark), out, seed, shares)
+    typer.echo(f"{', '.join(f'{part} {count}' for part, count in counts.items())} judged questions -> {out}")
+
+
 def make_benchmark(
     name: str = typer.Argument(..., help=" | ".join(BENCHMARKS)),
     out: Path = typer.Option(..., "--out", help="Directory for corpus.jsonl, queries.jsonl, qrels.tsv, ..."),

@@ -374,6 +374,49 @@ def _covid_q(data_root: Path | None) -> Benchmark:
     return Benchmark("covid-q", corpus, list(queries.values()), qrels, description)
 
 
+QUERY_PARTS = ("train", "dev", "test")
+
+
+def split_queries(benchmark: Benchmark, seed: int = 0, fractions: tuple[float, ...] = (0.6, 0.2, 0.2)) -> dict:
+    """The judged queries of `benchmark` in seeded train / dev / test parts (`fractions`), by a hash of each query's
+    normalised text (a repeated question stays in one part): {part: (queries, qrels)}. The train part's (question,
+    gold FAQ question) pairs can train a stage for this bank, the dev part choose its settings, and the test part
+    is scored once."""
+    import hashlib
+
+    if len(fractions) != len(QUERY_PARTS) or min(fractions) <= 0 or abs(sum(fractions) - 1) > 1e-6:
+        raise MedfaqError(f"give three positive fractions for {'/'.join(QUERY_PARTS)} that sum to 1, got {fractions}")
+    bounds = [sum(fractions[: i + 1]) for i in range(len(fractions))]
+    parts: dict[str, tuple[list[dict[str, Any]], Qrels]] = {part: ([], {}) for part in QUERY_PARTS}
+    for query in benchmark.queries:
+        if query["_id"] not in benchmark.qrels:
+            continue
+        digest = hashlib.sha256(f"{seed}:{_normalise(query['text'])}".encode()).digest()
+        position = int.from_bytes(digest[:8], "big") / 2**64
+        part = QUERY_PARTS[next(i for i, bound in enumerate(bounds) if position < bound or i == len(bounds) - 1)]
+        parts[part][0].append({**query, "metadata": {**query.get("metadata", {}), "part": part, "part_seed": seed}})
+        parts[part][1][query["_id"]] = benchmark.qrels[query["_id"]]
+    return parts
+
+
+def save_query_parts(benchmark: Benchmark, out: Path, seed: int, fractions: tuple[float, ...]) -> dict[str, int]:
+    """Write :func:`split_queries`' parts into ``out/<part>/``: ``queries.jsonl``, ``qrels.tsv``, ``qrels.trec``
+    and ``pairs.jsonl`` (``{"chq", "faq"}``: each question with its first gold FAQ's question, training pairs for
+    `medfaq train summarizer --train-data`). Returns the queries per part."""
+    texts = {row["_id"]: row["text"] for row in benchmark.corpus}
+    counts = {}
+    for part, (queries, qrels) in split_queries(benchmark, seed, fractions).items():
+        directory = out / part
+        directory.mkdir(parents=True, exist_ok=True)
+        _write_jsonl(directory / "queries.jsonl", queries)
+        write_qrels(directory / "qrels.tsv", qrels)
+        write_qrels(directory / "qrels.trec", qrels, trec=True)
+        pairs = [{"id": q["_id"], "chq": q["text"], "faq": texts[next(iter(qrels[q["_id"]]))]} for q in queries]
+        _write_jsonl(directory / "pairs.jsonl", pairs)
+        counts[part] = len(queries)
+    return counts
+
+
 def _write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
     with path.open("w", encoding="utf-8") as handle:
         for row in rows:

@@ -1,7 +1,8 @@
 """CHQ -> FAQ question-summarization pairs from the registered datasets (`medfaq data fetch NAME`; those with
 summarization splits in index/datasets.py).
 
-A spec is ``"<dataset>:<split>"`` (e.g. ``meqsum:test``); several can be joined with ``+``
+A spec is ``"<dataset>:<split>"`` (e.g. ``meqsum:test``), or a JSONL file of ``{"chq", "faq"}`` rows (e.g. a
+benchmark part's ``pairs.jsonl``, `medfaq data split-benchmark`); several can be joined with ``+``
 (``chq_summ:train+healthcaremagic:train``). Files are read from ``data_dir()/<subdir>`` or, with `data_root`,
 from ``data_root/<subdir>`` (the ``../shared/data`` layout, or the output of ``medfaq data dedup --resplit``).
 """
@@ -103,10 +104,26 @@ def load_summary_rows(dataset: str, split: str, data_root: Path | None = None) -
 
 
 def load_pairs(spec: str, data_root: Path | None = None) -> list[SummaryPair]:
-    """The CHQ -> FAQ pairs of `spec` (RQE: label-1 pairs only), in file order."""
+    """The CHQ -> FAQ pairs of `spec` (RQE: label-1 pairs only), in the order of its parts and of each file."""
     pairs = []
-    for dataset, split in parse_spec(spec):
-        source = f"{dataset}:{split}"
-        for identifier, row in load_summary_rows(dataset, split, data_root):
-            pairs.append(SummaryPair(f"{source}:{identifier}", row["chq"], row["faq"], source))
+    for part in (part.strip() for part in spec.split("+")):
+        if part.endswith(".jsonl"):
+            pairs.extend(file_pairs(Path(part).expanduser()))
+            continue
+        for dataset, split in parse_spec(part):
+            source = f"{dataset}:{split}"
+            for identifier, row in load_summary_rows(dataset, split, data_root):
+                pairs.append(SummaryPair(f"{source}:{identifier}", row["chq"], row["faq"], source))
+    return pairs
+
+
+def file_pairs(path: Path) -> list[SummaryPair]:
+    """The ``{"chq", "faq"}`` rows of a JSONL file; a missing file or a row without both texts is a one-line error."""
+    if not path.is_file():
+        raise MedfaqError(f"{path}: no such pairs file")
+    pairs = []
+    for number, row in enumerate(read_jsonl(path)):
+        if not all(isinstance(row.get(key), str) and row[key].strip() for key in ("chq", "faq")):
+            raise MedfaqError(f"{path}: row {number + 1} has no 'chq'/'faq' text")
+        pairs.append(SummaryPair(f"{path.name}:{row_id(row, number)}", row["chq"], row["faq"], str(path)))
     return pairs

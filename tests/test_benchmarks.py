@@ -121,3 +121,30 @@ def test_covid_q_is_a_bank_of_class_questions_searched_by_the_others(shared_data
     faq_texts = {row["text"].lower() for row in benchmark.corpus}
     assert not any(query["text"].lower() in faq_texts for query in benchmark.queries)
     assert all(len(gold) >= 1 for gold in benchmark.qrels.values()) and not benchmark.dev_ids
+
+
+def test_split_benchmark_writes_seeded_disjoint_parts_with_training_pairs(shared_data, tmp_path):
+    from medfaq.eval.summarization_data import load_pairs
+
+    runner = CliRunner()
+    bench = tmp_path / "mediqa"
+    made = ["data", "make-benchmark", "mediqa2021", "--out", str(bench), "--from", str(shared_data), "--no-index"]
+    assert runner.invoke(app, made).exit_code == 0
+    result = runner.invoke(app, ["data", "split-benchmark", str(bench), "--seed", "3"])
+    assert result.exit_code == 0, result.output
+    parts = {name: read_beir_queries(bench / "split-3" / name / "queries.jsonl") for name in ("train", "dev", "test")}
+    ids = [{q["_id"] for q in queries} for queries in parts.values()]
+    assert sum(map(len, ids)) == 100 and not (ids[0] & ids[1] or ids[0] & ids[2] or ids[1] & ids[2])
+    assert 40 <= len(ids[0]) <= 80 and all(q["metadata"]["part"] == "dev" for q in parts["dev"])
+    assert all(q["metadata"]["split"] == "test" for q in parts["dev"])  # scored as test questions of their part
+    again = tmp_path / "again"
+    runner.invoke(app, ["data", "split-benchmark", str(bench), "--seed", "3", "--out", str(again)])
+    assert (again / "test" / "qrels.tsv").read_text() == (bench / "split-3" / "test" / "qrels.tsv").read_text()
+    pairs = load_pairs(f"{bench / 'split-3' / 'train' / 'pairs.jsonl'}+mediqa2021:valid", shared_data)
+    corpus = {row["_id"]: row["text"] for row in Benchmark.load(bench).corpus}
+    qrels = read_qrels(bench / "split-3" / "train" / "qrels.tsv")
+    first = parts["train"][0]
+    assert (pairs[0].chq, pairs[0].faq) == (first["text"], corpus[next(iter(qrels[first["_id"]]))])
+    assert len(pairs) == len(ids[0]) + 50 and pairs[-1].source == "mediqa2021:valid"
+    bad = runner.invoke(app, ["data", "split-benchmark", str(bench), "--fractions", "0.5,0.5"])
+    assert bad.exit_code != 0 and "three positive fractions" in bad.output
