@@ -4,13 +4,12 @@ its state readable while it runs (a run takes minutes; a request or a page must 
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from medfaq.common.runtime import MedfaqError
+from medfaq.common.runtime import MedfaqError, utc_timestamp
 
 
 @dataclass
@@ -49,7 +48,7 @@ class AdaptationJob:
         with self._lock:
             if self._state.state == "running":
                 raise AdaptationRunning(f"an adaptation of {self.index_dir} is running since {self._state.started}")
-            self._state = AdaptationState("running", "undo" if undo else "adapt", _now())
+            self._state = AdaptationState("running", "undo" if undo else "adapt", utc_timestamp())
             self._thread = threading.Thread(target=self._run, args=(config,), name="medfaq-adapt", daemon=True)
             self._thread.start()
             return asdict(self._state)
@@ -72,13 +71,9 @@ class AdaptationJob:
         except (MedfaqError, OSError) as error:
             outcome = {"state": "failed", "error": str(error)}
         with self._lock:
-            self._state = AdaptationState(**{**asdict(self._state), **outcome, "finished": _now()})
+            self._state = AdaptationState(**{**asdict(self._state), **outcome, "finished": utc_timestamp()})
         self.on_done()
 
 
 class AdaptationRunning(MedfaqError):
     """Another adaptation of the same index is running (HTTP 409)."""
-
-
-def _now() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())

@@ -261,8 +261,12 @@ def info(
 ) -> None:
     """Show an index's manifest: encoder, dimension, fingerprint, fields, kind, counts, sources, version."""
     from medfaq.index.faq_index import index_info
+    from medfaq.retriever.likelihood_choice import describe_choice, read_choice
 
     details = index_info(directory)
+    choice = read_choice(directory)
+    if choice is not None:
+        details["likelihood"] = choice
     if as_json:
         typer.echo(json.dumps(details, indent=2))
         return
@@ -271,6 +275,8 @@ def info(
             from medfaq.retriever.adaptation import describe_adaptation
 
             value = describe_adaptation(value, details["counts"].get("records", 0))
+        elif key == "likelihood":
+            value = describe_choice(value)
         typer.echo(f"{key:<20} {json.dumps(value) if isinstance(value, (dict, list)) else value}")
 
 
@@ -335,6 +341,37 @@ def adapt(
     record = adaptation.adapt(directory, config, labelled, log=lambda line: typer.echo(line, err=True))
     applied = ", ".join(record["applied"]) or "nothing (no part won on the development queries)"
     typer.echo(f"adapted {directory} in {record['seconds'] / 60:.1f} min: {applied}")
+
+
+def likelihood(
+    directory: Path = typer.Argument(..., help="Index directory."),
+    summarizer: str | None = typer.Option(
+        None, "--summarizer", help="Summarizer directory (default: the best one trained under the models directory)."
+    ),
+    dev_queries: Path | None = typer.Option(None, "--dev-queries", help="Your labelled queries (BEIR queries.jsonl)."),
+    dev_qrels: Path | None = typer.Option(None, "--dev-qrels", help="Their judgements (BEIR qrels.tsv or TREC)."),
+    depth: int = typer.Option(10, "--depth", min=2, max=50, help="How many top hits the likelihood scores."),
+    limit: int = typer.Option(0, "--limit", min=0, help="Score only the first N questions of each set (0: all)."),
+    off: bool = typer.Option(False, "--off", help="Turn the stage off for this index, keeping the record."),
+) -> None:
+    """Decide whether the summarizer's likelihood stage ranks this bank better, on its development questions
+    (--dev-queries, else those `medfaq index adapt` held back), by a rule written down in advance; the outcome goes
+    into the index's pipeline.json and likelihood.json."""
+    from medfaq.index.faq_index import read_manifest
+    from medfaq.retriever import likelihood_choice
+
+    read_manifest(directory)  # not an index: its one-line error, before anything loads
+    if off:
+        likelihood_choice.turn_off(directory)
+        typer.echo(f"likelihood stage off for {directory}")
+        return
+    if (dev_queries is None) != (dev_qrels is None):
+        raise MedfaqError("--dev-queries and --dev-qrels go together")
+    labelled = _labelled_queries(dev_queries, dev_qrels) if dev_queries and dev_qrels else []
+    record = likelihood_choice.choose_likelihood(
+        directory, summarizer, labelled, depth=depth, limit=limit, log=lambda line: typer.echo(line, err=True)
+    )
+    typer.echo(likelihood_choice.describe_choice(record))
 
 
 def _labelled_queries(queries: Path, qrels: Path) -> list[Any]:

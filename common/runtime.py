@@ -46,6 +46,13 @@ class ModelNotFoundError(MedfaqError):
     """A model name that is neither a local path, a trained model, nor a hub id cached on disk."""
 
 
+def utc_timestamp() -> str:
+    """Now, in UTC, as ``2026-11-28T09:30:00Z``: the time records of an index carry."""
+    import time
+
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
 def medfaq_home() -> Path:
     """Root of medfaq's data, models and indexes: `$MEDFAQ_HOME`, default `~/.medfaq`."""
     return Path(os.environ.get(ENV_HOME) or DEFAULT_HOME).expanduser()

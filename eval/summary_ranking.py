@@ -45,6 +45,7 @@ from typing import Any
 from medfaq.common.runtime import MedfaqError, medfaq_home
 from medfaq.eval.script_args import print_report
 from medfaq.index.datasets import BENCHMARKS
+from medfaq.retriever.likelihood_choice import Replay, choose_on_dev
 
 DEV_SETS = ("meqsum-valid", "mediqa2021-valid", "quebec-dev")
 TEST_SETS = tuple(BENCHMARKS)
@@ -211,58 +212,18 @@ def latency(args: argparse.Namespace) -> dict[str, Any]:
     return report
 
 
-class StoredScores:
-    """The pipeline's likelihood stage answering from the stored scores of a set's questions (by question text)."""
-
-    def __init__(self, rows: list[dict[str, Any]]) -> None:
-        from medfaq.summarizer.likelihood import TokenScores
-
-        self.stored = {
-            row["text"]: (
-                [hit["question"] for hit in row["hits"]],
-                TokenScores(_array(row["given"]), _array(row["tokens"])),
-                TokenScores(_array(row["prior"]), _array(row["tokens"])),
-            )
-            for row in rows
-        }
-
-    def score(self, query: str, candidates: list[str], prior_weight: float, per_token: bool) -> list[float]:
-        from medfaq.summarizer.likelihood import combine
-
-        texts, given, prior = self.stored[query]
-        scores = combine(given, prior, prior_weight, per_token)
-        return [float(scores[texts.index(text)]) for text in candidates]
-
-
-def _array(values: list[float]) -> Any:
-    import numpy as np
-
-    return np.array(values, dtype=np.float64)
-
-
 def replay_set(rows: list[dict[str, Any]], qrels: dict[str, dict[str, int]], changes: dict[str, Any] | None):
     """Metrics of dense search (`changes` None) or of the likelihood stage with `changes`, and the ids of the
     questions answered at rank 1."""
     from medfaq.eval.retrieval import ranking_metrics
-    from medfaq.retriever.pipeline import Pipeline, PipelineConfig
-    from medfaq.retriever.search import Hit
+    from medfaq.retriever.likelihood_choice import replayed
 
-    pipeline = None
-    if changes is not None:
-        depth = max(len(row["hits"]) for row in rows)
-        config = PipelineConfig(likelihood=True, likelihood_depth=depth, log_unanswered=False, **changes)
-        pipeline = Pipeline(_NO_INDEX, config, likelihood=StoredScores(rows))
-    run: dict[str, dict[str, float]] = {}
-    for row in rows:
-        hits = [Hit(**hit) for hit in row["hits"]]
-        if pipeline is not None:
-            hits = pipeline.rescore(row["text"], row["text"], hits, {})
-        run[row["qid"]] = {hit.id: float(CUTOFF - rank) for rank, hit in enumerate(hits[:CUTOFF])}
+    run = {
+        row["qid"]: {hit.id: float(CUTOFF - rank) for rank, hit in enumerate(hits[:CUTOFF])}
+        for row, hits in zip(rows, replayed(rows, changes), strict=True)
+    }
     metrics, per_query = ranking_metrics(run, {q: qrels[q] for q in run})
     return metrics, {q for q, values in per_query.items() if values["recall@1"] > 0}
-
-
-_NO_INDEX: Any = object()  # a replay's pipeline only rescores stored hits: it reads no index
 
 
 def load_rows(
@@ -280,41 +241,6 @@ def load_rows(
     rows = [json.loads(line) for line in path.open(encoding="utf-8")]
     rows = [{**row, "text": texts[row["qid"]]} for row in rows if row["qid"] in texts]
     return (rows[:limit] if limit else rows), qrels
-
-
-Replay = Callable[[list[dict[str, Any]], dict[str, dict[str, int]], Any], tuple[dict[str, float], set[str]]]
-"""(stored rows, qrels, a setting or None for dense search) -> (metrics, ids of the questions answered at rank 1)."""
-
-
-def choose_on_dev(
-    dev: dict[str, tuple[list, dict]], replay_one: Replay, settings: list[dict], tie_break
-) -> tuple[list[dict], dict[str, dict[str, float]]]:
-    """Every setting scored against dense search on each development set, ordered by the rule (see the module
-    docstring), `tie_break(setting)` (a sort key) last: the chosen setting first; and dense search's metrics."""
-    dense = {name: replay_one(rows, qrels, None) for name, (rows, qrels) in dev.items()}
-    candidates = []
-    for setting in settings:
-        cells = {}
-        for name, (rows, qrels) in dev.items():
-            metrics, firsts = replay_one(rows, qrels, setting)
-            base, base_firsts = dense[name]
-            cells[name] = {
-                "delta_r1": metrics["recall@1"] - base["recall@1"],
-                "delta_mrr": metrics["mrr@10"] - base["mrr@10"],
-                "lost": len(base_firsts - firsts),
-                "gained": len(firsts - base_firsts),
-            }
-        candidates.append(
-            {
-                "setting": setting,
-                "sets": cells,
-                "worst_delta_r1": min(c["delta_r1"] for c in cells.values()),
-                "lost": sum(c["lost"] for c in cells.values()),
-                "summed_delta_mrr": sum(c["delta_mrr"] for c in cells.values()),
-            }
-        )
-    candidates.sort(key=lambda c: (-c["worst_delta_r1"], c["lost"], -c["summed_delta_mrr"], tie_break(c["setting"])))
-    return candidates, {name: metrics for name, (metrics, _) in dense.items()}
 
 
 def report_tests(load, replay_one: Replay, systems: list[tuple[str, Any]]) -> dict[str, Any]:

@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from medfaq.common.runtime import MedfaqError, resolve_model
+from medfaq.common.runtime import MedfaqError, resolve_model, utc_timestamp
 from medfaq.index.faq_index import FaqIndex, read_manifest, write_lock
 from medfaq.index.records import FaqRecord
 from medfaq.retriever.adaptation_config import PARTS, AdaptConfig
@@ -40,6 +40,9 @@ ORIGIN_PREFIX = "adapt:"
 ORIGINS = {"answers": "adapt:answer", "phrasings": "adapt:question"}
 ADAPTED_BY = "medfaq index adapt"
 DEV_DEPTH = 10  # MRR@10
+DEVELOPMENT_FILE = (
+    "development.jsonl"  # in the work directory: the held-back questions, with the FAQ each was written for
+)
 SAMPLE_FAQS = 8  # FAQs whose questions a dry run writes to time the writer
 
 
@@ -164,6 +167,12 @@ def split_development(
     return dev, rest
 
 
+def save_development(path: Path, queries: Sequence[DevQuery]) -> None:
+    """The held-back questions, for other per-bank decisions (`medfaq index likelihood`)."""
+    rows = (json.dumps({"text": q.text, "golds": sorted(q.golds)}, ensure_ascii=False) + "\n" for q in queries)
+    path.write_text("".join(rows), encoding="utf-8")
+
+
 def round_trip(pipeline: Any, questions: dict[str, list[str]], depth: int) -> dict[str, list[str]]:
     """The questions whose own FAQ `pipeline` ranks in its top `depth` (0: all of them)."""
     if depth == 0:
@@ -269,6 +278,7 @@ def adapt(
     generated = generated_questions(records, config, cache, writer, progress)
     written = sum(len(q) for q in generated.values())
     dev, usable = split_development(generated, config.dev_faqs, config.seed)
+    save_development(cache.parent / DEVELOPMENT_FILE, dev)
     dev_sets = {"generated": dev, **({"labelled": list(user_dev)} if user_dev else {})}
     kept = round_trip(pipeline, usable, config.round_trip_depth)
     n_usable, n_kept = sum(len(q) for q in usable.values()), sum(len(q) for q in kept.values())
@@ -303,7 +313,7 @@ def adapt(
             index, kept, dev_sets, current, config, searched, directory, key, log
         )
     record = {
-        "adapted": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "adapted": utc_timestamp(),
         "config": asdict(config),
         "questions_written": written,
         "development_queries": {name: len(queries) for name, queries in dev_sets.items()},

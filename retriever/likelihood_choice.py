@@ -1,0 +1,317 @@
+"""`medfaq index likelihood DIR`: whether the summarizer's likelihood stage ranks this bank better than the index's
+pipeline without it, decided per index on that bank's development questions, and kept in its ``pipeline.json``.
+
+Development questions (with the FAQ ids that answer them): the user's labelled ones when given, else the questions
+`medfaq index adapt` wrote and held back for this bank (``development.jsonl`` in its work directory); a bank with
+neither stays as it is. Each question is searched once by the index's own pipeline with the likelihood, the
+cross-encoder and abstention off (its top `depth` hits), and each hit is scored once by the summarizer, given the
+question and given none; every setting of :data:`GRID` is then replayed from those scores through the pipeline's own
+rescoring (:meth:`Pipeline.rescore`).
+
+The rule, written before any bank was scored:
+
+1. order the settings by the worst development set's ΔR@1 against the pipeline without the stage, then by the
+   fewest questions lost at rank 1, then by the largest summed ΔMRR@10, then the gate on before off, the smaller
+   weight and the larger RRF k (the stage acting least);
+2. turn the stage on with the first setting only if that worst ΔR@1 is at least :data:`MIN_GAIN` points: every
+   development set gains more questions at rank 1 than it loses. Otherwise the stage is turned off.
+
+The decision, every development number and the summarizer it was measured with go to ``likelihood.json`` beside
+the index (kept across index saves), which ``index info``, ``/health`` and the demo show.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from medfaq.common.runtime import MedfaqError, utc_timestamp
+from medfaq.retriever.pipeline import PipelineConfig
+from medfaq.retriever.pipeline_file import update_config
+
+CHOICE_FILE = "likelihood.json"
+GATE = 0.05  # the dense-margin gate (`rerank_margin`): the stage scores only questions whose top two cosines are close
+GRID = {
+    "likelihood_per_token": (True, False),
+    "likelihood_prior": (0.0, 0.5, 1.0),
+    "likelihood_weight": (0.5, 1.0, 2.0, 3.0, 4.5, 6.0, 1000.0),  # against the retrieval ranking's 3; 1000: alone
+    "rerank_rrf_k": (10, 60),
+    "rerank_margin": (GATE, None),
+}
+MIN_GAIN = 1.0  # points of R@1 the worst development set must gain for the stage to be turned on
+CUTOFF = 10  # MRR@10
+RULE = (
+    "on only if the worst development set gains >= 1 point of R@1; settings ordered by worst dR@1, fewest lost at "
+    "rank 1, summed dMRR@10, gate on, smaller weight, larger k"
+)
+
+
+class StoredScores:
+    """A likelihood stage answering from stored scores: per question text, its hits' FAQ questions and their
+    summed log-probabilities given the question and given none, with their token counts."""
+
+    def __init__(self, rows: Sequence[dict[str, Any]]) -> None:
+        from medfaq.summarizer.likelihood import TokenScores
+
+        self.stored = {
+            row["text"]: (
+                [hit["question"] for hit in row["hits"]],
+                TokenScores(_array(row["given"]), _array(row["tokens"])),
+                TokenScores(_array(row["prior"]), _array(row["tokens"])),
+            )
+            for row in rows
+        }
+
+    def score(self, query: str, candidates: list[str], prior_weight: float, per_token: bool) -> list[float]:
+        from medfaq.summarizer.likelihood import combine
+
+        texts, given, prior = self.stored[query]
+        scores = combine(given, prior, prior_weight, per_token)
+        return [float(scores[texts.index(text)]) for text in candidates]
+
+
+def _array(values: list[float]) -> Any:
+    import numpy as np
+
+    return np.array(values, dtype=np.float64)
+
+
+Replay = Callable[[list[dict[str, Any]], Any, Any], tuple[dict[str, float], set[str]]]
+"""(stored rows, judgements, a setting or None for the pipeline without the stage) -> (metrics with ``recall@1`` and
+``mrr@10``, ids of the questions answered at rank 1)."""
+
+
+def choose_on_dev(
+    dev: dict[str, tuple[list, Any]], replay_one: Replay, settings: list[dict], tie_break
+) -> tuple[list[dict], dict[str, dict[str, float]]]:
+    """Every setting scored against the pipeline without the stage on each development set, ordered by the rule
+    (the module docstring), `tie_break(setting)` (a sort key) last: the chosen setting first; and the metrics
+    without the stage."""
+    base = {name: replay_one(rows, judged, None) for name, (rows, judged) in dev.items()}
+    candidates = []
+    for setting in settings:
+        cells = {}
+        for name, (rows, judged) in dev.items():
+            metrics, firsts = replay_one(rows, judged, setting)
+            before, before_firsts = base[name]
+            cells[name] = {
+                "delta_r1": metrics["recall@1"] - before["recall@1"],
+                "delta_mrr": metrics["mrr@10"] - before["mrr@10"],
+                "lost": len(before_firsts - firsts),
+                "gained": len(firsts - before_firsts),
+            }
+        candidates.append(
+            {
+                "setting": setting,
+                "sets": cells,
+                "worst_delta_r1": min(c["delta_r1"] for c in cells.values()),
+                "lost": sum(c["lost"] for c in cells.values()),
+                "summed_delta_mrr": sum(c["delta_mrr"] for c in cells.values()),
+            }
+        )
+    candidates.sort(key=lambda c: (-c["worst_delta_r1"], c["lost"], -c["summed_delta_mrr"], tie_break(c["setting"])))
+    return candidates, {name: metrics for name, (metrics, _) in base.items()}
+
+
+def tie_break(setting: dict[str, Any]) -> tuple:
+    """The stage acting least first: the gate on, the smaller weight, the larger k."""
+    return (setting.get("rerank_margin") is None, setting["likelihood_weight"], -setting["rerank_rrf_k"])
+
+
+def grid_settings(grid: dict[str, tuple] = GRID) -> list[dict[str, Any]]:
+    return [dict(zip(grid, values, strict=True)) for values in itertools.product(*grid.values())]
+
+
+def replay_golds(rows: list[dict[str, Any]], golds: dict[str, frozenset[str]], changes: dict[str, Any] | None):
+    """R@1 and MRR@10 (in %) of the stored hits as retrieved (`changes` None) or rescored with the likelihood stage
+    set by `changes`, and the ids of the questions answered at rank 1; `golds`: the relevant FAQ ids by row id."""
+    ranked = {row["qid"]: [hit.id for hit in hits] for row, hits in zip(rows, replayed(rows, changes), strict=True)}
+    firsts = {qid for qid, ids in ranked.items() if ids[:1] and ids[0] in golds[qid]}
+    reciprocal = (
+        next((1 / rank for rank, faq_id in enumerate(ids[:CUTOFF], 1) if faq_id in golds[qid]), 0.0)
+        for qid, ids in ranked.items()
+    )
+    count = max(len(rows), 1)
+    return {"recall@1": 100 * len(firsts) / count, "mrr@10": 100 * sum(reciprocal) / count}, firsts
+
+
+def replayed(rows: list[dict[str, Any]], changes: dict[str, Any] | None) -> list[list[Any]]:
+    """Each stored row's hits as retrieved (`changes` None), or rescored by a pipeline (reading no index) whose
+    likelihood stage, set by `changes`, answers from the stored scores."""
+    from medfaq.retriever.pipeline import Pipeline, PipelineConfig
+    from medfaq.retriever.search import Hit
+
+    hits = [[Hit(**hit) for hit in row["hits"]] for row in rows]
+    if changes is None:
+        return hits
+    depth = max(len(row["hits"]) for row in rows)
+    config = PipelineConfig(likelihood=True, likelihood_depth=depth, log_unanswered=False, **changes)
+    pipeline = Pipeline(_NO_INDEX, config, likelihood=StoredScores(rows))
+    return [pipeline.rescore(row["text"], row["text"], found, {}) for row, found in zip(rows, hits, strict=True)]
+
+
+_NO_INDEX: Any = object()  # a replay's pipeline only rescores stored hits: it reads no index
+
+
+def first_stage_config(directory: Path, depth: int) -> Any:
+    """The index's own pipeline config with the likelihood, the cross-encoder, abstention and the entity stage off,
+    ranking `depth` hits: the hits the likelihood is scored on."""
+    from medfaq.retriever.pipeline_file import read_config
+
+    return read_config(directory).replace(
+        top_k=depth, abstain=False, log_unanswered=False, entities=False, rerank=False, likelihood=False
+    )
+
+
+def score_rows(pipeline: Any, scorer: Any, questions: Sequence[Any], progress: bool = True) -> list[dict[str, Any]]:
+    """Each development question's first-stage hits and their stored likelihood scores (given it, given none)."""
+    from tqdm.auto import tqdm
+
+    rows = []
+    for number, query in enumerate(tqdm(questions, desc="score", unit="question", disable=not progress)):
+        hits = pipeline.run(query.text).hits
+        texts = [hit.question for hit in hits]
+        given = scorer.token_scores(query.text, texts) if texts else None
+        prior = scorer.prior_scores(texts) if texts else None
+        rows.append(
+            {
+                "qid": str(number),
+                "text": query.text,
+                "hits": [hit.to_dict() for hit in hits],
+                "given": given.log_prob.tolist() if given else [],
+                "tokens": given.tokens.tolist() if given else [],
+                "prior": prior.log_prob.tolist() if prior else [],
+            }
+        )
+    return [row for row in rows if row["hits"]]
+
+
+def development_questions(directory: Path) -> list[Any]:
+    """The questions `medfaq index adapt` held back for this bank (none when it has not run)."""
+    from medfaq.retriever.adaptation import DEVELOPMENT_FILE, DevQuery, work_dir
+
+    path = work_dir(directory) / DEVELOPMENT_FILE
+    if not path.is_file():
+        return []
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return [DevQuery(row["text"], frozenset(row["golds"])) for row in rows]
+
+
+def choose_likelihood(
+    directory: Path,
+    summarizer: str | None = None,
+    labelled: Sequence[Any] = (),
+    depth: int = 10,
+    limit: int = 0,
+    progress: bool = True,
+    log: Callable[[str], None] = print,
+    scorer: Any = None,
+) -> dict[str, Any]:
+    """Decide the likelihood stage of the index in `directory` by the rule (the module docstring), write the
+    outcome into its ``pipeline.json`` and ``likelihood.json``, and return the record. `limit`: score only the
+    first N questions of each development set (0: all); `scorer`: a loaded :class:`SummaryLikelihood` (else
+    `summarizer`'s)."""
+    from medfaq.index.faq_index import FaqIndex, read_manifest
+    from medfaq.retriever.pipeline import Pipeline
+    from medfaq.retriever.stages import locate_summarizer
+    from medfaq.summarizer.likelihood import SummaryLikelihood
+
+    directory = Path(directory).expanduser()
+    read_manifest(directory)  # not an index: its one-line error first
+    started = time.perf_counter()
+    sets = {"labelled": list(labelled)} if labelled else {}
+    generated = development_questions(directory)
+    if generated:
+        sets["generated"] = generated
+    if not sets:
+        raise MedfaqError(
+            f"no development questions for {directory}: give --dev-queries/--dev-qrels, or run "
+            f"`medfaq index adapt {directory}` first (its held-back questions serve); the index stays as it is"
+        )
+    sets = {name: queries[:limit] if limit else queries for name, queries in sets.items()}
+    index = FaqIndex.load(directory)
+    config = first_stage_config(directory, depth)
+    if scorer is None:
+        scorer = SummaryLikelihood.load(locate_summarizer(summarizer), vocabulary=config.likelihood_vocabulary)
+    location = scorer.name
+    scorer.keep([record.question for record in index.records()])
+    first_stage = Pipeline(index, config)
+    dev = {}
+    for name, queries in sets.items():
+        log(f"{name}: scoring the top {depth} of {len(queries)} development questions")
+        rows = score_rows(first_stage, scorer, queries, progress)
+        dev[name] = (rows, {row["qid"]: queries[int(row["qid"])].golds for row in rows})
+    candidates, before = choose_on_dev(dev, replay_golds, grid_settings(), tie_break)
+    best = candidates[0]
+    turned_on = best["worst_delta_r1"] >= MIN_GAIN
+    setting = {**best["setting"], "likelihood_depth": depth}
+    record = {
+        "decided": utc_timestamp(),
+        "on": turned_on,
+        "summarizer": location,
+        "vocabulary": config.likelihood_vocabulary,
+        "rule": RULE,
+        "setting": setting,
+        "development": {
+            name: {"questions": len(rows), "before": before[name], **best["sets"][name]}
+            for name, (rows, _) in dev.items()
+        },
+        "settings_scored": len(candidates),
+        "seconds": round(time.perf_counter() - started, 1),
+    }
+
+    def decided(saved: Any) -> Any:
+        saved = saved or PipelineConfig()
+        if not turned_on:
+            return saved.replace(likelihood=False)
+        return saved.replace(likelihood=True, summarizer=location, **setting)
+
+    update_config(directory, decided)
+    write_choice(directory, record)
+    return record
+
+
+def write_choice(directory: Path, record: dict[str, Any]) -> None:
+    path = Path(directory) / CHOICE_FILE
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    tmp.replace(path)
+
+
+def turn_off(directory: Path) -> None:
+    """The stage off in the index's ``pipeline.json``; the record says it was turned off by hand."""
+    update_config(directory, lambda saved: (saved or PipelineConfig()).replace(likelihood=False))
+    record = read_choice(directory)
+    if record is not None:
+        write_choice(directory, {**record, "on": False, "turned_off": utc_timestamp()})
+
+
+def read_choice(directory: str | Path) -> dict[str, Any] | None:
+    """The index's recorded likelihood decision (None when it has none, or the file cannot be read)."""
+    path = Path(directory) / CHOICE_FILE
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def describe_choice(record: dict[str, Any]) -> str:
+    """One line: the decision, its setting and the development numbers."""
+    parts = []
+    for name, cell in record["development"].items():
+        before = cell["before"]["recall@1"]
+        parts.append(f"{name} R@1 {before:.1f} -> {before + cell['delta_r1']:.1f} ({cell['questions']} questions)")
+    setting = record["setting"]
+    how = (
+        f"weight {setting['likelihood_weight']}, prior {setting['likelihood_prior']}, "
+        f"{'per token' if setting['likelihood_per_token'] else 'summed'}, k {setting['rerank_rrf_k']}, "
+        f"depth {setting['likelihood_depth']}, gate {setting['rerank_margin'] if setting['rerank_margin'] else 'off'}"
+    )
+    state = "on" if record["on"] else "off"
+    return (
+        f"likelihood stage {state} ({record['decided']}): {how}; {'; '.join(parts)}; summarizer {record['summarizer']}"
+    )

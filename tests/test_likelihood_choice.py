@@ -1,0 +1,126 @@
+"""The per-index choice of the likelihood stage (retriever/likelihood_choice.py) on a tiny index: the rule turns the
+stage on where it wins on the development questions and off where it does not, records the decision beside the
+index, reloads it, and reads the questions `medfaq index adapt` held back."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from medfaq.app.cli import app
+from medfaq.common.runtime import MedfaqError
+from medfaq.index.faq_index import FaqIndex
+from medfaq.index.records import FaqRecord
+from medfaq.retriever.adaptation import DEVELOPMENT_FILE, DevQuery, save_development, work_dir
+from medfaq.retriever.likelihood_choice import CHOICE_FILE, choose_likelihood, read_choice
+from medfaq.retriever.pipeline import Pipeline, PipelineConfig
+from medfaq.retriever.pipeline_file import read_config
+from medfaq.summarizer.likelihood import TokenScores
+from tests.conftest import FAQ_ROWS
+
+QUESTIONS = [
+    ("is it ok to have a beer on antibiotics like amoxicillin", "f1"),
+    ("signs of diabetes type two", "f2"),
+    ("what helps a shingles rash heal", "f3"),
+    ("does parkinsons run in families", "f4"),
+    ("why do i get migraines", "f5"),
+    ("how does the measles shot work", "f6"),
+]
+
+
+class KnowingScorer:
+    """A likelihood stage that finds the gold FAQ question of each question likeliest (`right`), or least likely."""
+
+    name = "knowing-scorer"
+
+    def __init__(self, golds: dict[str, str], right: bool = True) -> None:
+        self.golds, self.right, self.kept = golds, right, 0
+
+    def keep(self, texts, bank: str = "") -> None:
+        self.kept = len(texts)
+
+    def token_scores(self, query, candidates):
+        gold = self.golds.get(query)
+        wins = [(text == gold) == self.right for text in candidates]
+        return TokenScores(np.array([-1.0 if win else -9.0 for win in wins]), np.full(len(candidates), 3))
+
+    def prior_scores(self, candidates):
+        return TokenScores(np.full(len(candidates), -5.0), np.full(len(candidates), 3))
+
+
+@pytest.fixture
+def index_dir(tmp_path, tiny_encoder):
+    FaqIndex.build([FaqRecord.from_dict(row) for row in FAQ_ROWS], tiny_encoder, progress=False).save(tmp_path / "ix")
+    return tmp_path / "ix"
+
+
+def _labelled():
+    return [DevQuery(text, frozenset([gold])) for text, gold in QUESTIONS]
+
+
+def _golds():
+    questions = {row["id"]: row["question"] for row in FAQ_ROWS}
+    return {text: questions[gold] for text, gold in QUESTIONS}
+
+
+def _dense_r1(directory) -> int:
+    pipeline = Pipeline(FaqIndex.load(directory), PipelineConfig(top_k=6))
+    return sum(pipeline.run(text).hits[0].id == gold for text, gold in QUESTIONS)
+
+
+def test_the_stage_is_turned_on_where_it_wins_and_the_decision_is_recorded_and_shown(index_dir):
+    assert _dense_r1(index_dir) < len(QUESTIONS)  # the tiny encoder misses some: room to win
+    scorer = KnowingScorer(_golds())
+    record = choose_likelihood(
+        index_dir, labelled=_labelled(), depth=6, progress=False, log=lambda _: None, scorer=scorer
+    )
+    assert scorer.kept == len(FAQ_ROWS)  # its vocabulary: this bank's questions
+    assert record["on"] and record["summarizer"] == "knowing-scorer"
+    cell = record["development"]["labelled"]
+    assert cell["delta_r1"] >= 1.0 and cell["lost"] == 0 and cell["questions"] == len(QUESTIONS)
+    config = read_config(index_dir)
+    assert config.likelihood and config.summarizer == "knowing-scorer" and config.likelihood_depth == 6
+    assert config.likelihood_weight == record["setting"]["likelihood_weight"]
+    assert config.rerank_margin == record["setting"]["rerank_margin"]
+    assert read_choice(index_dir) == record
+    FaqIndex.load(index_dir).save(index_dir)  # an index save keeps the record beside it
+    assert json.loads((index_dir / CHOICE_FILE).read_text())["on"]
+    shown = CliRunner().invoke(app, ["index", "info", str(index_dir)])
+    assert shown.exit_code == 0 and "likelihood stage on" in shown.output and "knowing-scorer" in shown.output
+
+
+def test_the_stage_stays_off_where_it_loses_and_off_turns_it_off(index_dir):
+    record = choose_likelihood(
+        index_dir,
+        labelled=_labelled(),
+        depth=6,
+        progress=False,
+        log=lambda _: None,
+        scorer=KnowingScorer(_golds(), right=False),
+    )
+    assert not record["on"] and record["development"]["labelled"]["delta_r1"] < 1.0
+    assert not read_config(index_dir).likelihood
+    choose_likelihood(
+        index_dir, labelled=_labelled(), depth=6, progress=False, log=lambda _: None, scorer=KnowingScorer(_golds())
+    )
+    assert read_config(index_dir).likelihood
+    result = CliRunner().invoke(app, ["index", "likelihood", str(index_dir), "--off"])
+    assert result.exit_code == 0, result.output
+    assert not read_config(index_dir).likelihood and read_choice(index_dir)["on"] is False
+
+
+def test_the_questions_adapt_held_back_serve_and_a_bank_without_any_is_a_clear_error(index_dir):
+    with pytest.raises(MedfaqError, match="no development questions for .*medfaq index adapt"):
+        choose_likelihood(index_dir, progress=False, log=lambda _: None, scorer=KnowingScorer({}))
+    work_dir(index_dir).mkdir()
+    save_development(work_dir(index_dir) / DEVELOPMENT_FILE, _labelled())
+    record = choose_likelihood(index_dir, depth=6, progress=False, log=lambda _: None, scorer=KnowingScorer(_golds()))
+    assert list(record["development"]) == ["generated"] and record["on"]
+
+
+def test_the_command_refuses_a_directory_that_is_no_index(tmp_path):
+    result = CliRunner().invoke(app, ["index", "likelihood", str(tmp_path)])
+    assert result.exit_code != 0 and "Traceback" not in result.output
