@@ -20,6 +20,7 @@ from medfaq.app.batching import BatchSettings, MicroBatcher
 from medfaq.common.runtime import MedfaqError
 from medfaq.index.faq_index import FaqIndex, disk_version
 from medfaq.index.records import FaqRecord
+from medfaq.retriever.likelihood_choice import read_choice
 from medfaq.retriever.model_cache import StageError, shared_cache, wanted_stages
 from medfaq.retriever.pipeline import Pipeline
 from medfaq.retriever.pipeline_file import config_bytes, parse_config
@@ -37,7 +38,8 @@ class ServiceUnavailable(MedfaqError):
 @dataclass
 class ServiceStatus:
     """What ``GET /health`` answers: `status` is ``ok``, or ``degraded`` with the `fault` while a newer index or the
-    ``pipeline.json`` on disk cannot be loaded."""
+    ``pipeline.json`` on disk cannot be loaded; `likelihood`: the index's recorded decision on the likelihood stage
+    (`medfaq index likelihood`), None when it has none."""
 
     status: Literal["ok", "degraded"]
     index: str
@@ -47,6 +49,7 @@ class ServiceStatus:
     config: dict[str, Any]
     models: dict[str, str]
     fault: str | None = None
+    likelihood: dict[str, Any] | None = None
 
 
 Settings = tuple[tuple[str, Any], ...]
@@ -234,4 +237,5 @@ class SearchService:
             config=self.config.to_dict(),
             models=loaded,
             fault=self.fault,
+            likelihood=read_choice(self.index_dir),
         )

@@ -72,6 +72,16 @@ def test_search_shows_summary_entities_ranked_cards_and_stores_feedback(demo_env
     assert [(q.text, q.source) for q in waiting.questions] == [(QUESTION, "not helpful")]
 
 
+def test_the_sidebar_shows_the_indexs_likelihood_decision(demo_env):
+    from medfaq.retriever.likelihood_choice import write_choice
+
+    development = {"labelled": {"questions": 140, "before": {"recall@1": 60.0}, "delta_r1": 6.4}}
+    write_choice(Path(demo_env["MEDFAQ_DEMO_INDEX"]), {"on": True, "development": development})
+    app = AppTest.from_file(APP, default_timeout=TIMEOUT_S).run()
+    in_use = "\n".join(element.value for element in app.sidebar.markdown)
+    assert "<b>Likelihood stage</b>: on · labelled R@1 60.0 -&gt; 66.4 (140 questions)" in in_use
+
+
 def test_the_page_draws_material_icons_not_emoji(demo_env):
     """Emoji need a colour emoji font (Debian's Chromium draws empty boxes without one); Material icons do not."""
     app = ask(QUESTION)
