@@ -25,10 +25,12 @@ lost at rank 1; (3) then the largest summed ΔMRR@10; (4) then the smaller likel
     python -m medfaq.eval.summary_ranking replay --out DIR [--json report.json]
     python -m medfaq.eval.summary_ranking latency --summarizer NAME [--set medquad-chq-long] [--questions 30]
 
-``latency``: milliseconds the likelihood stage takes per question for N = 5, 10, 20 and 50 candidates (the dense
-top N of questions of one set, after 3 warm-ups), fp32 and int8 (PyTorch dynamic quantisation), with the candidates'
-priors computed (a bank's first questions) and cached (steady state); and the share of those questions the gate
-(`rerank_margin` 0.05) would score, which gives the gated latency: dense search alone for the others.
+``latency``: for the full and the trimmed vocabulary (summarizer/likelihood.py), each in fp32 and int8 (PyTorch
+dynamic quantisation): milliseconds the likelihood stage takes per question for N = 5, 10 and 20 candidates (the
+dense top N of the questions of one set, or of ``--queries``, after 3 warm-ups, the priors cached), the rank
+agreement with full fp32 on the top 10 (Kendall tau) and R@1 of the likelihood alone; and the share of those
+questions the gate (`rerank_margin` 0.05) would score, which gives the gated latency: dense search alone for the
+others.
 """
 
 from __future__ import annotations
@@ -62,7 +64,7 @@ ALONE = {**EQUAL, "likelihood_weight": 1000.0}
 """Shown beside the chosen setting on the test sets, not chosen: the likelihood ranking weighing as much as the
 retrieval ranking (what the signal does when it is let to act), and the top hits ordered by it alone."""
 CUTOFF = 10
-DEPTHS = (5, 10, 20, 50)  # candidates timed by `latency`
+DEPTHS = (5, 10, 20)  # candidates timed by `latency`
 WARM_UPS = 3
 
 
@@ -163,53 +165,93 @@ def score(args: argparse.Namespace) -> dict[str, Any]:
     return {"summarizer": scorer.name, "sets": counts}
 
 
+VARIANTS = (("full", "fp32"), ("bank", "fp32"), ("bank", "int8"), ("full", "int8"))
+"""(vocabulary, precision) of each likelihood stage `latency` measures; the first is the reference."""
+
+
 def latency(args: argparse.Namespace) -> dict[str, Any]:
+    """Per variant of :data:`VARIANTS`: ms per question for N = 5, 10 and 20 candidates (priors cached, as in steady
+    serving: a first pass over the questions computes them), and, on the top 10, the rank agreement with the
+    reference (Kendall tau of the candidates' scores) and R@1 of the likelihood alone (per token, prior 1); the
+    share of questions the gate scores, and the gated end-to-end latency (dense search alone for the others)."""
     import numpy as np
+    import torch
+    from scipy.stats import kendalltau
 
     from medfaq.retriever.stages import locate_summarizer
     from medfaq.summarizer.likelihood import SummaryLikelihood
 
-    directory, texts, _ = query_set(args.set, args.benchmarks)
-    questions = list(texts.values())[: args.questions + WARM_UPS]
-    pipeline = dense_pipeline(directory / "index", max(DEPTHS))
-    found = [pipeline.run(question).hits for question in questions]
-    dense_ms = [pipeline.run(question).timings_ms["total"] for question in questions[WARM_UPS:]]
-    gated = [len(hits) > 1 and hits[0].score - hits[1].score < GATE for hits in found[WARM_UPS:]]
+    torch.set_num_threads(args.threads)
+    if args.queries is not None:
+        if args.index is None or args.qrels is None:
+            raise MedfaqError("--queries needs --qrels and --index")
+        index_dir, (texts, qrels) = args.index, part_queries(args.queries, args.qrels)
+    else:
+        directory, texts, qrels = query_set(args.set, args.benchmarks)
+        index_dir = args.index or directory / "index"
+    qids = list(texts)[: args.questions + WARM_UPS]
+    pipeline = dense_pipeline(index_dir, max(DEPTHS))
+    found = [pipeline.run(texts[q]).hits for q in qids]
+    dense_ms = np.array([pipeline.run(texts[q]).timings_ms["total"] for q in qids[WARM_UPS:]])
+    gated = np.array([len(hits) > 1 and hits[0].score - hits[1].score < GATE for hits in found[WARM_UPS:]])
+    bank = [record.question for record in pipeline.index.records()]
     report: dict[str, Any] = {
-        "set": args.set,
-        "questions": len(questions) - WARM_UPS,
+        "set": str(args.queries or args.set),
+        "questions": len(qids) - WARM_UPS,
+        "threads": args.threads,
         "dense_p50_ms": float(np.median(dense_ms)),
         "share_scored_with_gate": float(np.mean(gated)),
         "rows": [],
     }
     model = locate_summarizer(args.summarizer)
-    for precision in ("fp32", "int8"):
-        scorer = SummaryLikelihood.load(model, quantize=precision == "int8")
+    reference: list[np.ndarray] = []
+    for vocabulary, precision in VARIANTS:
+        scorer = SummaryLikelihood.load(model, quantize=precision == "int8", vocabulary=vocabulary)
+        scorer.keep(bank)
+        scores = [
+            np.array(scorer.score(texts[q], [h.question for h in hits[:CUTOFF]], prior_weight=1.0, per_token=True))
+            for q, hits in zip(qids, found, strict=True)
+        ]
+        reference = reference or scores
+        taus = [kendalltau(ours, theirs).statistic for ours, theirs in zip(scores, reference, strict=True)]
+        firsts = [
+            hits[int(np.argmax(row))].id in qrels.get(q, {}) for q, hits, row in zip(qids, found, scores, strict=True)
+        ]
+        row: dict[str, Any] = {
+            "vocabulary": vocabulary,
+            "precision": precision,
+            "kept_tokens": len(scorer._vocabulary) if scorer._vocabulary is not None else None,
+            "kendall_tau_top10": float(np.nanmean(taus)),
+            "likelihood_alone_r1": 100 * float(np.mean(firsts)),
+        }
         for depth in DEPTHS:
-            for priors in ("computed", "cached"):
-                spent = []
-                for number, (question, hits) in enumerate(zip(questions, found, strict=True)):
-                    candidates = [hit.question for hit in hits[:depth]]
-                    if priors == "computed":
-                        scorer._priors.clear()
-                    start = time.perf_counter()
-                    scorer.score(question, candidates, prior_weight=1.0, per_token=True)
-                    if number >= WARM_UPS:
-                        spent.append((time.perf_counter() - start) * 1000)
-                times = np.array(spent)
-                with_gate = np.where(gated, times, 0.0) + np.array(dense_ms)
-                report["rows"].append(
-                    {
-                        "precision": precision,
-                        "candidates": depth,
-                        "priors": priors,
-                        "p50_ms": float(np.median(times)),
-                        "p95_ms": float(np.percentile(times, 95)),
-                        "gated_end_to_end_p50_ms": float(np.median(with_gate)),
-                        "gated_end_to_end_p95_ms": float(np.percentile(with_gate, 95)),
-                    }
-                )
+            spent = []
+            for number, (q, hits) in enumerate(zip(qids, found, strict=True)):
+                start = time.perf_counter()
+                scorer.score(texts[q], [hit.question for hit in hits[:depth]], prior_weight=1.0, per_token=True)
+                if number >= WARM_UPS:
+                    spent.append((time.perf_counter() - start) * 1000)
+            times = np.array(spent)
+            with_gate = np.where(gated, times, 0.0) + dense_ms
+            row[f"n{depth}"] = {
+                "p50_ms": float(np.median(times)),
+                "p95_ms": float(np.percentile(times, 95)),
+                "gated_end_to_end_p50_ms": float(np.median(with_gate)),
+                "gated_end_to_end_p95_ms": float(np.percentile(with_gate, 95)),
+                "ungated_end_to_end_p50_ms": float(np.median(times + dense_ms)),
+                "ungated_end_to_end_p95_ms": float(np.percentile(times + dense_ms, 95)),
+            }
+        report["rows"].append(row)
+        del scorer
     return report
+
+
+def part_queries(queries: Path, qrels: Path) -> tuple[dict[str, str], dict[str, dict[str, int]]]:
+    """The judged questions of a query file (a `medfaq data split-benchmark` part) and their judgements."""
+    from medfaq.eval.benchmarks import read_beir_queries, read_qrels
+
+    judged = read_qrels(qrels)
+    return {row["_id"]: row["text"] for row in read_beir_queries(queries) if row["_id"] in judged}, judged
 
 
 def replay_set(rows: list[dict[str, Any]], qrels: dict[str, dict[str, int]], changes: dict[str, Any] | None):
@@ -330,6 +372,10 @@ def main(argv: list[str] | None = None) -> None:
     timed.add_argument("--summarizer", default=None, help="a trained summarizer (default: the best one trained)")
     timed.add_argument("--set", default="medquad-chq-long", help="the query set whose questions are timed")
     timed.add_argument("--questions", type=int, default=30, help="questions timed (after 3 warm-ups)")
+    timed.add_argument("--queries", type=Path, default=None, help="time these judged questions instead of --set's")
+    timed.add_argument("--qrels", type=Path, default=None, help="the judgements of --queries")
+    timed.add_argument("--index", type=Path, default=None, help="the index searched (default: --set's benchmark's)")
+    timed.add_argument("--threads", type=int, default=1, help="CPU threads the stage runs on")
     timed.add_argument("--out", type=Path, default=Path("."), help=argparse.SUPPRESS)
     timed.add_argument("--benchmarks", type=Path, default=medfaq_home() / "benchmarks")
     timed.add_argument("--json", type=Path, default=None, help="also write the report here")

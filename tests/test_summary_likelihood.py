@@ -314,3 +314,32 @@ def test_the_development_rule_puts_the_worst_set_first_then_fewest_losses():
     assert [c["setting"] for c in candidates] == ["changes nothing", "swaps one in a", "helps a, hurts b"]
     assert candidates[1]["sets"]["a"] == {"delta_r1": 0.0, "delta_mrr": 0.0, "lost": 1, "gained": 1}
     assert dense["b"]["recall@1"] == 50.0
+
+
+def test_latency_measures_each_vocabulary_and_precision_against_full_fp32(tiny_gemma_summarizer, index, tmp_path):
+    import argparse
+
+    from medfaq.eval.summary_ranking import VARIANTS, latency
+
+    index.save(tmp_path / "ix")
+    (tmp_path / "q.jsonl").write_text(
+        "".join(json.dumps({"_id": f"q{i}", "text": text}) + "\n" for i, text in enumerate([QUESTION] * 5)),
+        encoding="utf-8",
+    )
+    (tmp_path / "qrels.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(f"q{i}\tf1\t1\n" for i in range(5)))
+    args = argparse.Namespace(
+        summarizer=str(tiny_gemma_summarizer),
+        set="unused",
+        benchmarks=tmp_path,
+        queries=tmp_path / "q.jsonl",
+        qrels=tmp_path / "qrels.tsv",
+        index=tmp_path / "ix",
+        questions=2,
+        threads=1,
+    )
+    report = latency(args)
+    assert report["questions"] == 2 and [(r["vocabulary"], r["precision"]) for r in report["rows"]] == list(VARIANTS)
+    reference, trimmed = report["rows"][0], report["rows"][1]
+    assert reference["kendall_tau_top10"] == pytest.approx(1.0) and reference["kept_tokens"] is None
+    assert 0 < trimmed["kept_tokens"] < 30522 and -1 <= trimmed["kendall_tau_top10"] <= 1
+    assert all(row["n10"]["p50_ms"] > 0 and row["n5"]["gated_end_to_end_p95_ms"] > 0 for row in report["rows"])
