@@ -352,6 +352,11 @@ def likelihood(
     dev_qrels: Path | None = typer.Option(None, "--dev-qrels", help="Their judgements (BEIR qrels.tsv or TREC)."),
     depth: int = typer.Option(10, "--depth", min=2, max=50, help="How many top hits the likelihood scores."),
     limit: int = typer.Option(0, "--limit", min=0, help="Score only the first N questions of each set (0: all)."),
+    measured_on: Path | None = typer.Option(
+        None,
+        "--measured-on",
+        help="Search the questions in this index instead: a copy of DIR with their gold FAQs added (a benchmark's).",
+    ),
     off: bool = typer.Option(False, "--off", help="Turn the stage off for this index, keeping the record."),
 ) -> None:
     """Decide whether the summarizer's likelihood stage ranks this bank better, on its development questions
@@ -369,7 +374,13 @@ def likelihood(
         raise MedfaqError("--dev-queries and --dev-qrels go together")
     labelled = _labelled_queries(dev_queries, dev_qrels) if dev_queries and dev_qrels else []
     record = likelihood_choice.choose_likelihood(
-        directory, summarizer, labelled, depth=depth, limit=limit, log=lambda line: typer.echo(line, err=True)
+        directory,
+        summarizer,
+        labelled,
+        depth=depth,
+        limit=limit,
+        log=lambda line: typer.echo(line, err=True),
+        measured_on=measured_on,
     )
     typer.echo(likelihood_choice.describe_choice(record))
 

@@ -210,11 +210,14 @@ def choose_likelihood(
     progress: bool = True,
     log: Callable[[str], None] = print,
     scorer: Any = None,
+    measured_on: Path | None = None,
 ) -> dict[str, Any]:
     """Decide the likelihood stage of the index in `directory` by the rule (the module docstring), write the
     outcome into its ``pipeline.json`` and ``likelihood.json``, and return the record. `limit`: score only the
     first N questions of each development set (0: all); `scorer`: a loaded :class:`SummaryLikelihood` (else
-    `summarizer`'s)."""
+    `summarizer`'s); `measured_on`: search the questions in this index instead, encoded by the same model (the
+    bank with the labelled questions' gold FAQs added, as a benchmark over it holds them). Questions whose gold
+    FAQs are not in the searched index are left out."""
     from medfaq.index.faq_index import FaqIndex, read_manifest
     from medfaq.retriever.pipeline import Pipeline
     from medfaq.retriever.stages import locate_summarizer
@@ -232,8 +235,14 @@ def choose_likelihood(
             f"no development questions for {directory}: give --dev-queries/--dev-qrels, or run "
             f"`medfaq index adapt {directory}` first (its held-back questions serve); the index stays as it is"
         )
-    sets = {name: queries[:limit] if limit else queries for name, queries in sets.items()}
-    index = FaqIndex.load(directory)
+    index = FaqIndex.load(measured_on or directory)
+    if measured_on is not None and index.manifest.encoder_fingerprint != read_manifest(directory).encoder_fingerprint:
+        raise MedfaqError(f"{measured_on} is not encoded by the model of {directory}; measure on a copy of it")
+    for name, queries in sets.items():
+        answerable = [query for query in queries if any(faq_id in index for faq_id in query.golds)]
+        if len(answerable) < len(queries):
+            log(f"{name}: left out {len(queries) - len(answerable)} of {len(queries)} questions (no gold FAQ in the index)")
+        sets[name] = answerable[:limit] if limit else answerable
     config = first_stage_config(directory, depth)
     if scorer is None:
         scorer = SummaryLikelihood.load(locate_summarizer(summarizer), vocabulary=config.likelihood_vocabulary)
@@ -261,6 +270,7 @@ def choose_likelihood(
             for name, (rows, _) in dev.items()
         },
         "settings_scored": len(candidates),
+        "measured_on": str(measured_on or directory),
         "seconds": round(time.perf_counter() - started, 1),
     }
 

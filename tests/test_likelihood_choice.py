@@ -124,3 +124,26 @@ def test_the_questions_adapt_held_back_serve_and_a_bank_without_any_is_a_clear_e
 def test_the_command_refuses_a_directory_that_is_no_index(tmp_path):
     result = CliRunner().invoke(app, ["index", "likelihood", str(tmp_path)])
     assert result.exit_code != 0 and "Traceback" not in result.output
+
+
+def test_a_decision_measured_on_a_copy_with_gold_faqs_added_is_written_to_the_index(index_dir, tmp_path, tiny_encoder):
+    copy = tmp_path / "with-golds"
+    index = FaqIndex.load(index_dir)
+    index.add([FaqRecord("g1", "Can I take melatonin with sertraline?")])
+    index.save(copy)
+    questions = [*_labelled(), DevQuery("melatonin and zoloft together ok?", frozenset(["g1"]))]
+    questions.append(DevQuery("a question whose FAQ is nowhere", frozenset(["missing"])))
+    golds = {**_golds(), "melatonin and zoloft together ok?": "Can I take melatonin with sertraline?"}
+    lines = []
+    record = choose_likelihood(
+        index_dir,
+        labelled=questions,
+        depth=7,
+        progress=False,
+        log=lines.append,
+        scorer=KnowingScorer(golds),
+        measured_on=copy,
+    )
+    assert record["development"]["labelled"]["questions"] == len(QUESTIONS) + 1
+    assert "left out 1 of 8 questions" in lines[0] and record["measured_on"] == str(copy)
+    assert read_config(index_dir).likelihood and read_choice(index_dir) == record and read_choice(copy) is None
