@@ -22,9 +22,11 @@ from medfaq.common.runtime import DEFAULT_ENCODER, MedfaqError, medfaq_home, mod
 from medfaq.retriever.setup_plan import (
     BIENCODER,
     RERANKER,
+    SUMMARIZER_RANK,
     SUMMARIZERS,
     ModelStep,
     index_built,
+    likelihood_decision_argv,
     model_ready,
     set_up_index_dirs,
     steps_for,
@@ -35,6 +37,7 @@ SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
 OFF_VALUES = {"", "0", "off", "none", "false", "no"}
 INDEX_MINUTES = 5  # `medfaq index build medquad --synonyms none`: 4 min 40 s on one core (docs/results.md)
 FAQ_INDEX_MINUTES = 14  # fine-tuned encoder + synonyms: 13 min 59 s on one core beside a job (docs/results.md)
+LIKELIHOOD_DECISION_MINUTES = 5  # `medfaq index likelihood` over medquad-chq's development part (docs/results.md)
 EXAMPLE_QUESTIONS = (
     "I've been on amoxicillin for a chest infection since Monday. Is it OK to have a glass of wine at my "
     "sister's wedding this weekend?",
@@ -167,6 +170,8 @@ def model_targets(settings: DemoSettings) -> list[tuple[ModelStep, Path | None]]
             targets.append((plan, models_dir() / plan.model if settings.faq_index_dir else None))
         elif plan.stage == "adapt":  # the question writer of `medfaq index adapt` and the demo's Adapt page
             targets.append((plan, models_dir() / plan.model))
+        elif plan.stage == "likelihood":  # ranks the fine-tuned index's bank: only where that index is set up
+            targets.append((plan, models_dir() / plan.model if settings.faq_index_dir else None))
         else:
             targets.append(
                 (plan, custom if custom and plan is rewrite[0] else None if custom else by_name.get(plan.model))
@@ -204,6 +209,14 @@ def default_steps(settings: DemoSettings) -> list[SetupStep]:
             reindex.minutes = FAQ_INDEX_MINUTES
             built = settings.faq_index_dir is not None and index_built(settings.faq_index_dir)
             steps.append(_with_status(reindex, target is None, built, settings.train))
+        if plan is SUMMARIZER_RANK:
+            from medfaq.retriever.likelihood_choice import CHOICE_FILE
+
+            title = "Decide the MedQuAD index's likelihood stage on medquad-chq's development questions"
+            decide = SetupStep("likelihood-faq", title, (tuple(likelihood_decision_argv()),))
+            decide.minutes = LIKELIHOOD_DECISION_MINUTES
+            decided = settings.faq_index_dir is not None and (settings.faq_index_dir / CHOICE_FILE).is_file()
+            steps.append(_with_status(decide, target is None, decided, settings.train))
     return steps
 
 

@@ -241,7 +241,8 @@ def choose_likelihood(
     for name, queries in sets.items():
         answerable = [query for query in queries if any(faq_id in index for faq_id in query.golds)]
         if len(answerable) < len(queries):
-            log(f"{name}: left out {len(queries) - len(answerable)} of {len(queries)} questions (no gold FAQ in the index)")
+            missing = len(queries) - len(answerable)
+            log(f"{name}: left out {missing} of {len(queries)} questions (no gold FAQ in the index)")
         sets[name] = answerable[:limit] if limit else answerable
     config = first_stage_config(directory, depth)
     if scorer is None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from medfaq.common.runtime import DEFAULT_ENCODER, MedfaqError, indexes_dir, models_dir
+from medfaq.common.runtime import DEFAULT_ENCODER, MedfaqError, indexes_dir, medfaq_home, models_dir
 from medfaq.index.datasets import FAQ_TRAINING_DATA
 
 FAQ_INDEX = "medquad-faq"  # the MedQuAD index encoded by the fine-tuned retrieval bi-encoder (under indexes_dir())
@@ -37,7 +37,7 @@ class ModelStep:
 
     def argv(self, out: Path | None = None) -> list[list[str]]:
         """The commands, saving the model to `out` (default: its name under the models directory)."""
-        where = {"{out}": str(out or models_dir() / self.model), "{biencoder}": str(models_dir() / BIENCODER_MODEL)}
+        where = {**places(), "{out}": str(out or models_dir() / self.model)}
         return [[where.get(part, part) for part in command] for command in self.commands]
 
     def shown(self, out: Path | None = None) -> str:
@@ -119,9 +119,63 @@ QUESTION_WRITER = ModelStep(
     "(docs/results.md, medfaq learns your bank)",
     slow=True,
 )
-MODEL_STEPS = (BIENCODER, SUMMARIZER_ECL, RERANKER, QUESTION_WRITER, SUMMARIZER_GEMMA)
+RANK_BENCHMARK = "medquad-chq"  # under $MEDFAQ_HOME/benchmarks: the bank-question golds the rank model trains on
+RANK_SPLIT = "split-0"  # its seeded train / dev / test parts (`medfaq data split-benchmark --seed 0`)
+SUMMARIZER_RANK = ModelStep(
+    key="summarizer-rank",
+    model="summarizer-gemma-rank",
+    title="Train the Gemma summarizer to rank the MedQuAD bank (variant rank on medquad-chq's training questions)",
+    stage="likelihood",
+    data=("medquad", "meqsum", "rqe", "mediqa2021"),
+    commands=(
+        ("data", "make-benchmark", RANK_BENCHMARK, "--out", "{benchmark}", "--bank", "{faq_index}"),
+        ("data", "split-benchmark", "{benchmark}", "--seed", "0"),
+        (
+            *"train summarizer --variant rank --preset quick --epochs 1 --n-hard-negatives 0".split(),
+            *"--retrieval-negatives 4 --save-every-steps 5 --backbone {gemma} --retrieval-index".split(),
+            "{benchmark_index}",
+            "--train-data",
+            "{train_pairs}",
+            "--out",
+            "{out}",
+        ),
+    ),
+    minutes=60,
+    measured="not yet measured on these cores",
+    slow=True,
+)
+LIKELIHOOD_DECISION = (
+    *"index likelihood {faq_index} --summarizer {rank_model} --measured-on {benchmark_index}".split(),
+    *"--dev-queries {dev_queries} --dev-qrels {dev_qrels}".split(),
+)
+"""After `SUMMARIZER_RANK`: decide the MedQuAD index's likelihood stage on medquad-chq's development part."""
+MODEL_STEPS = (BIENCODER, SUMMARIZER_ECL, RERANKER, QUESTION_WRITER, SUMMARIZER_GEMMA, SUMMARIZER_RANK)
 """In the order they are trained: the retrieval model the default pipeline uses first, then the optional stages and
-the question writer, the quick ones before the slow Gemma summarizer."""
+the question writer, the quick ones before the slow Gemma summarizers (the rank model continues the first)."""
+
+
+def places() -> dict[str, str]:
+    """What the set-up commands' placeholders stand for."""
+    benchmark = medfaq_home() / "benchmarks" / RANK_BENCHMARK
+    split = benchmark / RANK_SPLIT
+    return {
+        "{biencoder}": str(models_dir() / BIENCODER_MODEL),
+        "{gemma}": str(models_dir() / SUMMARIZER_GEMMA.model),
+        "{rank_model}": str(models_dir() / SUMMARIZER_RANK.model),
+        "{faq_index}": str(indexes_dir() / FAQ_INDEX),
+        "{benchmark}": str(benchmark),
+        "{benchmark_index}": str(benchmark / "index"),
+        "{train_pairs}": str(split / "train" / "pairs.jsonl"),
+        "{dev_queries}": str(split / "dev" / "queries.jsonl"),
+        "{dev_qrels}": str(split / "dev" / "qrels.tsv"),
+    }
+
+
+def likelihood_decision_argv() -> list[str]:
+    where = places()
+    return [where.get(part, part) for part in LIKELIHOOD_DECISION]
+
+
 SUMMARIZERS = (SUMMARIZER_GEMMA.model, SUMMARIZER_ECL.model)
 """Summarizer model names, best first (the Gemma fine-tune scores ROUGE-1 50.75 on MeQSum test against 35.3)."""
 

@@ -19,7 +19,7 @@ def dry_run(*flags: str) -> str:
 
 def test_dry_run_lists_every_step_with_time_and_command():
     output = dry_run()
-    assert "7 step(s) to run" in output
+    assert "9 step(s) to run" in output
     commands = ("index build medquad", "train biencoder --task faq", "train summarizer --preset quick")
     assert "train question-writer --out " + str(models_dir() / "question-writer") in output
     for command in (*commands, "train crossencoder --task faq"):
@@ -28,6 +28,10 @@ def test_dry_run_lists_every_step_with_time_and_command():
     # the reranker is trained as a correction of that bi-encoder, which it keeps as its prior
     assert "--prior-scale 20 --negatives 7 --negatives-encoder " + str(models_dir() / "biencoder-faq-quick") in output
     assert "--backbone gemma-3-270m --variant mle" in output and "about 45 min" in output
+    # the rank model continues the Gemma summarizer on medquad-chq's training part; then the index's decision
+    rank = "--variant rank" in output and "--backbone " + str(models_dir() / "summarizer-gemma-quick") in output
+    assert rank and "split-0/train/pairs.jsonl --out " + str(models_dir() / "summarizer-gemma-rank") in output
+    assert "index likelihood " in output and "--measured-on " in output and "split-0/dev/qrels.tsv" in output
 
 
 def test_present_models_are_skipped_and_fast_leaves_out_gemma():
