@@ -333,5 +333,5 @@ def read_summaries(path: Path) -> dict[str, str]:
 
 def _describe(config: PipelineConfig) -> str:
     parts = [config.mode if config.query_source == "raw" else f"{config.mode} on {config.query_source}"]
-    parts += ["rerank"] * config.rerank
+    parts += ["rerank"] * config.rerank + ["likelihood"] * config.likelihood
     return " + ".join(parts)
