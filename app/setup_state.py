@@ -37,7 +37,7 @@ SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
 OFF_VALUES = {"", "0", "off", "none", "false", "no"}
 INDEX_MINUTES = 5  # `medfaq index build medquad --synonyms none`: 4 min 40 s on one core (docs/results.md)
 FAQ_INDEX_MINUTES = 14  # fine-tuned encoder + synonyms: 13 min 59 s on one core beside a job (docs/results.md)
-LIKELIHOOD_DECISION_MINUTES = 5  # `medfaq index likelihood` over medquad-chq's development part (docs/results.md)
+LIKELIHOOD_DECISION_MINUTES = 4  # `medfaq index likelihood` over medquad-chq's 145 dev CHQs: 203 s (docs/results.md)
 EXAMPLE_QUESTIONS = (
     "I've been on amoxicillin for a chest infection since Monday. Is it OK to have a glass of wine at my "
     "sister's wedding this weekend?",
