@@ -84,8 +84,6 @@ class SummarizerTrainer:
             torch.set_num_threads(config.threads)
         seed_everything(config.seed)
         self.device = choose_device(config.device)
-        if torch.device(self.device).type == "cpu":
-            torch.set_flush_denormal(True)  # subnormal floats take a slow path on x86
         config.precision = resolve_precision(config.precision, self.device)
         # with LoRA, last/ holds the adapter only: the run continues from the backbone plus that adapter
         self.network, self.tokenizer = load_backbone(last if resume and not config.lora_rank else config.backbone)
