@@ -1,12 +1,12 @@
 """`medfaq index likelihood DIR`: whether the summarizer's likelihood stage ranks this bank better than the index's
 pipeline without it, decided per index on that bank's development questions, and kept in its ``pipeline.json``.
 
-Development questions (with the FAQ ids that answer them): the user's labelled ones when given, else the questions
-`medfaq index adapt` wrote and held back for this bank (``development.jsonl`` in its work directory); a bank with
-neither stays as it is. Each question is searched once by the index's own pipeline with the likelihood, the
-cross-encoder and abstention off (its top `depth` hits), and each hit is scored once by the summarizer, given the
-question and given none; every setting of :data:`GRID` is then replayed from those scores through the pipeline's own
-rescoring (:meth:`Pipeline.rescore`).
+Development questions (with the FAQ ids that answer them): the user's labelled ones, beside which the questions
+`medfaq index adapt` wrote and held back for this bank (``development.jsonl`` in its work directory) vote; a bank
+without labelled ones stays as it is (rule 3). Each question is searched once by the index's own pipeline with the
+likelihood, the cross-encoder and abstention off (its top `depth` hits), and each hit is scored once by the
+summarizer, given the question and given none; every setting of :data:`GRID` is then replayed from those scores
+through the pipeline's own rescoring (:meth:`Pipeline.rescore`).
 
 The rule, written before any bank was scored:
 
@@ -16,7 +16,8 @@ The rule, written before any bank was scored:
 2. turn the stage on with the first setting only if that worst ΔR@1 is at least :data:`MIN_GAIN` points: every
    development set gains more questions at rank 1 than it loses. Otherwise the stage is turned off.
 3. (added after the first measurement, docs/results.md) generated questions alone never turn it on: on COVID-Q they
-   gained 2.6 points while the bank's real questions lost 2.5. They still vote beside labelled ones.
+   gained 2.6 points while the bank's real questions lost 2.5. Labelled questions are required; generated ones
+   vote beside them.
 
 The decision, every development number and the summarizer it was measured with go to ``likelihood.json`` beside
 the index (kept across index saves), which ``index info``, ``/health`` and the demo show.
@@ -47,8 +48,8 @@ GRID = {
 MIN_GAIN = 1.0  # points of R@1 the worst development set must gain for the stage to be turned on
 CUTOFF = 10  # MRR@10
 RULE = (
-    "on only if the worst development set gains >= 1 point of R@1 and a labelled set is among them; settings "
-    "ordered by worst dR@1, fewest lost at rank 1, summed dMRR@10, gate on, smaller weight, larger k"
+    "labelled development questions required; on only if the worst development set gains >= 1 point of R@1; "
+    "settings ordered by worst dR@1, fewest lost at rank 1, summed dMRR@10, gate on, smaller weight, larger k"
 )
 
 
@@ -228,15 +229,15 @@ def choose_likelihood(
     directory = Path(directory).expanduser()
     read_manifest(directory)  # not an index: its one-line error first
     started = time.perf_counter()
-    sets = {"labelled": list(labelled)} if labelled else {}
+    if not labelled:  # rule 3: generated questions alone never turn the stage on
+        raise MedfaqError(
+            f"no labelled development questions for {directory}: give --dev-queries/--dev-qrels (the questions "
+            "`medfaq index adapt` held back vote beside them, never alone); the index stays as it is"
+        )
+    sets = {"labelled": list(labelled)}
     generated = development_questions(directory)
     if generated:
         sets["generated"] = generated
-    if not sets:
-        raise MedfaqError(
-            f"no development questions for {directory}: give --dev-queries/--dev-qrels, or run "
-            f"`medfaq index adapt {directory}` first (its held-back questions serve); the index stays as it is"
-        )
     index = FaqIndex.load(measured_on or directory)
     if measured_on is not None and index.manifest.encoder_fingerprint != read_manifest(directory).encoder_fingerprint:
         raise MedfaqError(f"{measured_on} is not encoded by the model of {directory}; measure on a copy of it")
@@ -259,8 +260,7 @@ def choose_likelihood(
         dev[name] = (rows, {row["qid"]: queries[int(row["qid"])].golds for row in rows})
     candidates, before = choose_on_dev(dev, replay_golds, grid_settings(), tie_break)
     best = candidates[0]
-    wins = best["worst_delta_r1"] >= MIN_GAIN
-    turned_on = wins and "labelled" in dev
+    turned_on = best["worst_delta_r1"] >= MIN_GAIN
     setting = {**best["setting"], "likelihood_depth": depth}
     record = {
         "decided": utc_timestamp(),
@@ -268,8 +268,6 @@ def choose_likelihood(
         "why": (
             "it wins on every development set"
             if turned_on
-            else "generated questions alone do not turn it on"
-            if wins
             else f"the worst development set gains less than {MIN_GAIN:g} point of R@1"
         ),
         "summarizer": location,
