@@ -359,9 +359,9 @@ def likelihood(
     ),
     off: bool = typer.Option(False, "--off", help="Turn the stage off for this index, keeping the record."),
 ) -> None:
-    """Decide whether the summarizer's likelihood stage ranks this bank better, on its development questions
-    (--dev-queries, else those `medfaq index adapt` held back), by a rule written down in advance; the outcome goes
-    into the index's pipeline.json and likelihood.json."""
+    """Decide whether the summarizer's likelihood stage ranks this bank better, on your labelled development
+    questions (--dev-queries; those `medfaq index adapt` held back vote beside them), by a rule written down in
+    advance; the outcome goes into the index's pipeline.json and likelihood.json."""
     from medfaq.index.faq_index import read_manifest
     from medfaq.retriever import likelihood_choice
 
