@@ -376,8 +376,9 @@ class Pipeline:
         self.rewriter = rewriter if self.config.summarize else None
         self.reranker = reranker if self.config.rerank else None
         self.likelihood = likelihood if self.config.likelihood else None
-        if self.likelihood is not None and hasattr(self.likelihood, "keep"):  # its trimmed vocabulary: this bank's
-            self.likelihood.keep([record.question for record in index.records()], f"{index.directory}@{index.version}")
+        if self.likelihood is not None and hasattr(self.likelihood, "keep_bank"):  # trimmed to this bank
+            bank = f"{index.directory}@{index.version}"
+            self.likelihood.keep_bank(bank, lambda: [record.question for record in index.records()])
         self.entity_finder = entity_finder if self.config.entities else None
         self.unanswered = unanswered or UnansweredLog(self.config.unanswered_log)
         self.retriever = Retriever(

@@ -14,7 +14,7 @@ target tokens (BERT2BERT: without the [CLS] its decoder starts from). Priors dep
 kept per text, so a bank's FAQs cost their prior once.
 
 A decoder-only model predicts over a trimmed vocabulary (``vocabulary="bank"``, summarizer/vocabulary.py): the tokens
-of the bank's FAQ questions (:meth:`SummaryLikelihood.keep`, which the pipeline calls with its index's questions) and
+of the bank's FAQ questions (:meth:`SummaryLikelihood.keep_bank`, which the pipeline calls with its index's) and
 of every candidate scored. Its softmax is the full softmax restricted to those tokens and renormalised; the question
 is read whole. Gemma's 262,144-row output layer over every candidate token is most of the stage's arithmetic, and a
 bank uses a few thousand of them. A newly kept token changes every score by the little probability its row carries,
@@ -24,7 +24,7 @@ so the kept set and the priors computed under it are renewed together.
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -107,15 +107,19 @@ class SummaryLikelihood:
             quantized=quantize,
         )
 
-    def keep(self, texts: Sequence[str], bank: str = "") -> None:
-        """Keep the target tokens of `texts` (a bank's FAQ questions) in the trimmed vocabulary; a `bank` key (an
-        index's directory and version) already kept is skipped. Nothing to do for an untrimmed stage."""
-        if not self.trims or (bank and bank in self._kept_banks):
-            return
-        with self._lock:
-            self._keep_targets([self._target_ids(text) for text in texts])
-            if bank:
-                self._kept_banks.add(bank)
+    def keep(self, texts: Iterable[str]) -> None:
+        """Keep the target tokens of `texts` (a bank's FAQ questions) in the trimmed vocabulary. Nothing to do for an
+        untrimmed stage."""
+        if self.trims:
+            with self._lock:
+                self._keep_targets([self._target_ids(text) for text in texts])
+
+    def keep_bank(self, bank: str, questions: Callable[[], Iterable[str]]) -> None:
+        """:meth:`keep` a bank's `questions()` once per `bank` key (an index's directory and version): a bank kept
+        already costs nothing, not even reading its questions."""
+        if self.trims and bank not in self._kept_banks:
+            self.keep(questions())
+            self._kept_banks.add(bank)
 
     def _keep_targets(self, rows: Sequence[Sequence[int]]) -> None:
         new = {token for row in rows for token in row} - self._kept_ids
@@ -163,7 +167,7 @@ class SummaryLikelihood:
                 with self._predicting(rows):
                     logits = causal_logits(self.model, prompt, labels, self._cache_argument)
                 if self._vocabulary is not None:  # the logits are over the kept ids
-                    targets = torch.where(labels == -100, labels, self._vocabulary.to_kept(labels.clamp(min=0)))
+                    targets = self._vocabulary.to_kept_targets(labels)
             else:
                 encoded = self.tokenizer(
                     clean_question(query), max_length=self.max_source_len, truncation=True, return_tensors="pt"

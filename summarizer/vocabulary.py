@@ -55,6 +55,11 @@ class TrimmedVocabulary:
             raise MedfaqError(f"token ids {missing} are not in the trimmed vocabulary; add the texts that use them")
         return mapped
 
+    def to_kept_targets(self, labels: torch.Tensor) -> torch.Tensor:
+        """Target ids (-100 where padded) -> kept ids, the padding kept as -100, on `labels`' device."""
+        kept = self.to_kept(labels.clamp(min=0).cpu()).to(labels.device)
+        return torch.where(labels == -100, labels, kept)
+
     def to_full(self, ids: torch.Tensor) -> torch.Tensor:
         return self.kept[ids]
 

@@ -97,12 +97,12 @@ def test_shared_prefix_scores_equal_one_forward_pass_per_candidate(backbone, voc
 
 def test_a_trimmed_stage_keeps_its_banks_tokens_once_and_a_new_token_renews_the_priors(tiny_gemma_summarizer):
     scorer = SummaryLikelihood.load(tiny_gemma_summarizer)
-    scorer.keep(CANDIDATES, bank="faqs@1")
+    scorer.keep_bank("faqs@1", lambda: CANDIDATES)
     kept = len(scorer._vocabulary)
     assert kept < scorer.model.config.vocab_size
     first = scorer.score(QUESTION, CANDIDATES[:2], prior_weight=1.0)
     assert scorer.score(QUESTION, CANDIDATES[:2], prior_weight=1.0) == first  # a fixed kept set: the same scores
-    scorer.keep(["Is zoster contagious?"], bank="faqs@1")  # that bank's version is kept already: nothing changes
+    scorer.keep_bank("faqs@1", lambda: pytest.fail("a bank kept already is read again"))  # nothing changes
     assert len(scorer._vocabulary) == kept and set(scorer._priors) == set(CANDIDATES[:2])
     scorer.score(QUESTION, ["Is zoster contagious?"], prior_weight=1.0)  # its new tokens are kept first
     assert len(scorer._vocabulary) > kept and set(scorer._priors) == {"Is zoster contagious?"}

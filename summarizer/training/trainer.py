@@ -276,7 +276,7 @@ class SummarizerTrainer:
             kept = self.rank_vocabulary
             with kept.predicting(self.network, kept.head(self.network, differentiable=True)):
                 logits = causal_logits(self.model, source, labels, self._cache_argument)
-            labels = torch.where(labels == -100, labels, kept.to_kept(labels.clamp(min=0).cpu()).to(labels.device))
+            labels = kept.to_kept_targets(labels)
         elif self.causal:
             logits = causal_logits(self.model, source, labels, self._cache_argument)
         else:
