@@ -382,7 +382,7 @@ def split_queries(benchmark: Benchmark, seed: int = 0, fractions: tuple[float, .
     normalised text (a repeated question stays in one part): {part: (queries, qrels)}. The train part's (question,
     gold FAQ question) pairs can train a stage for this bank, the dev part choose its settings, and the test part
     is scored once."""
-    import hashlib
+    from medfaq.retriever.training.pair_data import hashed_position
 
     if len(fractions) != len(QUERY_PARTS) or min(fractions) <= 0 or abs(sum(fractions) - 1) > 1e-6:
         raise MedfaqError(f"give three positive fractions for {'/'.join(QUERY_PARTS)} that sum to 1, got {fractions}")
@@ -391,8 +391,7 @@ def split_queries(benchmark: Benchmark, seed: int = 0, fractions: tuple[float, .
     for query in benchmark.queries:
         if query["_id"] not in benchmark.qrels:
             continue
-        digest = hashlib.sha256(f"{seed}:{_normalise(query['text'])}".encode()).digest()
-        position = int.from_bytes(digest[:8], "big") / 2**64
+        position = hashed_position(query["text"], seed)
         part = QUERY_PARTS[next(i for i, bound in enumerate(bounds) if position < bound or i == len(bounds) - 1)]
         parts[part][0].append({**query, "metadata": {**query.get("metadata", {}), "part": part, "part_seed": seed}})
         parts[part][1][query["_id"]] = benchmark.qrels[query["_id"]]

@@ -139,8 +139,13 @@ def is_heldout(question: str, seed: int = 0, fraction: float = QUEBEC_HELDOUT_FR
     """Deterministic membership of the held-out part: a hash of (`seed`, normalised question text).
 
     Hashing the text rather than the query id keeps repeated query strings on one side of the split."""
-    digest = hashlib.sha256(f"{seed}:{normalise(question)}".encode()).digest()
-    return int.from_bytes(digest[:8], "big") / 2**64 < fraction
+    return hashed_position(question, seed) < fraction
+
+
+def hashed_position(text: str, seed: int = 0) -> float:
+    """A seeded position in [0, 1) for `text` (normalised): the same text always falls in the same part of a split."""
+    digest = hashlib.sha256(f"{seed}:{normalise(text)}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64
 
 
 def quebec_query_split(
