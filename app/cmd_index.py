@@ -323,8 +323,7 @@ def adapt(
         removed = adaptation.undo(directory)
         typer.echo(f"removed {removed} adapted rows from {directory}")
         return
-    if (dev_queries is None) != (dev_qrels is None):
-        raise MedfaqError("--dev-queries and --dev-qrels go together")
+    labelled = _labelled_queries(dev_queries, dev_qrels)
     config = AdaptConfig(
         writer=writer,
         questions_per_faq=questions,
@@ -334,7 +333,6 @@ def adapt(
         seed=seed,
         encoder_labels=labels,
     )
-    labelled = _labelled_queries(dev_queries, dev_qrels) if dev_queries and dev_qrels else []
     if dry_run:
         typer.echo(adaptation.dry_run_plan(directory, config))
         return
@@ -370,9 +368,7 @@ def likelihood(
         likelihood_choice.turn_off(directory)
         typer.echo(f"likelihood stage off for {directory}")
         return
-    if (dev_queries is None) != (dev_qrels is None):
-        raise MedfaqError("--dev-queries and --dev-qrels go together")
-    labelled = _labelled_queries(dev_queries, dev_qrels) if dev_queries and dev_qrels else []
+    labelled = _labelled_queries(dev_queries, dev_qrels)
     record = likelihood_choice.choose_likelihood(
         directory,
         summarizer,
@@ -385,8 +381,13 @@ def likelihood(
     typer.echo(likelihood_choice.describe_choice(record))
 
 
-def _labelled_queries(queries: Path, qrels: Path) -> list[Any]:
-    """The user's development queries with their relevant FAQ ids (queries without judgements are dropped)."""
+def _labelled_queries(queries: Path | None, qrels: Path | None) -> list[Any]:
+    """The user's development queries (--dev-queries, --dev-qrels: both or neither) with their relevant FAQ ids
+    (queries without judgements are dropped); none when neither is given."""
+    if (queries is None) != (qrels is None):
+        raise MedfaqError("--dev-queries and --dev-qrels go together")
+    if queries is None or qrels is None:
+        return []
     from medfaq.eval.benchmarks import read_qrels
     from medfaq.index.collections import iter_jsonl
     from medfaq.retriever.adaptation import DevQuery
