@@ -48,6 +48,7 @@ from medfaq.common.runtime import MedfaqError, medfaq_home
 from medfaq.eval.script_args import print_report
 from medfaq.index.datasets import BENCHMARKS
 from medfaq.retriever.likelihood_choice import Replay, choose_on_dev
+from medfaq.retriever.pipeline import RERANK_MARGIN
 
 DEV_SETS = ("meqsum-valid", "mediqa2021-valid", "quebec-dev")
 TEST_SETS = tuple(BENCHMARKS)
@@ -58,7 +59,6 @@ GRID = {
     "likelihood_weight": (0.5, 1.0, 2.0, 3.0),
     "rerank_rrf_k": (10, 60),
 }
-GATE = 0.05  # the dense-margin gate of the reranker (retriever.pipeline.RERANK_MARGIN)
 EQUAL = {"likelihood_per_token": True, "likelihood_prior": 1.0, "likelihood_weight": 3.0, "rerank_rrf_k": 60}
 ALONE = {**EQUAL, "likelihood_weight": 1000.0}
 """Shown beside the chosen setting on the test sets, not chosen: the likelihood ranking weighing as much as the
@@ -193,7 +193,7 @@ def latency(args: argparse.Namespace) -> dict[str, Any]:
     pipeline = dense_pipeline(index_dir, max(DEPTHS))
     found = [pipeline.run(texts[q]).hits for q in qids]
     dense_ms = np.array([pipeline.run(texts[q]).timings_ms["total"] for q in qids[WARM_UPS:]])
-    gated = np.array([len(hits) > 1 and hits[0].score - hits[1].score < GATE for hits in found[WARM_UPS:]])
+    gated = np.array([len(hits) > 1 and hits[0].score - hits[1].score < RERANK_MARGIN for hits in found[WARM_UPS:]])
     bank = [record.question for record in pipeline.index.records()]
     report: dict[str, Any] = {
         "set": str(args.queries or args.set),
@@ -333,7 +333,7 @@ def replay(args: argparse.Namespace) -> dict[str, Any]:
     def systems(chosen: dict[str, Any]) -> list[tuple[str, Any]]:
         return [
             ("likelihood", chosen),
-            ("likelihood-gated", {**chosen, "rerank_margin": GATE}),
+            ("likelihood-gated", {**chosen, "rerank_margin": RERANK_MARGIN}),
             ("likelihood-equal (not chosen)", EQUAL),
             ("likelihood alone (not chosen)", ALONE),
         ]

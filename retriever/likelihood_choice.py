@@ -33,17 +33,16 @@ from pathlib import Path
 from typing import Any
 
 from medfaq.common.runtime import MedfaqError, utc_timestamp
-from medfaq.retriever.pipeline import PipelineConfig
+from medfaq.retriever.pipeline import RERANK_MARGIN, PipelineConfig
 from medfaq.retriever.pipeline_file import update_config
 
 CHOICE_FILE = "likelihood.json"
-GATE = 0.05  # the dense-margin gate (`rerank_margin`): the stage scores only questions whose top two cosines are close
 GRID = {
     "likelihood_per_token": (True, False),
     "likelihood_prior": (0.0, 0.5, 1.0),
     "likelihood_weight": (0.5, 1.0, 2.0, 3.0, 4.5, 6.0, 1000.0),  # against the retrieval ranking's 3; 1000: alone
     "rerank_rrf_k": (10, 60),
-    "rerank_margin": (GATE, None),
+    "rerank_margin": (RERANK_MARGIN, None),  # the gate on (only questions whose top two cosines are close) or off
 }
 MIN_GAIN = 1.0  # points of R@1 the worst development set must gain for the stage to be turned on
 CUTOFF = 10  # MRR@10
