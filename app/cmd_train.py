@@ -419,6 +419,12 @@ def train_student(
         help="What encodes the teacher's vectors (once): auto (torch on a GPU; on the CPU ONNX int8 where its check "
         "passed, else ONNX fp32) | torch | onnx | onnx-int8.",
     ),
+    teacher_space: str = typer.Option(
+        StudentTrainConfig.teacher_space,
+        "--teacher-space",
+        help="aligned: the teacher reduced to the student's width and rotated onto its space (no layer added) | "
+        "projection: a Dense layer to the teacher's width.",
+    ),
     epochs: int = typer.Option(StudentTrainConfig.epochs, "--epochs", min=1),
     batch_size: int = typer.Option(StudentTrainConfig.batch_size, "--batch-size", min=1),
     lr: float = typer.Option(StudentTrainConfig.lr, "--lr", callback=positive, help="Learning rate."),
@@ -462,6 +468,7 @@ def train_student(
         teacher=teacher,
         init=init,
         teacher_backend=teacher_backend,
+        teacher_space=teacher_space,
         epochs=epochs,
         batch_size=batch_size,
         lr=lr,

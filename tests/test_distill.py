@@ -1,5 +1,6 @@
 """`medfaq train student`: the texts it is distilled on, the teacher's vectors cached and resumed, a tiny student that
-learns a tiny teacher of another dimension, its saved config and fingerprint, an index built with it on ONNX."""
+learns a tiny teacher of another dimension (in its own space, and through a projection), its saved config and
+fingerprint, an index built with it on ONNX."""
 
 from __future__ import annotations
 
@@ -168,7 +169,7 @@ def test_a_student_learns_its_teacher_saves_and_indexes_on_onnx(
     command = [
         *("train", "student", "--teacher", tiny_teacher_dir, "--init", tiny_encoder_dir, "--out", out),
         *("--data-root", data_root, "--teacher-backend", "onnx", "--dev-fraction", "0.2", "--epochs", "3"),
-        *("--batch-size", "8", "--lr", "1e-3", "--seed", "1"),
+        *("--batch-size", "8", "--lr", "1e-3", "--seed", "1", "--teacher-space", "projection"),
     ]
     result = medfaq(*command)
     assert result.exit_code == 0, result.output
@@ -204,6 +205,38 @@ def test_a_student_learns_its_teacher_saves_and_indexes_on_onnx(
     np.testing.assert_allclose(onnx_vectors, student.encode(["What is gout?"]), atol=1e-4)  # the Dense is exported
 
 
+def test_the_aligned_teacher_map_recovers_a_teacher_that_is_the_student_turned(tiny_encoder_dir):
+    """A teacher whose vectors are the student's, turned and embedded in a wider space: the map brings them back
+    onto the student's exactly, keeping all of the teacher."""
+    from medfaq.retriever.training.distill import aligned_teacher_map, build_student, unit_rows
+
+    student = build_student(str(tiny_encoder_dir), None, "cpu")
+    texts = [f"What {kind} {topic} ?" for topic in TOPICS for kind in ("causes", "is", "treats", "prevents")]
+    own = student.encode(texts, convert_to_numpy=True, normalize_embeddings=True)
+    turn, _ = np.linalg.qr(np.random.default_rng(0).normal(size=(48, own.shape[1])))  # orthonormal columns
+    teacher = own @ turn.T  # 48 wide, unit rows, the student's cosines
+    mapping, kept = aligned_teacher_map(student, texts, teacher, sample=len(texts))
+    assert mapping.shape == (48, own.shape[1]) and kept == pytest.approx(1.0, abs=1e-6)
+    np.testing.assert_allclose(unit_rows(teacher @ mapping), own, atol=1e-4)
+
+
+def test_an_aligned_student_keeps_its_width_and_learns(data_root, tiny_teacher_dir, tiny_encoder_dir, tmp_path):
+    from medfaq.index.encoder import Encoder
+    from medfaq.retriever.training.student_config import StudentTrainConfig
+
+    out = tmp_path / "student"
+    result = medfaq(
+        *("train", "student", "--teacher", tiny_teacher_dir, "--init", tiny_encoder_dir, "--out", out),
+        *("--data-root", data_root, "--teacher-backend", "onnx", "--dev-fraction", "0.2", "--epochs", "3"),
+        *("--batch-size", "8", "--lr", "1e-3", "--seed", "1"),
+    )
+    assert result.exit_code == 0, result.output
+    config = StudentTrainConfig.load(out)
+    assert config.teacher_space == "aligned" and config.projection == [] and 0 < config.teacher_variance_kept <= 1
+    assert config.dev_after["mse"] < config.dev_before["mse"]
+    assert Encoder(str(out), device="cpu").dim == 32  # no layer added: the index stores the student's width
+
+
 @pytest.mark.parametrize(
     ("options", "pattern"),
     [
@@ -211,6 +244,7 @@ def test_a_student_learns_its_teacher_saves_and_indexes_on_onnx(
         (("--max-texts", "1"), "Invalid value for '--max-texts'"),
         (("--lr", "0"), "0.0 is not above 0"),
         (("--teacher-backend", "gpu"), "unknown teacher backend 'gpu'"),
+        (("--teacher-space", "pca"), "unknown teacher space 'pca'"),
         (("--init", "/nonexistent/student"), "/nonexistent/student"),
         (("--data-root", "/nonexistent/data", "--teacher", "minilm"), "not found"),  # a teacher that is installed
     ],

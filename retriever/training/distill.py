@@ -2,11 +2,15 @@
 EMNLP 2020): the mean squared error between the student's sentence vectors and the teacher's
 (``sentence_transformers.losses.MSELoss``), over the question texts of :mod:`retriever.training.distill_data`.
 
-Where the teacher's vectors are wider than the student's (all-mpnet-base-v2's 768 against MiniLM's 384), the student
-gets a Dense projection (linear, no activation) after its pooling, so its vectors live in the teacher's space. The
-projection costs next to nothing in encoding time (one 384 x 768 product per text) but doubles what an index stores
-and scans: 3 KB instead of 1.5 KB of float32 per FAQ, about 146 MB instead of 73 MB of vectors for MedQuAD's 47,441
-questions.
+The student learns the teacher in one of two spaces (`StudentTrainConfig.teacher_space`):
+
+* ``aligned`` (default): the teacher's vectors are brought into the student's own space, so the student starts
+  near its targets and adds no layer. They are reduced to the student's width along their principal directions
+  (sentence-transformers' recipe for a narrower student), then turned by the rotation that best maps them onto the
+  student's vectors of the same texts (orthogonal Procrustes). A rotation changes no cosine, so the targets rank as
+  the teacher does, up to the dropped directions (`teacher_variance_kept` says how much of the teacher they keep).
+* ``projection``: the student gets a Dense projection (linear, no activation) to the teacher's width after its
+  pooling, started at random, and learns the teacher's vectors as they are; an index then stores twice the floats.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from medfaq.common.runtime import seed_everything
+from medfaq.common.runtime import MedfaqError, seed_everything
 from medfaq.index.model_files import model_fingerprint
 from medfaq.retriever.biencoder import load_biencoder
 from medfaq.retriever.training.loop import train_loop
@@ -25,9 +29,9 @@ from medfaq.retriever.training.student_config import StudentTrainConfig
 logger = logging.getLogger("medfaq.training")
 
 
-def build_student(init: str, teacher_dim: int, device: str | None = None) -> Any:
+def build_student(init: str, teacher_dim: int | None, device: str | None = None) -> Any:
     """The SentenceTransformer `init` ending in a Normalize layer, with a Dense projection to `teacher_dim` before it
-    where its own dimension differs (random, seeded by the caller)."""
+    where that differs from its own dimension (random, seeded by the caller; None: none)."""
     import torch
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.sentence_transformer.modules import Dense, Normalize
@@ -37,9 +41,33 @@ def build_student(init: str, teacher_dim: int, device: str | None = None) -> Any
     while modules and isinstance(modules[-1], Normalize):
         modules.pop()
     dim = int(model.get_embedding_dimension())
-    if dim != teacher_dim:
+    if teacher_dim is not None and dim != teacher_dim:
         modules.append(Dense(dim, teacher_dim, activation_function=torch.nn.Identity()))
     return SentenceTransformer(modules=[*modules, Normalize()], device=str(model.device))
+
+
+def aligned_teacher_map(
+    student: Any, texts: list[str], targets: np.ndarray, sample: int = 8192, seed: int = 0
+) -> tuple[np.ndarray, float]:
+    """The linear map (teacher width x student width) that brings the teacher's vectors into `student`'s space (see
+    the module docstring), fitted on a seeded sample of `texts`; and the share of the teacher's squared singular
+    values the kept directions hold."""
+    chosen = np.sort(np.random.default_rng(seed).permutation(len(texts))[:sample])
+    teacher = np.asarray(targets[chosen], dtype=np.float64)
+    width = int(student.get_embedding_dimension())
+    if width > teacher.shape[1]:
+        raise MedfaqError(f"a student {width} wide cannot align to a teacher {teacher.shape[1]} wide; use projection")
+    _, singular, directions = np.linalg.svd(teacher, full_matrices=False)
+    reduce = directions[:width].T
+    reduced = unit_rows(teacher @ reduce)
+    own = student.encode([texts[i] for i in chosen], batch_size=64, convert_to_numpy=True, normalize_embeddings=True)
+    left, _, right = np.linalg.svd(reduced.T @ np.asarray(own, dtype=np.float64))
+    kept = float((singular[:width] ** 2).sum() / (singular**2).sum())
+    return (reduce @ left @ right).astype(np.float32), kept
+
+
+def unit_rows(vectors: np.ndarray) -> np.ndarray:
+    return vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
 
 
 def vector_agreement(model: Any, texts: list[str], targets: np.ndarray, batch_size: int = 64) -> dict[str, float]:
@@ -64,15 +92,24 @@ def train_student(
     """Fit a student built from `config.init` (:func:`build_student`) to the teacher's vectors `targets` of `texts`
     with MSELoss (texts cut at `config.max_length` tokens, batches of similar length). With dev texts, their
     :func:`vector_agreement` is measured before training and after each epoch (the best epoch, lowest MSE, is
-    kept) and written into `config` (`dev_before`, `dev_after`), as are `projection` and the student's
-    `fingerprint`. Returns the student (eval mode), reading as many tokens as `config.init`."""
+    kept) and written into `config` (`dev_before`, `dev_after`; against the targets in the space learnt), as are
+    `projection`, `teacher_variance_kept` and the student's `fingerprint`. Returns the student (eval mode), reading
+    as many tokens as `config.init`."""
     import torch
     from sentence_transformers.sentence_transformer import losses
     from sentence_transformers.sentence_transformer.modules import Dense
     from sentence_transformers.util import batch_to_device
 
     seed_everything(config.seed)
-    model = build_student(config.init, targets.shape[1], device)
+    if config.teacher_space == "aligned":
+        model = build_student(config.init, None, device)
+        mapping, config.teacher_variance_kept = aligned_teacher_map(model, texts, targets, seed=config.seed)
+        targets = unit_rows(np.asarray(targets, dtype=np.float32) @ mapping)
+        if dev_targets is not None:
+            dev_targets = unit_rows(np.asarray(dev_targets, dtype=np.float32) @ mapping)
+        logger.info("teacher aligned to the student's space, %.1f %% of it kept", 100 * config.teacher_variance_kept)
+    else:
+        model = build_student(config.init, targets.shape[1], device)
     inference_length = model.max_seq_length
     dense = [module for module in model if isinstance(module, Dense)]
     config.projection = [dense[-1].in_features, dense[-1].out_features] if dense else []

@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from medfaq.common.runtime import ENCODER_BACKENDS, MedfaqError
 from medfaq.retriever.training.config import DISTILL_TASK, EncoderTrainConfig
 
+TEACHER_SPACES = ("aligned", "projection")
+
 
 @dataclass
 class StudentTrainConfig(EncoderTrainConfig):
@@ -26,8 +28,10 @@ class StudentTrainConfig(EncoderTrainConfig):
     teacher: str = "mpnet"
     teacher_backend: str = "auto"  # auto: torch on a GPU; on the CPU the int8 graph where its check passed, else fp32
     max_texts: int | None = None
+    teacher_space: str = "aligned"  # aligned | projection (retriever/training/distill.py)
     teacher_fingerprint: str = ""  # filled in by training, as everything below
     projection: list[int] = field(default_factory=list)  # [student dim, teacher dim] of the Dense layer added, if any
+    teacher_variance_kept: float | None = None  # aligned: the share of the teacher's squared singular values kept
     text_counts: dict[str, int] = field(default_factory=dict)  # texts per source (training and dev)
     n_dev_texts: int = 0
     dev_before: dict[str, float] = field(default_factory=dict)  # mse and mean cosine to the teacher on the dev texts
@@ -41,6 +45,10 @@ class StudentTrainConfig(EncoderTrainConfig):
         if self.teacher_backend not in ENCODER_BACKENDS:
             raise MedfaqError(
                 f"unknown teacher backend {self.teacher_backend!r}; choose one of {', '.join(ENCODER_BACKENDS)}"
+            )
+        if self.teacher_space not in TEACHER_SPACES:
+            raise MedfaqError(
+                f"unknown teacher space {self.teacher_space!r}; choose one of {', '.join(TEACHER_SPACES)}"
             )
         if self.max_texts is not None and self.max_texts < 2:
             raise MedfaqError("--max-texts must be at least 2")
