@@ -25,12 +25,12 @@ lost at rank 1; (3) then the largest summed ΔMRR@10; (4) then the smaller likel
     python -m medfaq.eval.summary_ranking replay --out DIR [--json report.json]
     python -m medfaq.eval.summary_ranking latency --summarizer NAME [--set medquad-chq-long] [--questions 30]
 
-``latency``: for the full and the trimmed vocabulary (summarizer/likelihood.py), each in fp32 and int8 (PyTorch
-dynamic quantisation): milliseconds the likelihood stage takes per question for N = 5, 10 and 20 candidates (the
-dense top N of the questions of one set, or of ``--queries``, after 3 warm-ups, the priors cached), the rank
-agreement with full fp32 on the top 10 (Kendall tau) and R@1 of the likelihood alone; and the share of those
-questions the gate (`rerank_margin` 0.05) would score, which gives the gated latency: dense search alone for the
-others.
+``latency``: for the full and the trimmed vocabulary (summarizer/likelihood.py), in fp32, bf16 (the trimmed one)
+and int8 (PyTorch dynamic quantisation): milliseconds the likelihood stage takes per question for N = 5, 10 and 20
+candidates (the dense top N of the questions of one set, or of ``--queries``, after 3 warm-ups, the priors
+cached), the rank agreement with full fp32 on the top 10 (Kendall tau) and R@1 of the likelihood alone; and the
+share of those questions the gate (`rerank_margin` 0.05) would score, which gives the gated latency: dense search
+alone for the others. ``--variants bank/bf16,...`` measures only those beside full fp32.
 """
 
 from __future__ import annotations
@@ -165,7 +165,7 @@ def score(args: argparse.Namespace) -> dict[str, Any]:
     return {"summarizer": scorer.name, "sets": counts}
 
 
-VARIANTS = (("full", "fp32"), ("bank", "fp32"), ("bank", "int8"), ("full", "int8"))
+VARIANTS = (("full", "fp32"), ("bank", "fp32"), ("bank", "bf16"), ("bank", "int8"), ("full", "int8"))
 """(vocabulary, precision) of each likelihood stage `latency` measures; the first is the reference."""
 
 
@@ -205,8 +205,11 @@ def latency(args: argparse.Namespace) -> dict[str, Any]:
     }
     model = locate_summarizer(args.summarizer)
     reference: list[np.ndarray] = []
-    for vocabulary, precision in VARIANTS:
-        scorer = SummaryLikelihood.load(model, quantize=precision == "int8", vocabulary=vocabulary)
+    for vocabulary, precision in chosen_variants(args.variants):
+        arithmetic = "bf16" if precision == "bf16" else "fp32"
+        scorer = SummaryLikelihood.load(
+            model, quantize=precision == "int8", vocabulary=vocabulary, precision=arithmetic
+        )
         scorer.keep(bank)
         scores = [
             np.array(scorer.score(texts[q], [h.question for h in hits[:CUTOFF]], prior_weight=1.0, per_token=True))
@@ -244,6 +247,17 @@ def latency(args: argparse.Namespace) -> dict[str, Any]:
         report["rows"].append(row)
         del scorer
     return report
+
+
+def chosen_variants(text: str | None) -> list[tuple[str, str]]:
+    """The variants `--variants` names ("bank/bf16,full/int8"; None: all), the reference first."""
+    if text is None:
+        return list(VARIANTS)
+    named = [tuple(part.strip().split("/", 1)) for part in text.split(",") if part.strip()]
+    unknown = [f"{'/'.join(v)}" for v in named if v not in VARIANTS]
+    if unknown:
+        raise MedfaqError(f"unknown variants {unknown}; choose from {', '.join('/'.join(v) for v in VARIANTS)}")
+    return [VARIANTS[0], *(v for v in VARIANTS[1:] if v in named)]
 
 
 def part_queries(queries: Path, qrels: Path) -> tuple[dict[str, str], dict[str, dict[str, int]]]:
@@ -376,6 +390,9 @@ def main(argv: list[str] | None = None) -> None:
     timed.add_argument("--qrels", type=Path, default=None, help="the judgements of --queries")
     timed.add_argument("--index", type=Path, default=None, help="the index searched (default: --set's benchmark's)")
     timed.add_argument("--threads", type=int, default=1, help="CPU threads the stage runs on")
+    timed.add_argument(
+        "--variants", default=None, help="vocabulary/precision pairs measured besides full/fp32 (default: all)"
+    )
     timed.add_argument("--out", type=Path, default=Path("."), help=argparse.SUPPRESS)
     timed.add_argument("--benchmarks", type=Path, default=medfaq_home() / "benchmarks")
     timed.add_argument("--json", type=Path, default=None, help="also write the report here")

@@ -248,7 +248,11 @@ def choose_likelihood(
         sets[name] = answerable[:limit] if limit else answerable
     config = first_stage_config(directory, depth)
     if scorer is None:
-        scorer = SummaryLikelihood.load(locate_summarizer(summarizer), vocabulary=config.likelihood_vocabulary)
+        scorer = SummaryLikelihood.load(
+            locate_summarizer(summarizer),
+            vocabulary=config.likelihood_vocabulary,
+            precision=config.likelihood_precision,
+        )
     location = scorer.name
     scorer.keep([record.question for record in index.records()])
     first_stage = Pipeline(index, config)
@@ -271,6 +275,7 @@ def choose_likelihood(
         ),
         "summarizer": location,
         "vocabulary": config.likelihood_vocabulary,
+        "precision": scorer.precision,
         "rule": RULE,
         "setting": setting,
         "development": {

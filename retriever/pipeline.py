@@ -186,6 +186,9 @@ class PipelineConfig:
         "the full softmax restricted and renormalised: far cheaper) or full.",
         choices=("bank", "full"),
     )
+    likelihood_precision: str = setting(
+        "auto", help="The likelihood stage's arithmetic: " + PRECISION_HELP, choices=PRECISIONS
+    )
     quantize: bool = setting(False, help="int8 dynamic quantisation of summarizer and reranker.", flag="--quantize")
     encoder_backend: str = setting(
         "auto", help="Query encoder. " + BACKEND_HELP, flag="--encoder-backend", choices=ENCODER_BACKENDS

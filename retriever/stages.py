@@ -96,7 +96,12 @@ def load_rewriter(model: str, settings: StageSettings) -> SummarizerRewriter:
 def load_likelihood(model: str, settings: StageSettings) -> Any:
     from medfaq.summarizer.likelihood import SummaryLikelihood
 
-    return SummaryLikelihood.load(model, quantize=settings.quantize, vocabulary=settings.likelihood_vocabulary)
+    return SummaryLikelihood.load(
+        model,
+        quantize=settings.quantize,
+        vocabulary=settings.likelihood_vocabulary,
+        precision=settings.likelihood_precision,
+    )
 
 
 def locate_reranker(name: str | None) -> str:
@@ -152,7 +157,11 @@ STAGE_LOADERS: dict[str, StageLoader] = {
         reads=("quantize", "rerank_max_length", "rerank_precision", "encoder_backend"),
         locate=locate_reranker,
     ),
-    "likelihood": StageLoader(load_likelihood, reads=("quantize", "likelihood_vocabulary"), locate=locate_summarizer),
+    "likelihood": StageLoader(
+        load_likelihood,
+        reads=("quantize", "likelihood_vocabulary", "likelihood_precision"),
+        locate=locate_summarizer,
+    ),
     "entities": StageLoader(load_entities),
 }
 """The loader of each stage kind (:data:`retriever.pipeline.STAGE_KINDS`)."""

@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from medfaq.common.runtime import MedfaqError, quantize_linear
+from medfaq.common.runtime import MedfaqError, quantize_linear, resolve_precision
 from medfaq.summarizer.modeling import (
     cache_argument,
     clean_question,
@@ -71,12 +71,14 @@ class SummaryLikelihood:
         vocabulary: str = "bank",
         quantized: bool = False,
     ) -> None:
+        """`model` in the precision it is to score in (int8 when `quantized`)."""
         if vocabulary not in VOCABULARIES:
             raise MedfaqError(f"likelihood vocabulary must be one of {', '.join(VOCABULARIES)}, got {vocabulary!r}")
         self.model, self.tokenizer = model.eval(), tokenizer
         self.causal = is_causal_lm(model)
         self.trims = self.causal and vocabulary == "bank"
         self.quantized = quantized
+        self.precision = "int8" if quantized else "bf16" if model.dtype == torch.bfloat16 else "fp32"
         self._kept_ids: set[int] = set()
         self._vocabulary: TrimmedVocabulary | None = None
         self._head: KeptRowsHead | None = None
@@ -90,13 +92,19 @@ class SummaryLikelihood:
         self._cache_argument = cache_argument(model) if self.causal else ""
 
     @classmethod
-    def load(cls, model: str | Path, quantize: bool = False, vocabulary: str = "bank") -> SummaryLikelihood:
+    def load(
+        cls, model: str | Path, quantize: bool = False, vocabulary: str = "bank", precision: str = "fp32"
+    ) -> SummaryLikelihood:
         """A trained summarizer directory (seq2seq or decoder-only), on the CPU; `quantize`: int8 linear layers
-        (PyTorch dynamic quantisation); `vocabulary`: ``bank`` (trimmed, see the module docstring) or ``full``."""
+        (PyTorch dynamic quantisation); `vocabulary`: ``bank`` (trimmed, see the module docstring) or ``full``;
+        `precision`: the weights and products in ``fp32``, ``bf16``, or ``auto`` (bf16 where this CPU measures it
+        faster; log-probabilities are always taken in fp32)."""
         path, saved = trained_summarizer(model)
         network, tokenizer = load_backbone(path)
         if quantize:
             quantize_linear(network)
+        elif resolve_precision(precision, "cpu") == "bf16":
+            network.to(torch.bfloat16)
         return cls(
             network,
             tokenizer,

@@ -34,7 +34,7 @@ QUESTIONS = [
 class KnowingScorer:
     """A likelihood stage that finds the gold FAQ question of each question likeliest (`right`), or least likely."""
 
-    name = "knowing-scorer"
+    name, precision = "knowing-scorer", "fp32"
 
     def __init__(self, golds: dict[str, str], right: bool = True) -> None:
         self.golds, self.right, self.kept = golds, right, 0

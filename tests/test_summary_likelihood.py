@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from medfaq.common.runtime import MedfaqError
 from medfaq.index.faq_index import FaqIndex
 from medfaq.retriever.pipeline import Pipeline, PipelineConfig
 from medfaq.retriever.pipeline_file import write_config
@@ -106,6 +107,18 @@ def test_a_trimmed_stage_keeps_its_banks_tokens_once_and_a_new_token_renews_the_
     assert len(scorer._vocabulary) == kept and set(scorer._priors) == set(CANDIDATES[:2])
     scorer.score(QUESTION, ["Is zoster contagious?"], prior_weight=1.0)  # its new tokens are kept first
     assert len(scorer._vocabulary) > kept and set(scorer._priors) == {"Is zoster contagious?"}
+
+
+def test_bf16_scores_in_bf16_and_takes_its_log_probabilities_in_fp32(tiny_gemma_summarizer):
+    exact = SummaryLikelihood.load(tiny_gemma_summarizer)
+    halved = SummaryLikelihood.load(tiny_gemma_summarizer, precision="bf16")
+    assert (exact.precision, halved.precision) == ("fp32", "bf16") and halved.model.dtype == torch.bfloat16
+    for scorer in (exact, halved):
+        scorer.keep(CANDIDATES)
+    scores = halved.token_scores(QUESTION, CANDIDATES)
+    assert scores.log_prob.dtype == np.float64
+    np.testing.assert_allclose(scores.log_prob, exact.token_scores(QUESTION, CANDIDATES).log_prob, rtol=0.05)
+    assert SummaryLikelihood.load(tiny_gemma_summarizer, precision="auto").precision in ("fp32", "bf16")
 
 
 def test_the_prior_correction_subtracts_the_likelihood_given_no_question(tiny_gemma_summarizer):
@@ -336,6 +349,7 @@ def test_latency_measures_each_vocabulary_and_precision_against_full_fp32(tiny_g
         index=tmp_path / "ix",
         questions=2,
         threads=1,
+        variants=None,
     )
     report = latency(args)
     assert report["questions"] == 2 and [(r["vocabulary"], r["precision"]) for r in report["rows"]] == list(VARIANTS)
@@ -343,3 +357,8 @@ def test_latency_measures_each_vocabulary_and_precision_against_full_fp32(tiny_g
     assert reference["kendall_tau_top10"] == pytest.approx(1.0) and reference["kept_tokens"] is None
     assert 0 < trimmed["kept_tokens"] < 30522 and -1 <= trimmed["kendall_tau_top10"] <= 1
     assert all(row["n10"]["p50_ms"] > 0 and row["n5"]["gated_end_to_end_p95_ms"] > 0 for row in report["rows"])
+    args.variants = "bank/bf16"
+    assert [(r["vocabulary"], r["precision"]) for r in latency(args)["rows"]] == [VARIANTS[0], ("bank", "bf16")]
+    args.variants = "bank/fp16"
+    with pytest.raises(MedfaqError, match="unknown variants"):
+        latency(args)
