@@ -340,7 +340,8 @@ def describe_choice(record: dict[str, Any]) -> str:
         f"depth {setting['likelihood_depth']}, gate {setting['rerank_margin'] if setting['rerank_margin'] else 'off'}"
     )
     state = "on" if record["on"] else "off"
+    measured = f" ({record['precision']})" if "precision" in record else ""
     return (
         f"likelihood stage {state} ({record['decided']}): {how}; {development_line(record)}; "
-        f"summarizer {record['summarizer']}"
+        f"summarizer {record['summarizer']}{measured}"
     )
