@@ -104,11 +104,18 @@ def load_summary_rows(dataset: str, split: str, data_root: Path | None = None) -
 
 
 def load_pairs(spec: str, data_root: Path | None = None) -> list[SummaryPair]:
-    """The CHQ -> FAQ pairs of `spec` (RQE: label-1 pairs only), in the order of its parts and of each file."""
+    """The CHQ -> FAQ pairs of `spec` (RQE: label-1 pairs only), in the order of its parts and of each file. A part is
+    a dataset split, a pairs file (``.jsonl``), or an index directory: the questions `medfaq index adapt` wrote for
+    its FAQs and kept by the round trip, each with its FAQ's question."""
     pairs = []
     for part in (part.strip() for part in spec.split("+")):
         if part.endswith(".jsonl"):
             pairs.extend(file_pairs(Path(part).expanduser()))
+            continue
+        if Path(part).expanduser().is_dir():
+            from medfaq.retriever.adaptation import training_pairs_file
+
+            pairs.extend(file_pairs(training_pairs_file(Path(part).expanduser())))
             continue
         for dataset, split in parse_spec(part):
             source = f"{dataset}:{split}"

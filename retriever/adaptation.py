@@ -43,6 +43,7 @@ DEV_DEPTH = 10  # MRR@10
 DEVELOPMENT_FILE = (
     "development.jsonl"  # in the work directory: the held-back questions, with the FAQ each was written for
 )
+TRAINING_FILE = "training.jsonl"  # in the work directory: the questions that passed the round trip, as summary pairs
 SAMPLE_FAQS = 8  # FAQs whose questions a dry run writes to time the writer
 
 
@@ -173,6 +174,27 @@ def save_development(path: Path, queries: Sequence[DevQuery]) -> None:
     path.write_text("".join(rows), encoding="utf-8")
 
 
+def save_training_pairs(path: Path, kept: dict[str, list[str]], records: Sequence[FaqRecord]) -> None:
+    """The questions that passed the round trip, each with the question of the FAQ it was written for (the
+    ``{"chq", "faq"}`` rows a `--train-data` pairs file holds): golds from the bank itself, for training a
+    summarizer to rank it (variant ``rank``). Never the held-back development questions."""
+    question = {record.id: record.question for record in records}
+    rows = (
+        json.dumps({"id": f"{faq_id}:{number}", "chq": text, "faq": question[faq_id]}, ensure_ascii=False) + "\n"
+        for faq_id, texts in kept.items()
+        for number, text in enumerate(texts)
+    )
+    path.write_text("".join(rows), encoding="utf-8")
+
+
+def training_pairs_file(directory: Path) -> Path:
+    """The round-trip questions `medfaq index adapt` saved for the index in `directory`; a one-line error if none."""
+    path = work_dir(directory) / TRAINING_FILE
+    if not path.is_file():
+        raise MedfaqError(f"{directory}: no questions written for it yet; run `medfaq index adapt {directory}` first")
+    return path
+
+
 def round_trip(pipeline: Any, questions: dict[str, list[str]], depth: int) -> dict[str, list[str]]:
     """The questions whose own FAQ `pipeline` ranks in its top `depth` (0: all of them)."""
     if depth == 0:
@@ -281,6 +303,7 @@ def adapt(
     save_development(cache.parent / DEVELOPMENT_FILE, dev)
     dev_sets = {"generated": dev, **({"labelled": list(user_dev)} if user_dev else {})}
     kept = round_trip(pipeline, usable, config.round_trip_depth)
+    save_training_pairs(cache.parent / TRAINING_FILE, kept, records)
     n_usable, n_kept = sum(len(q) for q in usable.values()), sum(len(q) for q in kept.values())
     log(
         f"wrote {written} questions for {len(records)} FAQs; {len(dev)} held back for development; "

@@ -103,11 +103,28 @@ def test_adapt_keeps_winning_parts_records_them_and_undo_restores_the_index(inde
 
     held = development_questions(index_dir)  # saved for other per-bank decisions (`medfaq index likelihood`)
     assert len(held) == 2 and all(len(query.golds) == 1 and query.text for query in held)
+    from medfaq.eval.summarization_data import load_pairs
+
+    pairs = load_pairs(str(index_dir))  # the round trip's questions, golds for a summarizer ranking this bank
+    questions = {record.id: record.question for record in index.records()}
+    assert len(pairs) == 16 and {pair.chq for pair in pairs} == {
+        p.text for p in index.phrasings() if p.origin == "adapt:question"
+    }
+    assert {pair.faq for pair in pairs} <= set(questions.values()) and not {q.text for q in held} & {
+        p.chq for p in pairs
+    }
     info = CliRunner().invoke(app, ["index", "info", str(index_dir)])
     assert "answers, phrasings" in info.output and "covers all 6 FAQs" in info.output
     result = CliRunner().invoke(app, ["index", "adapt", str(index_dir), "--undo"])
     assert result.exit_code == 0 and f"removed {record['parts']['answers']['rows'] + 16} adapted rows" in result.output
     assert index_files(index_dir) == before
+
+
+def test_an_index_never_adapted_has_no_training_pairs(index_dir):
+    from medfaq.eval.summarization_data import load_pairs
+
+    with pytest.raises(MedfaqError, match="no questions written for it yet"):
+        load_pairs(str(index_dir))
 
 
 def test_rule_refuses_a_part_that_loses_and_keeps_an_experts_phrasings(index_dir, monkeypatch):
