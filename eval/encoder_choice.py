@@ -173,13 +173,25 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise MedfaqError("a --candidate is MODEL:BACKEND, e.g. mpnet:onnx-int8")
         dev = [Benchmark.load(path) for path in args.dev]
         long = long_questions(args.data_root)
-        candidates = [measure(model, backend, dev, long) for model, _, backend in pairs]
+        candidates, refused = [], {}
+        for model, _, backend in pairs:
+            try:
+                candidates.append(measure(model, backend, dev, long))
+            except MedfaqError as error:  # e.g. an int8 graph that fails its check: reported, never chosen
+                refused[f"{model}:{backend}"] = str(error)
         chosen, reasons = choose(candidates, rule)
     except MedfaqError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     print(format_table(candidates, reasons))
-    report = {"rule": asdict(rule), "candidates": [asdict(c) for c in candidates], "chosen": chosen.label}
+    for label, why in refused.items():
+        print(f"not measured: {label}: {why}")
+    report = {
+        "rule": asdict(rule),
+        "candidates": [asdict(c) for c in candidates],
+        "refused": refused,
+        "chosen": chosen.label,
+    }
     print_report(report, args.out)
     return 0
 

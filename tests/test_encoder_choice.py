@@ -50,7 +50,8 @@ def test_measure_and_the_command_run_on_a_tiny_encoder(tmp_path, tiny_encoder_di
         "--max-cold-search-s",  # a loaded test machine; the rule's own bound is 1.5
         "60",
     ]
-    assert encoder_choice.main(args) == 0
+    assert encoder_choice.main([*args, "--candidate", f"{tmp_path / 'missing'}:onnx"]) == 0
     out = capsys.readouterr().out
     assert "| chosen |" in out and '"chosen"' in (tmp_path / "r.json").read_text()
+    assert f"not measured: {tmp_path / 'missing'}:onnx" in out  # a candidate that fails is reported, not chosen
     assert encoder_choice.main(["--candidate", "nobackend", "--dev", str(tmp_path / "bench")]) == 2
