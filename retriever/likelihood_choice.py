@@ -226,7 +226,7 @@ def choose_likelihood(
     from medfaq.summarizer.likelihood import SummaryLikelihood
 
     directory = Path(directory).expanduser()
-    read_manifest(directory)  # not an index: its one-line error first
+    fingerprint = read_manifest(directory).encoder_fingerprint  # not an index: its one-line error first
     started = time.perf_counter()
     if not labelled:  # rule 3: generated questions alone never turn the stage on
         raise MedfaqError(
@@ -238,7 +238,7 @@ def choose_likelihood(
     if generated:
         sets["generated"] = generated
     index = FaqIndex.load(measured_on or directory)
-    if measured_on is not None and index.manifest.encoder_fingerprint != read_manifest(directory).encoder_fingerprint:
+    if measured_on is not None and index.manifest.encoder_fingerprint != fingerprint:
         raise MedfaqError(f"{measured_on} is not encoded by the model of {directory}; measure on a copy of it")
     for name, queries in sets.items():
         answerable = [query for query in queries if any(faq_id in index for faq_id in query.golds)]
@@ -284,6 +284,7 @@ def choose_likelihood(
         },
         "settings_scored": len(candidates),
         "measured_on": str(measured_on or directory),
+        "encoder_fingerprint": fingerprint,
         "seconds": round(time.perf_counter() - started, 1),
     }
 
@@ -320,6 +321,17 @@ def read_choice(directory: str | Path) -> dict[str, Any] | None:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError):
         return None
+
+
+def decided_for_encoder(directory: str | Path) -> bool:
+    """Whether the index has a likelihood decision made with the encoder that encodes it now (a rebuild with another
+    encoder keeps ``pipeline.json`` and the record, which then describe another first stage)."""
+    from medfaq.index.faq_index import MANIFEST, read_manifest
+
+    record = read_choice(directory)
+    if record is None or not (Path(directory) / MANIFEST).is_file():
+        return False
+    return record.get("encoder_fingerprint") == read_manifest(Path(directory)).encoder_fingerprint
 
 
 def development_line(record: dict[str, Any]) -> str:

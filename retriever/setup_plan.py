@@ -15,7 +15,8 @@ from medfaq.index.datasets import FAQ_TRAINING_DATA
 
 FAQ_INDEX = "medquad-faq"  # the MedQuAD index encoded by the fine-tuned retrieval bi-encoder (under indexes_dir())
 STOCK_INDEX = "medquad-minilm"  # the MedQuAD index encoded by stock MiniLM: search works before any training
-BIENCODER_MODEL = "biencoder-faq-quick"  # the fine-tuned retrieval bi-encoder: FAQ_INDEX's encoder, RERANKER's prior
+BIENCODER_MODEL = "biencoder-faq-quick"  # the fine-tuned MiniLM: RERANKER's start and prior, `--fast`'s encoder
+MPNET_BIENCODER_MODEL = "biencoder-mpnet-faq-quick"  # fine-tuned MPNet: the default retrieval encoder, FAQ_INDEX's
 AUTO_ENCODER = "auto"  # `--encoder auto`: the best encoder this machine has (`choose_encoder`)
 
 
@@ -47,13 +48,25 @@ class ModelStep:
 BIENCODER = ModelStep(
     key="biencoder",
     model=BIENCODER_MODEL,
-    title="Fine-tune the retrieval bi-encoder on query -> FAQ pairs (quick preset)",
+    title="Fine-tune the MiniLM bi-encoder on query -> FAQ pairs (quick preset)",
     stage="retrieve",
     data=FAQ_TRAINING_DATA,
     commands=(("train", "biencoder", "--task", "faq", "--preset", "quick", "--out", "{out}"),),
     minutes=48,
     measured="43 min wall, 29 CPU-minutes, beside 2-3 other jobs (docs/results.md, retrieval bi-encoder), then 3 min "
     "calibrating its abstention threshold (docs/results.md, abstention out of the box)",
+)
+MPNET_BIENCODER = ModelStep(
+    key="biencoder-mpnet",
+    model=MPNET_BIENCODER_MODEL,
+    title="Fine-tune all-mpnet-base-v2 as the retrieval bi-encoder on the same pairs: the default encoder",
+    stage="retrieve",
+    data=FAQ_TRAINING_DATA,
+    commands=(("train", "biencoder", "--task", "faq", "--preset", "quick", "--init", "mpnet", "--out", "{out}"),),
+    minutes=52,
+    measured="48 min 25 s wall alone on 2 cores, bf16, 21.8 GB peak, its abstention threshold calibrated at the end "
+    "(docs/results.md, MPNet fine-tuned with the faq recipe)",
+    slow=True,
 )
 SUMMARIZER_ECL = ModelStep(
     key="summarizer-ecl",
@@ -121,6 +134,10 @@ QUESTION_WRITER = ModelStep(
 )
 RANK_BENCHMARK = "medquad-chq"  # under $MEDFAQ_HOME/benchmarks: the bank-question golds the rank model trains on
 RANK_SPLIT = "split-0"  # its seeded train / dev / test parts (`medfaq data split-benchmark --seed 0`)
+RANK_BENCHMARK_COMMANDS = (
+    ("data", "make-benchmark", RANK_BENCHMARK, "--out", "{benchmark}", "--bank", "{faq_index}"),
+    ("data", "split-benchmark", "{benchmark}", "--seed", "0"),
+)
 SUMMARIZER_RANK = ModelStep(
     key="summarizer-rank",
     model="summarizer-gemma-rank",
@@ -128,8 +145,7 @@ SUMMARIZER_RANK = ModelStep(
     stage="likelihood",
     data=("medquad", "meqsum", "rqe", "mediqa2021"),
     commands=(
-        ("data", "make-benchmark", RANK_BENCHMARK, "--out", "{benchmark}", "--bank", "{faq_index}"),
-        ("data", "split-benchmark", "{benchmark}", "--seed", "0"),
+        *RANK_BENCHMARK_COMMANDS,
         (
             *"train summarizer --variant rank --preset quick --epochs 1 --n-hard-negatives 0".split(),
             *"--retrieval-negatives 4 --save-every-steps 5 --backbone {gemma} --retrieval-index".split(),
@@ -145,14 +161,57 @@ SUMMARIZER_RANK = ModelStep(
     "summarizer ranks the bank it was trained for); the benchmark and its split take about a minute",
     slow=True,
 )
+
+
+@dataclass(frozen=True)
+class IndexBuild:
+    """How the set-up encodes the MedQuAD index (`FAQ_INDEX`) with one retrieval encoder: with which `synonyms`
+    (chosen on medquad-chq's development part, docs/results.md) and in how many measured `minutes`."""
+
+    synonyms: str
+    minutes: float
+
+    def argv(self, encoder: Path, out: Path) -> tuple[str, ...]:
+        return ("index", "build", "medquad", "--encoder", str(encoder), "--synonyms", self.synonyms, "--out", str(out))
+
+
+FAQ_INDEX_BUILDS = {
+    BIENCODER_MODEL: IndexBuild("medquad", 14),  # 13 min 59 s on one core beside a job
+    MPNET_BIENCODER_MODEL: IndexBuild("medquad", 20),
+}
+"""The MedQuAD index's build per retrieval encoder (docs/results.md, index build speed and issue 52)."""
+
+
+def encoded_by(index: Path, encoder: Path) -> bool:
+    """Whether the index at `index` is built and was encoded by the model directory `encoder`."""
+    from medfaq.index.faq_index import read_manifest
+
+    if not index_built(index):
+        return False
+    return Path(read_manifest(index).encoder).expanduser().resolve() == encoder.expanduser().resolve()
+
+
 LIKELIHOOD_DECISION = (
     *"index likelihood {faq_index} --summarizer {rank_model} --measured-on {benchmark_index}".split(),
     *"--dev-queries {dev_queries} --dev-qrels {dev_qrels}".split(),
 )
-"""After `SUMMARIZER_RANK`: decide the MedQuAD index's likelihood stage on medquad-chq's development part."""
-MODEL_STEPS = (BIENCODER, SUMMARIZER_ECL, RERANKER, QUESTION_WRITER, SUMMARIZER_GEMMA, SUMMARIZER_RANK)
-"""In the order they are trained: the retrieval model the default pipeline uses first, then the optional stages and
-the question writer, the quick ones before the slow Gemma summarizers (the rank model continues the first)."""
+"""After `SUMMARIZER_RANK`: decide the MedQuAD index's likelihood stage on medquad-chq's development part, measured
+on the benchmark's copy of the index (made again first, so that it is encoded as the index is now)."""
+MODEL_STEPS = (
+    BIENCODER,
+    MPNET_BIENCODER,
+    SUMMARIZER_ECL,
+    RERANKER,
+    QUESTION_WRITER,
+    SUMMARIZER_GEMMA,
+    SUMMARIZER_RANK,
+)
+"""In the order they are trained: the retrieval encoders first (the MedQuAD index is encoded by the last one the
+set-up trains), then the optional stages and the question writer, the quick ones before the slow Gemma summarizers
+(the rank model continues the first)."""
+RETRIEVAL_ENCODERS = (MPNET_BIENCODER_MODEL, BIENCODER_MODEL)
+"""The fine-tuned retrieval encoders, best first: fine-tuned MPNet is the one the encoder rule chose (best
+development R@1 within the speed bounds, docs/results.md); the MiniLM one is `medfaq setup --fast`'s."""
 
 
 def places() -> dict[str, str]:
@@ -172,9 +231,10 @@ def places() -> dict[str, str]:
     }
 
 
-def likelihood_decision_argv() -> list[str]:
+def likelihood_decision_argv() -> list[list[str]]:
+    """The benchmark over the MedQuAD index, its split, then the decision (`LIKELIHOOD_DECISION`)."""
     where = places()
-    return [where.get(part, part) for part in LIKELIHOOD_DECISION]
+    return [[where.get(part, part) for part in command] for command in (*RANK_BENCHMARK_COMMANDS, LIKELIHOOD_DECISION)]
 
 
 SUMMARIZERS = (SUMMARIZER_GEMMA.model, SUMMARIZER_ECL.model)
@@ -187,13 +247,13 @@ def model_ready(path: Path | None) -> bool:
 
 
 def choose_encoder(name: str) -> str:
-    """The encoder `--encoder NAME` means: for ``auto``, the fine-tuned retrieval bi-encoder ``medfaq setup`` saved
-    (its directory; with the default ``--synonyms auto`` it is paired with MedQuAD's synonyms once MedQuAD is fetched,
-    which set-up does: its best measured setting, docs/results.md), else stock MiniLM; any other name as given."""
+    """The encoder `--encoder NAME` means: for ``auto``, the best fine-tuned retrieval bi-encoder ``medfaq setup``
+    saved (`RETRIEVAL_ENCODERS`: its directory), else stock MiniLM; any other name as given."""
     if name != AUTO_ENCODER:
         return name
-    tuned = models_dir() / BIENCODER_MODEL
-    return str(tuned) if model_ready(tuned) else DEFAULT_ENCODER
+    return next(
+        (str(path) for path in map(models_dir().joinpath, RETRIEVAL_ENCODERS) if model_ready(path)), DEFAULT_ENCODER
+    )
 
 
 def set_up_reranker() -> Path | None:

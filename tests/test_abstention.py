@@ -24,7 +24,7 @@ from medfaq.retriever.abstention import (
     stock_threshold,
 )
 from medfaq.retriever.pipeline_file import PIPELINE_FILE, read_config, store_threshold
-from medfaq.retriever.setup_plan import BIENCODER_MODEL, choose_encoder
+from medfaq.retriever.setup_plan import BIENCODER_MODEL, MPNET_BIENCODER_MODEL, choose_encoder
 
 QUESTIONS = [
     ("i drink beer every night and take amoxicillin, is that bad?", "Can I drink alcohol while taking amoxicillin?"),
@@ -54,13 +54,15 @@ def _set_up_biencoder(tiny_encoder_dir: Path) -> Path:
     return target
 
 
-def test_auto_is_minilm_until_setup_saved_the_fine_tuned_biencoder(tiny_encoder_dir):
+def test_auto_is_minilm_until_setup_saved_a_fine_tuned_biencoder_then_the_best_of_them(tiny_encoder_dir):
     assert choose_encoder("auto") == DEFAULT_ENCODER
     (models_dir() / BIENCODER_MODEL).mkdir(parents=True)  # a training still running: no config.json yet
     assert choose_encoder("auto") == DEFAULT_ENCODER
     shutil.rmtree(models_dir() / BIENCODER_MODEL)
     tuned = _set_up_biencoder(tiny_encoder_dir)
     assert choose_encoder("auto") == str(tuned)
+    mpnet = shutil.copytree(tiny_encoder_dir, models_dir() / MPNET_BIENCODER_MODEL)  # the better one, once saved
+    assert choose_encoder("auto") == str(mpnet)
     assert choose_encoder("minilm") == "minilm" and choose_encoder(str(tiny_encoder_dir)) == str(tiny_encoder_dir)
 
 

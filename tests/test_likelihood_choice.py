@@ -15,7 +15,7 @@ from medfaq.common.runtime import MedfaqError
 from medfaq.index.faq_index import FaqIndex
 from medfaq.index.records import FaqRecord
 from medfaq.retriever.adaptation import DEVELOPMENT_FILE, DevQuery, save_development, work_dir
-from medfaq.retriever.likelihood_choice import CHOICE_FILE, choose_likelihood, read_choice
+from medfaq.retriever.likelihood_choice import CHOICE_FILE, choose_likelihood, decided_for_encoder, read_choice
 from medfaq.retriever.pipeline import Pipeline, PipelineConfig
 from medfaq.retriever.pipeline_file import read_config
 from medfaq.summarizer.likelihood import TokenScores
@@ -153,3 +153,16 @@ def test_a_decision_measured_on_a_copy_with_gold_faqs_added_is_written_to_the_in
     assert record["development"]["labelled"]["questions"] == len(QUESTIONS) + 1
     assert "left out 1 of 8 questions" in lines[0] and record["measured_on"] == str(copy)
     assert read_config(index_dir).likelihood and read_choice(index_dir) == record and read_choice(copy) is None
+
+
+def test_a_decision_holds_only_for_the_encoder_it_was_measured_with(index_dir):
+    scorer = KnowingScorer(_golds())
+    record = choose_likelihood(
+        index_dir, labelled=_labelled(), depth=6, progress=False, log=lambda _: None, scorer=scorer
+    )
+    assert record["encoder_fingerprint"] == FaqIndex.load(index_dir).manifest.encoder_fingerprint != ""
+    assert decided_for_encoder(index_dir)
+    reencoded = FaqIndex.load(index_dir)  # as `index build` with another encoder leaves it: the record is kept
+    reencoded.manifest.encoder_fingerprint = "another-encoder"
+    reencoded.save(index_dir)
+    assert read_choice(index_dir) == record and not decided_for_encoder(index_dir)

@@ -236,11 +236,11 @@ def test_a_mistyped_demo_index_is_an_error_not_a_build(demo_env, tmp_path, monke
 def test_default_steps_skip_what_exists_and_respect_no_train(demo_env, monkeypatch):
     ready = DemoSettings.from_env()
     steps = default_steps(ready)
-    keys = ["index", "biencoder", "index-faq", "summarizer-ecl", "reranker", "question-writer", "summarizer-gemma"]
-    assert [step.key for step in steps] == [*keys, "summarizer-rank", "likelihood-faq"]
-    # a custom index and summarizer: the bi-encoder, its index, the Gemma steps and the MedQuAD index's likelihood
+    keys = ["index", "biencoder", "biencoder-mpnet", "index-faq", "summarizer-ecl", "reranker", "question-writer"]
+    assert [step.key for step in steps] == [*keys, "summarizer-gemma", "summarizer-rank", "likelihood-faq"]
+    # a custom index and summarizer: the bi-encoders, their index, the Gemma steps and the MedQuAD index's likelihood
     # decision are switched off; the question writer (of the Adapt page) is not trained while training is off
-    assert [step.status for step in steps] == ["done"] * 5 + ["skipped"] + ["done"] * 3
+    assert [step.status for step in steps] == ["done"] * 6 + ["skipped"] + ["done"] * 3
     assert not SetupRunner(ready).busy()
     monkeypatch.setenv("MEDFAQ_DEMO_RERANKER", "reranker-not-trained")
     statuses = {step.key: step.status for step in default_steps(DemoSettings.from_env())}
