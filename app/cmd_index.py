@@ -261,7 +261,7 @@ def info(
 ) -> None:
     """Show an index's manifest: encoder, dimension, fingerprint, fields, kind, counts, sources, version."""
     from medfaq.index.faq_index import index_info
-    from medfaq.retriever.likelihood_choice import describe_choice, read_choice
+    from medfaq.retriever.likelihood_choice import describe_choice, read_choice, stale_note
 
     details = index_info(directory)
     choice = read_choice(directory)
@@ -276,7 +276,7 @@ def info(
 
             value = describe_adaptation(value, details["counts"].get("records", 0))
         elif key == "likelihood":
-            value = describe_choice(value)
+            value = describe_choice(value) + stale_note(directory)
         typer.echo(f"{key:<20} {json.dumps(value) if isinstance(value, (dict, list)) else value}")
 
 

@@ -166,3 +166,5 @@ def test_a_decision_holds_only_for_the_encoder_it_was_measured_with(index_dir):
     reencoded.manifest.encoder_fingerprint = "another-encoder"
     reencoded.save(index_dir)
     assert read_choice(index_dir) == record and not decided_for_encoder(index_dir)
+    shown = CliRunner().invoke(app, ["index", "info", str(index_dir)])
+    assert shown.exit_code == 0 and "measured with another encoder than the index's: decide again" in shown.output
