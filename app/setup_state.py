@@ -22,6 +22,7 @@ from medfaq.common.runtime import DEFAULT_ENCODER, MedfaqError, medfaq_home, mod
 from medfaq.retriever.setup_plan import (
     FAQ_INDEX_BUILDS,
     RERANKER,
+    RETRIEVAL_ENCODERS,
     SUMMARIZER_RANK,
     SUMMARIZERS,
     ModelStep,
@@ -204,8 +205,8 @@ def default_steps(settings: DemoSettings) -> list[SetupStep]:
         step = SetupStep(plan.key, plan.title, (*fetch(*plan.data), *map(tuple, plan.argv(target))), target)
         step.minutes = plan.minutes
         steps.append(_with_status(step, target is None, model_ready(target), settings.train))
-        if encoders and plan is encoders[-1][0]:  # the best encoder the set-up trains encodes the MedQuAD index
-            steps.append(_faq_index_step(settings, plan.model, target))
+        if encoders and plan is encoders[-1][0]:  # after the encoders: the MedQuAD index
+            steps.append(_faq_index_step(settings, *_index_encoder(settings, [plan for plan, _ in encoders])))
         if plan is SUMMARIZER_RANK:
             from medfaq.retriever.likelihood_choice import decided_for_encoder
 
@@ -215,6 +216,16 @@ def default_steps(settings: DemoSettings) -> list[SetupStep]:
             decided = settings.faq_index_dir is not None and decided_for_encoder(settings.faq_index_dir)
             steps.append(_with_status(decide, target is None, decided, settings.train))
     return steps
+
+
+def _index_encoder(settings: DemoSettings, planned: list[ModelStep]) -> tuple[str, Path | None]:
+    """The encoder the MedQuAD index gets: the best fine-tuned one (`RETRIEVAL_ENCODERS`) already saved or trained by
+    this set-up (so `--fast` after a full set-up keeps MPNet); None where the index is the user's own."""
+    names = [plan.model for plan in planned]
+    for name in RETRIEVAL_ENCODERS:
+        if name in names or model_ready(models_dir() / name):
+            return name, models_dir() / name if settings.faq_index_dir else None
+    return names[-1], None
 
 
 def _faq_index_step(settings: DemoSettings, model: str, encoder: Path | None) -> SetupStep:

@@ -76,3 +76,4 @@ def test_the_medquad_index_is_encoded_again_when_another_encoder_built_it(built_
     assert CliRunner().invoke(app, command).exit_code == 0
     output = dry_run()
     assert "Encode the MedQuAD index with the fine-tuned biencoder-mpnet-faq-quick: ready" in output
+    assert "biencoder-mpnet-faq-quick: ready" in dry_run("--fast")  # --fast after a full set-up keeps MPNet
