@@ -276,7 +276,7 @@ def info(
 
             value = describe_adaptation(value, details["counts"].get("records", 0))
         elif key == "likelihood":
-            value = describe_choice(value) + stale_note(directory)
+            value = describe_choice(value) + stale_note(value, details["encoder_fingerprint"])
         typer.echo(f"{key:<20} {json.dumps(value) if isinstance(value, (dict, list)) else value}")
 
 

@@ -200,13 +200,13 @@ def default_steps(settings: DemoSettings) -> list[SetupStep]:
     index.status, index.detail = ("done", "ready") if settings.index_ready() else ("pending", "")
     steps = [index]
     targets = model_targets(settings)
-    encoders = [(plan, target) for plan, target in targets if plan.stage == "retrieve"]
+    encoders = [plan for plan, _ in targets if plan.stage == "retrieve"]
     for plan, target in targets:
         step = SetupStep(plan.key, plan.title, (*fetch(*plan.data), *map(tuple, plan.argv(target))), target)
         step.minutes = plan.minutes
         steps.append(_with_status(step, target is None, model_ready(target), settings.train))
-        if encoders and plan is encoders[-1][0]:  # after the encoders: the MedQuAD index
-            steps.append(_faq_index_step(settings, *_index_encoder(settings, [plan for plan, _ in encoders])))
+        if encoders and plan is encoders[-1]:  # after the encoders: the MedQuAD index
+            steps.append(_faq_index_step(settings, *_index_encoder(settings, encoders)))
         if plan is SUMMARIZER_RANK:
             from medfaq.retriever.likelihood_choice import decided_for_encoder
 

@@ -334,14 +334,14 @@ def decided_for_encoder(directory: str | Path) -> bool:
     return record.get("encoder_fingerprint") == read_manifest(Path(directory)).encoder_fingerprint
 
 
-def stale_note(directory: str | Path) -> str:
-    """What `index info` adds to a decision that does not hold for the index's encoder now (empty when it does)."""
-    record = read_choice(directory)
-    if record is None or decided_for_encoder(directory):
-        return ""
+def stale_note(record: dict[str, Any], fingerprint: str) -> str:
+    """What `index info` adds to a decision `record` that does not hold for the index's encoder now (its
+    `fingerprint`); empty when it does."""
     if "encoder_fingerprint" not in record:
         return "; the encoder it was measured with is not recorded"
-    return "; measured with another encoder than the index's: decide again (`medfaq index likelihood`)"
+    if record["encoder_fingerprint"] != fingerprint:
+        return "; measured with another encoder than the index's: decide again (`medfaq index likelihood`)"
+    return ""
 
 
 def development_line(record: dict[str, Any]) -> str:
