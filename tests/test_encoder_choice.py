@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from medfaq.common.runtime import MedfaqError
@@ -49,9 +51,22 @@ def test_measure_and_the_command_run_on_a_tiny_encoder(tmp_path, tiny_encoder_di
         str(tmp_path / "r.json"),
         "--max-cold-search-s",  # a loaded test machine; the rule's own bound is 1.5
         "60",
+        "--rounds",
+        "2",
     ]
     assert encoder_choice.main([*args, "--candidate", f"{tmp_path / 'missing'}:onnx"]) == 0
     out = capsys.readouterr().out
     assert "| chosen |" in out and '"chosen"' in (tmp_path / "r.json").read_text()
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["rounds"] == 2 and len(report["candidates"][0]["long_p50_rounds"]) == 2
     assert f"not measured: {tmp_path / 'missing'}:onnx" in out  # a candidate that fails is reported, not chosen
     assert encoder_choice.main(["--candidate", "nobackend", "--dev", str(tmp_path / "bench")]) == 2
+
+
+def test_the_rule_reads_the_median_of_the_rounds():
+    candidate = Candidate("mpnet", "onnx", 80.0)
+    for long_ms, cold in [(98.0, [0.9, 0.8]), (271.0, [2.3, 2.2]), (150.0, [1.2, 1.4])]:
+        candidate.add_round(long_ms, cold)
+    assert candidate.long_p50_ms == 150.0 and candidate.long_p50_rounds == [98.0, 271.0, 150.0]
+    assert candidate.cold_search_s == pytest.approx(1.3) and len(candidate.cold_search_runs) == 6
+    assert choose([candidate])[0] is candidate  # one slow round does not decide

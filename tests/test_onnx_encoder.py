@@ -170,3 +170,16 @@ def test_backend_comparison_reports_each_backend(tmp_path, exported_dir):
     assert rows["openvino"]["check_min_cosine"] > 0.9999 and "check_min_cosine" not in rows["onnx"]
     assert rows["onnx-int8"]["check_min_cosine"] >= 0.95 and report["int8_settings"]["onnx-int8"] == "per-channel"
     assert "| onnx-int8 |" in format_table(report) and "check min cos" in format_table(report)
+
+
+def test_a_graph_without_prepacked_weights_gives_the_same_vectors(exported_dir):
+    from medfaq.index.onnx.graph import session_options, set_weight_prepacking
+
+    packed = OnnxEncoder(str(exported_dir)).encode(TEXTS)
+    set_weight_prepacking(False)
+    try:
+        assert session_options().get_session_config_entry("session.disable_prepacking") == "1"
+        unpacked = OnnxEncoder(str(exported_dir))
+    finally:
+        set_weight_prepacking(True)
+    np.testing.assert_allclose(unpacked.encode(TEXTS), packed, atol=1e-6)
