@@ -277,6 +277,15 @@ def _time_matmul(dtype: Any, size: int = 512, repeats: int = 8) -> float:
     return max(best, 1e-9)
 
 
+def cast_for_inference(module: Any, precision: str, device: str = "cpu") -> None:
+    """Cast `module`'s weights to bf16 where `precision` resolves to it on `device` (inference only: nothing is
+    trained afterwards); leave them as they are otherwise."""
+    import torch
+
+    if resolve_precision(precision, device) == "bf16":
+        module.to(torch.bfloat16)
+
+
 def autocast(precision: str, device: str = "cpu") -> Any:
     """A context in which matrix products run in bf16 (torch autocast; weights, optimizer state and losses stay
     fp32) when `precision` resolves to ``bf16``, and that changes nothing for ``fp32``."""

@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from medfaq.common.runtime import MedfaqError, quantize_linear, resolve_precision
+from medfaq.common.runtime import MedfaqError, cast_for_inference, quantize_linear
 from medfaq.summarizer.modeling import (
     cache_argument,
     clean_question,
@@ -103,8 +103,8 @@ class SummaryLikelihood:
         network, tokenizer = load_backbone(path)
         if quantize:
             quantize_linear(network)
-        elif resolve_precision(precision, "cpu") == "bf16":
-            network.to(torch.bfloat16)
+        else:
+            cast_for_inference(network, precision)
         return cls(
             network,
             tokenizer,

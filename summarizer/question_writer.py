@@ -13,7 +13,7 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from medfaq.common.runtime import MedfaqError, resolve_model, resolve_precision
+from medfaq.common.runtime import MedfaqError, cast_for_inference, resolve_model
 from medfaq.summarizer.decoding import Decoding
 from medfaq.summarizer.generation import Summarizer
 from medfaq.summarizer.modeling import is_causal_lm, load_tokenizer, prompt_ids
@@ -69,12 +69,10 @@ class QuestionWriter:
     def load(cls, model: str | Path, quantize: bool = False, precision: str = "auto") -> QuestionWriter:
         """Load a question writer directory; a summarizer (or any other model) is a one-line error. `quantize`:
         int8 (CTranslate2 for a decoder-only writer); else fp32, or bf16 where `precision` resolves to it."""
-        import torch
-
         path = Path(resolve_model(model))
         summarizer = Summarizer.load(path, device="cpu", quantize=quantize, direction="ask")
-        if not quantize and resolve_precision(precision, "cpu") == "bf16":
-            summarizer.model.to(torch.bfloat16)
+        if not quantize:
+            cast_for_inference(summarizer.model, precision)
         return cls(summarizer, path)
 
     def write(
