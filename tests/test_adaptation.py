@@ -125,6 +125,8 @@ def test_an_index_never_adapted_has_no_training_pairs(index_dir):
 
     with pytest.raises(MedfaqError, match="no questions written for it yet"):
         load_pairs(str(index_dir))
+    with pytest.raises(MedfaqError, match="is not an index"):
+        load_pairs(str(index_dir.parent))
 
 
 def test_rule_refuses_a_part_that_loses_and_keeps_an_experts_phrasings(index_dir, monkeypatch):
