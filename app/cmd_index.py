@@ -1,4 +1,4 @@
-"""`medfaq index build|add|delete|info|migrate`.
+"""`medfaq index build|add|delete|info|migrate|adapt|likelihood|rerank`.
 
 Every write holds the index's lock (waiting for another write with one line, failing after --lock-timeout); the
 index stack (numpy, FAISS, bm25s, the encoder) is imported inside the commands that use it.
@@ -261,12 +261,14 @@ def info(
 ) -> None:
     """Show an index's manifest: encoder, dimension, fingerprint, fields, kind, counts, sources, version."""
     from medfaq.index.faq_index import index_info
-    from medfaq.retriever.likelihood_choice import describe_choice, read_choice, stale_note
+    from medfaq.retriever import likelihood_choice, reranker_choice
 
     details = index_info(directory)
-    choice = read_choice(directory)
-    if choice is not None:
-        details["likelihood"] = choice
+    decisions = {"likelihood": likelihood_choice, "reranker": reranker_choice}
+    for key, decision in decisions.items():
+        choice = decision.read_choice(directory)
+        if choice is not None:
+            details[key] = choice
     if as_json:
         typer.echo(json.dumps(details, indent=2))
         return
@@ -275,8 +277,9 @@ def info(
             from medfaq.retriever.adaptation import describe_adaptation
 
             value = describe_adaptation(value, details["counts"].get("records", 0))
-        elif key == "likelihood":
-            value = describe_choice(value) + stale_note(value, details["encoder_fingerprint"])
+        elif key in decisions:
+            decision = decisions[key]
+            value = decision.describe_choice(value) + decision.stale_note(value, details["encoder_fingerprint"])
         typer.echo(f"{key:<20} {json.dumps(value) if isinstance(value, (dict, list)) else value}")
 
 
@@ -379,6 +382,39 @@ def likelihood(
         measured_on=measured_on,
     )
     typer.echo(likelihood_choice.describe_choice(record))
+
+
+def rerank(
+    directory: Path = typer.Argument(..., help="Index directory."),
+    reranker: str | None = typer.Option(
+        None, "--reranker", help="Cross-encoder directory or name (default: the one `medfaq setup` trains)."
+    ),
+    dev_queries: Path | None = typer.Option(None, "--dev-queries", help="Your labelled queries (BEIR queries.jsonl)."),
+    dev_qrels: Path | None = typer.Option(None, "--dev-qrels", help="Their judgements (BEIR qrels.tsv or TREC)."),
+    limit: int = typer.Option(0, "--limit", min=0, help="Rank only the first N questions of each set (0: all)."),
+    measured_on: Path | None = typer.Option(
+        None,
+        "--measured-on",
+        help="Search the questions in this index instead: a copy of DIR with their gold FAQs added (a benchmark's).",
+    ),
+    off: bool = typer.Option(False, "--off", help="Turn the reranker off for this index, keeping the record."),
+) -> None:
+    """Decide whether the cross-encoder reranker ranks this bank better than the index's pipeline without it, on
+    your labelled development questions (--dev-queries; those `medfaq index adapt` held back vote beside them), by
+    a rule written down in advance; the outcome goes into the index's pipeline.json and reranker.json."""
+    from medfaq.index.faq_index import read_manifest
+    from medfaq.retriever import reranker_choice
+
+    read_manifest(directory)  # not an index: its one-line error, before anything loads
+    if off:
+        reranker_choice.turn_off(directory)
+        typer.echo(f"reranker off for {directory}")
+        return
+    labelled = _labelled_queries(dev_queries, dev_qrels)
+    record = reranker_choice.choose_reranker(
+        directory, reranker, labelled, limit=limit, log=lambda line: typer.echo(line, err=True), measured_on=measured_on
+    )
+    typer.echo(reranker_choice.describe_choice(record))
 
 
 def _labelled_queries(queries: Path | None, qrels: Path | None) -> list[Any]:

@@ -20,7 +20,7 @@ from medfaq.app.batching import BatchSettings, MicroBatcher
 from medfaq.common.runtime import MedfaqError
 from medfaq.index.faq_index import FaqIndex, disk_version
 from medfaq.index.records import FaqRecord
-from medfaq.retriever.likelihood_choice import read_choice
+from medfaq.retriever import likelihood_choice, reranker_choice
 from medfaq.retriever.model_cache import StageError, shared_cache, wanted_stages
 from medfaq.retriever.pipeline import Pipeline
 from medfaq.retriever.pipeline_file import config_bytes, parse_config
@@ -38,8 +38,8 @@ class ServiceUnavailable(MedfaqError):
 @dataclass
 class ServiceStatus:
     """What ``GET /health`` answers: `status` is ``ok``, or ``degraded`` with the `fault` while a newer index or the
-    ``pipeline.json`` on disk cannot be loaded; `likelihood`: the index's recorded decision on the likelihood stage
-    (`medfaq index likelihood`), None when it has none."""
+    ``pipeline.json`` on disk cannot be loaded; `likelihood` and `reranker`: the index's recorded decisions on the
+    likelihood stage (`medfaq index likelihood`) and the reranker (`medfaq index rerank`), None where it has none."""
 
     status: Literal["ok", "degraded"]
     index: str
@@ -50,6 +50,7 @@ class ServiceStatus:
     models: dict[str, str]
     fault: str | None = None
     likelihood: dict[str, Any] | None = None
+    reranker: dict[str, Any] | None = None
 
 
 Settings = tuple[tuple[str, Any], ...]
@@ -237,5 +238,6 @@ class SearchService:
             config=self.config.to_dict(),
             models=loaded,
             fault=self.fault,
-            likelihood=read_choice(self.index_dir),
+            likelihood=likelihood_choice.read_choice(self.index_dir),
+            reranker=reranker_choice.read_choice(self.index_dir),
         )

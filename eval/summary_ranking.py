@@ -47,8 +47,8 @@ from typing import Any
 from medfaq.common.runtime import MedfaqError, medfaq_home
 from medfaq.eval.script_args import print_report
 from medfaq.index.datasets import BENCHMARKS
-from medfaq.retriever.likelihood_choice import Replay, choose_on_dev
 from medfaq.retriever.pipeline import RERANK_MARGIN
+from medfaq.retriever.stage_choice import Replay, choose_on_dev
 
 DEV_SETS = ("meqsum-valid", "mediqa2021-valid", "quebec-dev")
 TEST_SETS = tuple(BENCHMARKS)

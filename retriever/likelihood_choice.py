@@ -26,17 +26,19 @@ the index (kept across index saves), which ``index info``, ``/health`` and the d
 from __future__ import annotations
 
 import itertools
-import json
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from medfaq.common.runtime import MedfaqError, utc_timestamp
+from medfaq.common.runtime import utc_timestamp
+from medfaq.retriever import stage_choice
 from medfaq.retriever.pipeline import RERANK_MARGIN, PipelineConfig
 from medfaq.retriever.pipeline_file import update_config
+from medfaq.retriever.stage_choice import MIN_GAIN, choose_on_dev, development_line, rank_metrics
 
 CHOICE_FILE = "likelihood.json"
+COMMAND = "medfaq index likelihood"
 GRID = {
     "likelihood_per_token": (True, False),
     "likelihood_prior": (0.0, 0.5, 1.0),
@@ -44,8 +46,6 @@ GRID = {
     "rerank_rrf_k": (10, 60),
     "rerank_margin": (RERANK_MARGIN, None),  # the gate on (only questions whose top two cosines are close) or off
 }
-MIN_GAIN = 1.0  # points of R@1 the worst development set must gain for the stage to be turned on
-CUTOFF = 10  # MRR@10
 RULE = (
     "labelled development questions required; on only if the worst development set gains >= 1 point of R@1; "
     "settings ordered by worst dR@1, fewest lost at rank 1, summed dMRR@10, gate on, smaller weight, larger k"
@@ -82,43 +82,6 @@ def _array(values: list[float]) -> Any:
     return np.array(values, dtype=np.float64)
 
 
-Replay = Callable[[list[dict[str, Any]], Any, Any], tuple[dict[str, float], set[str]]]
-"""(stored rows, judgements, a setting or None for the pipeline without the stage) -> (metrics with ``recall@1`` and
-``mrr@10``, ids of the questions answered at rank 1)."""
-
-
-def choose_on_dev(
-    dev: dict[str, tuple[list, Any]], replay_one: Replay, settings: list[dict], tie_break
-) -> tuple[list[dict], dict[str, dict[str, float]]]:
-    """Every setting scored against the pipeline without the stage on each development set, ordered by the rule
-    (the module docstring), `tie_break(setting)` (a sort key) last: the chosen setting first; and the metrics
-    without the stage."""
-    base = {name: replay_one(rows, judged, None) for name, (rows, judged) in dev.items()}
-    candidates = []
-    for setting in settings:
-        cells = {}
-        for name, (rows, judged) in dev.items():
-            metrics, firsts = replay_one(rows, judged, setting)
-            before, before_firsts = base[name]
-            cells[name] = {
-                "delta_r1": metrics["recall@1"] - before["recall@1"],
-                "delta_mrr": metrics["mrr@10"] - before["mrr@10"],
-                "lost": len(before_firsts - firsts),
-                "gained": len(firsts - before_firsts),
-            }
-        candidates.append(
-            {
-                "setting": setting,
-                "sets": cells,
-                "worst_delta_r1": min(c["delta_r1"] for c in cells.values()),
-                "lost": sum(c["lost"] for c in cells.values()),
-                "summed_delta_mrr": sum(c["delta_mrr"] for c in cells.values()),
-            }
-        )
-    candidates.sort(key=lambda c: (-c["worst_delta_r1"], c["lost"], -c["summed_delta_mrr"], tie_break(c["setting"])))
-    return candidates, {name: metrics for name, (metrics, _) in base.items()}
-
-
 def tie_break(setting: dict[str, Any]) -> tuple:
     """The stage acting least first: the gate on, the smaller weight, the larger k."""
     return (setting.get("rerank_margin") is None, setting["likelihood_weight"], -setting["rerank_rrf_k"])
@@ -132,13 +95,7 @@ def replay_golds(rows: list[dict[str, Any]], golds: dict[str, frozenset[str]], c
     """R@1 and MRR@10 (in %) of the stored hits as retrieved (`changes` None) or rescored with the likelihood stage
     set by `changes`, and the ids of the questions answered at rank 1; `golds`: the relevant FAQ ids by row id."""
     ranked = {row["qid"]: [hit.id for hit in hits] for row, hits in zip(rows, replayed(rows, changes), strict=True)}
-    firsts = {qid for qid, ids in ranked.items() if ids[:1] and ids[0] in golds[qid]}
-    reciprocal = (
-        next((1 / rank for rank, faq_id in enumerate(ids[:CUTOFF], 1) if faq_id in golds[qid]), 0.0)
-        for qid, ids in ranked.items()
-    )
-    count = max(len(rows), 1)
-    return {"recall@1": 100 * len(firsts) / count, "mrr@10": 100 * sum(reciprocal) / count}, firsts
+    return rank_metrics(ranked, golds)
 
 
 def replayed(rows: list[dict[str, Any]], changes: dict[str, Any] | None) -> list[list[Any]]:
@@ -192,17 +149,6 @@ def score_rows(pipeline: Any, scorer: Any, questions: Sequence[Any], progress: b
     return [row for row in rows if row["hits"]]
 
 
-def development_questions(directory: Path) -> list[Any]:
-    """The questions `medfaq index adapt` held back for this bank (none when it has not run)."""
-    from medfaq.retriever.adaptation import DEVELOPMENT_FILE, DevQuery, work_dir
-
-    path = work_dir(directory) / DEVELOPMENT_FILE
-    if not path.is_file():
-        return []
-    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    return [DevQuery(row["text"], frozenset(row["golds"])) for row in rows]
-
-
 def choose_likelihood(
     directory: Path,
     summarizer: str | None = None,
@@ -220,32 +166,14 @@ def choose_likelihood(
     `summarizer`'s); `measured_on`: search the questions in this index instead, encoded by the same model (the
     bank with the labelled questions' gold FAQs added, as a benchmark over it holds them). Questions whose gold
     FAQs are not in the searched index are left out."""
-    from medfaq.index.faq_index import FaqIndex, read_manifest
     from medfaq.retriever.pipeline import Pipeline
     from medfaq.retriever.stages import locate_summarizer
     from medfaq.summarizer.likelihood import SummaryLikelihood
 
     directory = Path(directory).expanduser()
-    fingerprint = read_manifest(directory).encoder_fingerprint  # not an index: its one-line error first
     started = time.perf_counter()
-    if not labelled:  # rule 3: generated questions alone never turn the stage on
-        raise MedfaqError(
-            f"no labelled development questions for {directory}: give --dev-queries/--dev-qrels (the questions "
-            "`medfaq index adapt` held back vote beside them, never alone); the index stays as it is"
-        )
-    sets = {"labelled": list(labelled)}
-    generated = development_questions(directory)
-    if generated:
-        sets["generated"] = generated
-    index = FaqIndex.load(measured_on or directory)
-    if measured_on is not None and index.manifest.encoder_fingerprint != fingerprint:
-        raise MedfaqError(f"{measured_on} is not encoded by the model of {directory}; measure on a copy of it")
-    for name, queries in sets.items():
-        answerable = [query for query in queries if any(faq_id in index for faq_id in query.golds)]
-        if len(answerable) < len(queries):
-            missing = len(queries) - len(answerable)
-            log(f"{name}: left out {missing} of {len(queries)} questions (no gold FAQ in the index)")
-        sets[name] = answerable[:limit] if limit else answerable
+    # rule 3: generated questions alone never turn the stage on
+    index, sets = stage_choice.development_sets(directory, labelled, COMMAND, limit, log, measured_on)
     config = first_stage_config(directory, depth)
     if scorer is None:
         scorer = SummaryLikelihood.load(
@@ -278,13 +206,10 @@ def choose_likelihood(
         "precision": scorer.precision,
         "rule": RULE,
         "setting": setting,
-        "development": {
-            name: {"questions": len(rows), "before": before[name], **best["sets"][name]}
-            for name, (rows, _) in dev.items()
-        },
+        "development": stage_choice.development_summary(best, before, dev),
         "settings_scored": len(candidates),
         "measured_on": str(measured_on or directory),
-        "encoder_fingerprint": fingerprint,
+        "encoder_fingerprint": index.manifest.encoder_fingerprint,
         "seconds": round(time.perf_counter() - started, 1),
     }
 
@@ -300,10 +225,7 @@ def choose_likelihood(
 
 
 def write_choice(directory: Path, record: dict[str, Any]) -> None:
-    path = Path(directory) / CHOICE_FILE
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
-    tmp.replace(path)
+    stage_choice.write_record(Path(directory) / CHOICE_FILE, record)
 
 
 def turn_off(directory: Path) -> None:
@@ -316,41 +238,17 @@ def turn_off(directory: Path) -> None:
 
 def read_choice(directory: str | Path) -> dict[str, Any] | None:
     """The index's recorded likelihood decision (None when it has none, or the file cannot be read)."""
-    path = Path(directory) / CHOICE_FILE
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
-        return None
+    return stage_choice.read_record(Path(directory) / CHOICE_FILE)
 
 
 def decided_for_encoder(directory: str | Path) -> bool:
-    """Whether the index has a likelihood decision made with the encoder that encodes it now (a rebuild with another
-    encoder keeps ``pipeline.json`` and the record, which then describe another first stage)."""
-    from medfaq.index.faq_index import MANIFEST, read_manifest
-
-    record = read_choice(directory)
-    if record is None or not (Path(directory) / MANIFEST).is_file():
-        return False
-    return record.get("encoder_fingerprint") == read_manifest(Path(directory)).encoder_fingerprint
+    """Whether the index has a likelihood decision made with the encoder that encodes it now."""
+    return stage_choice.decided_for_encoder(directory, read_choice(directory))
 
 
 def stale_note(record: dict[str, Any], fingerprint: str) -> str:
-    """What `index info` adds to a decision `record` that does not hold for the index's encoder now (its
-    `fingerprint`); empty when it does."""
-    if "encoder_fingerprint" not in record:
-        return "; the encoder it was measured with is not recorded"
-    if record["encoder_fingerprint"] != fingerprint:
-        return "; measured with another encoder than the index's: decide again (`medfaq index likelihood`)"
-    return ""
-
-
-def development_line(record: dict[str, Any]) -> str:
-    """The development numbers of a decision, e.g. ``labelled R@1 60.0 -> 66.4 (140 questions)``."""
-    parts = []
-    for name, cell in record["development"].items():
-        before = cell["before"]["recall@1"]
-        parts.append(f"{name} R@1 {before:.1f} -> {before + cell['delta_r1']:.1f} ({cell['questions']} questions)")
-    return "; ".join(parts)
+    """What `index info` adds to a decision that does not hold for the index's encoder now."""
+    return stage_choice.stale_note(record, fingerprint, COMMAND)
 
 
 def describe_choice(record: dict[str, Any]) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from medfaq.common.runtime import DEFAULT_ENCODER, MedfaqError, indexes_dir, medfaq_home, models_dir
+from medfaq.common.runtime import DEFAULT_ENCODER, MedfaqError, indexes_dir, medfaq_home, models_dir, resolve_model
 from medfaq.index.datasets import FAQ_TRAINING_DATA
 
 FAQ_INDEX = "medquad-faq"  # the MedQuAD index encoded by the fine-tuned retrieval bi-encoder (under indexes_dir())
@@ -36,9 +36,12 @@ class ModelStep:
     measured: str
     slow: bool = False  # left out by ``medfaq setup --fast``
 
-    def argv(self, out: Path | None = None) -> list[list[str]]:
-        """The commands, saving the model to `out` (default: its name under the models directory)."""
+    def argv(self, out: Path | None = None, encoder: Path | None = None) -> list[list[str]]:
+        """The commands, saving the model to `out` (default: its name under the models directory); `encoder`: the
+        retrieval encoder the set-up index gets (default: the best fine-tuned one saved, `choose_encoder`)."""
         where = {**places(), "{out}": str(out or models_dir() / self.model)}
+        if encoder is not None:
+            where["{retrieval_encoder}"] = str(encoder)
         return [[where.get(part, part) for part in command] for command in self.commands]
 
     def shown(self, out: Path | None = None) -> str:
@@ -81,14 +84,14 @@ SUMMARIZER_ECL = ModelStep(
 RERANKER = ModelStep(
     key="reranker",
     model="reranker-correction-quick",
-    title="Train the FAQ reranker as a correction of the MiniLM bi-encoder (listwise, quick preset)",
+    title="Train the FAQ reranker as a correction of the index's bi-encoder (MiniLM cross-encoder, listwise)",
     stage="rerank",
     data=BIENCODER.data,
     commands=(
         tuple(
             "train crossencoder --task faq --preset quick --loss listwise --prior-scale 20 --negatives 7"
-            " --negatives-encoder {biencoder} --init {biencoder} --max-pairs 8000 --max-length 256 --batch-size 4"
-            " --out {out}".split()
+            " --negatives-encoder {retrieval_encoder} --init {biencoder} --max-pairs 8000 --max-length 256"
+            " --batch-size 4 --force --out {out}".split()
         ),
     ),
     minutes=21,
@@ -221,6 +224,8 @@ def places() -> dict[str, str]:
     split = benchmark / RANK_SPLIT
     return {
         "{biencoder}": str(models_dir() / BIENCODER_MODEL),
+        "{retrieval_encoder}": choose_encoder(AUTO_ENCODER),
+        "{reranker}": str(models_dir() / RERANKER.model),
         "{gemma}": str(models_dir() / SUMMARIZER_GEMMA.model),
         "{rank_model}": str(models_dir() / SUMMARIZER_RANK.model),
         "{faq_index}": str(indexes_dir() / FAQ_INDEX),
@@ -232,10 +237,36 @@ def places() -> dict[str, str]:
     }
 
 
-def likelihood_decision_argv() -> list[list[str]]:
-    """The benchmark over the MedQuAD index, its split, then the decision (`LIKELIHOOD_DECISION`)."""
+RERANKER_DECISION = (
+    *"index rerank {faq_index} --reranker {reranker} --measured-on {benchmark_index}".split(),
+    *"--dev-queries {dev_queries} --dev-qrels {dev_qrels}".split(),
+)
+"""After `RERANKER` (and the likelihood decision): decide the MedQuAD index's reranker on the same development part,
+over the index's pipeline as decided so far."""
+DECISION_DATA = SUMMARIZER_RANK.data  # what the medquad-chq benchmark the decisions are measured on is made from
+
+
+def decision_argv(decision: tuple[str, ...], reranker: Path | None = None) -> list[list[str]]:
+    """The benchmark over the MedQuAD index, its split, then the `decision` (`LIKELIHOOD_DECISION`,
+    `RERANKER_DECISION` of `reranker`, default the set-up one)."""
     where = places()
-    return [[where.get(part, part) for part in command] for command in (*RANK_BENCHMARK_COMMANDS, LIKELIHOOD_DECISION)]
+    if reranker is not None:
+        where["{reranker}"] = str(reranker)
+    return [[where.get(part, part) for part in command] for command in (*RANK_BENCHMARK_COMMANDS, decision)]
+
+
+def reranker_corrects(reranker: Path, encoder: Path) -> bool:
+    """Whether the saved reranker at `reranker` was trained as a correction of the bi-encoder at `encoder`."""
+    from medfaq.retriever.reranker.base import calibration_first_stage
+    from medfaq.retriever.training.config import EncoderTrainConfig
+
+    if not model_ready(reranker) or not (reranker / "train_config.json").is_file():
+        return False
+    try:
+        first_stage = Path(resolve_model(calibration_first_stage(EncoderTrainConfig.load(reranker))))
+    except MedfaqError:  # its train config is unreadable, or the encoder it corrects is gone
+        return False
+    return first_stage.resolve() == encoder.expanduser().resolve()
 
 
 SUMMARIZERS = (SUMMARIZER_GEMMA.model, SUMMARIZER_ECL.model)

@@ -99,7 +99,7 @@ def test_adapt_keeps_winning_parts_records_them_and_undo_restores_the_index(inde
     assert origins == {"adapt:answer", "adapt:question"}
     assert len([p for p in index.phrasings() if p.origin == "adapt:answer"]) == 5  # f5 has no answer
     assert read_manifest(index_dir).adaptation["parts"]["phrasings"]["dev"]["generated"]["r@1"] == 70.0
-    from medfaq.retriever.likelihood_choice import development_questions
+    from medfaq.retriever.stage_choice import development_questions
 
     held = development_questions(index_dir)  # saved for other per-bank decisions (`medfaq index likelihood`)
     assert len(held) == 2 and all(len(query.golds) == 1 and query.text for query in held)

@@ -233,11 +233,13 @@ def test_health_and_reload_of_a_newer_index_on_disk(service, index_dir, tiny_enc
     client = client_for(service)
     before = client.get("/health").json()
     assert before["status"] == "ok" and before["faqs"] == len(FAQ_ROWS) and before["version"]
-    assert before["likelihood"] is None  # no decision recorded for this index
-    from medfaq.retriever.likelihood_choice import write_choice
+    assert before["likelihood"] is None and before["reranker"] is None  # no decision recorded for this index
+    from medfaq.retriever import likelihood_choice, reranker_choice
 
-    write_choice(index_dir, {"on": False, "rule": "r"})
-    assert client.get("/health").json()["likelihood"] == {"on": False, "rule": "r"}
+    likelihood_choice.write_choice(index_dir, {"on": False, "rule": "r"})
+    reranker_choice.write_choice(index_dir, {"on": True, "rule": "q"})
+    health = client.get("/health").json()
+    assert health["likelihood"] == {"on": False, "rule": "r"} and health["reranker"] == {"on": True, "rule": "q"}
     FaqIndex.add_to(index_dir, [FaqRecord(id="n2", question="What is shingles?")], encoder=tiny_encoder, progress=False)
     after = client.get("/health").json()
     assert after["faqs"] == len(FAQ_ROWS) + 1 and after["version"] != before["version"]

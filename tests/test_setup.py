@@ -19,7 +19,7 @@ def dry_run(*flags: str) -> str:
 
 def test_dry_run_lists_every_step_with_time_and_command():
     output = dry_run()
-    assert "10 step(s) to run" in output
+    assert "11 step(s) to run" in output
     commands = ("index build medquad", "train biencoder --task faq", "train summarizer --preset quick")
     assert "train question-writer --out " + str(models_dir() / "question-writer") in output
     for command in (*commands, "train crossencoder --task faq"):
@@ -27,13 +27,15 @@ def test_dry_run_lists_every_step_with_time_and_command():
     # fine-tuned MPNet, the encoder the rule chose, encodes the MedQuAD index
     mpnet = str(models_dir() / "biencoder-mpnet-faq-quick")
     assert f"--init mpnet --out {mpnet}" in output and f"index build medquad --encoder {mpnet}" in output
-    # the reranker is trained as a correction of that bi-encoder, which it keeps as its prior
-    assert "--prior-scale 20 --negatives 7 --negatives-encoder " + str(models_dir() / "biencoder-faq-quick") in output
+    # the reranker starts from the MiniLM bi-encoder and is trained as a correction of the index's one (its prior)
+    assert f"--prior-scale 20 --negatives 7 --negatives-encoder {mpnet} --init " in output
     assert "--backbone gemma-3-270m --variant mle" in output and "about 45 min" in output
     # the rank model continues the Gemma summarizer on medquad-chq's training part; then the index's decision
     rank = "--variant rank" in output and "--backbone " + str(models_dir() / "summarizer-gemma-quick") in output
     assert rank and "split-0/train/pairs.jsonl --out " + str(models_dir() / "summarizer-gemma-rank") in output
     assert "index likelihood " in output and "--measured-on " in output and "split-0/dev/qrels.tsv" in output
+    # last: the reranker's decision, over the pipeline as decided so far
+    assert output.rindex("index rerank ") > output.rindex("index likelihood ")
 
 
 def test_present_models_are_skipped_and_fast_leaves_out_gemma():
@@ -41,8 +43,10 @@ def test_present_models_are_skipped_and_fast_leaves_out_gemma():
     trained.mkdir(parents=True)
     (trained / "config.json").write_text("{}", encoding="utf-8")
     output = dry_run("--fast")
-    assert "4 step(s) to run" in output
+    assert "5 step(s) to run" in output  # the reranker's decision among them
     assert "gemma" not in output.lower() and "mpnet" not in output
+    minilm = str(models_dir() / "biencoder-faq-quick")
+    assert f"--negatives-encoder {minilm} --init {minilm}" in output  # the reranker corrects the MiniLM index
     assert "train summarizer --preset quick" not in output
     assert "index build medquad --encoder " + str(models_dir() / "biencoder-faq-quick") in output  # the MiniLM one
 
@@ -77,3 +81,28 @@ def test_the_medquad_index_is_encoded_again_when_another_encoder_built_it(built_
     output = dry_run()
     assert "Encode the MedQuAD index with the fine-tuned biencoder-mpnet-faq-quick: ready" in output
     assert "biencoder-mpnet-faq-quick: ready" in dry_run("--fast")  # --fast after a full set-up keeps MPNet
+
+
+def test_the_reranker_is_trained_again_when_it_corrects_another_encoder_than_the_index(built_index, tiny_encoder_dir):
+    import shutil
+
+    from medfaq.common.runtime import indexes_dir
+    from medfaq.retriever.training.config import EncoderTrainConfig
+
+    mpnet = shutil.copytree(tiny_encoder_dir, models_dir() / "biencoder-mpnet-faq-quick")
+    faqs = built_index.parent / "faqs.jsonl"
+    command = ["index", "build", str(faqs), "--encoder", str(mpnet), "--out", str(indexes_dir() / "medquad-faq")]
+    assert CliRunner().invoke(app, command).exit_code == 0
+    reranker = models_dir() / "reranker-correction-quick"
+    reranker.mkdir()
+    (reranker / "config.json").write_text("{}", encoding="utf-8")
+    minilm = models_dir() / "biencoder-faq-quick"
+    EncoderTrainConfig(task="faq", prior_scale=20, negatives_encoder=str(minilm)).save(reranker)
+    title = "Train the FAQ reranker as a correction of the index's bi-encoder (MiniLM cross-encoder, listwise)"
+    assert f"{title}: about" in dry_run()  # it corrects the MiniLM bi-encoder: trained again for MPNet's index
+    EncoderTrainConfig(task="faq", prior_scale=20, negatives_encoder=str(mpnet)).save(reranker)
+    output = dry_run()
+    assert f"{title}: ready" in output
+    # not yet decided for this index and reranker: the decision is the last step
+    assert output.rstrip().splitlines()[-2].startswith("    medfaq data fetch medquad")
+    assert f"index rerank {indexes_dir() / 'medquad-faq'} --reranker {reranker}" in output

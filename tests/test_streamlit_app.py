@@ -72,14 +72,17 @@ def test_search_shows_summary_entities_ranked_cards_and_stores_feedback(demo_env
     assert [(q.text, q.source) for q in waiting.questions] == [(QUESTION, "not helpful")]
 
 
-def test_the_sidebar_shows_the_indexs_likelihood_decision(demo_env):
-    from medfaq.retriever.likelihood_choice import write_choice
+def test_the_sidebar_shows_the_indexs_likelihood_and_reranker_decisions(demo_env):
+    from medfaq.retriever import likelihood_choice, reranker_choice
 
     development = {"labelled": {"questions": 140, "before": {"recall@1": 60.0}, "delta_r1": 6.4}}
-    write_choice(Path(demo_env["MEDFAQ_DEMO_INDEX"]), {"on": True, "development": development})
+    likelihood_choice.write_choice(Path(demo_env["MEDFAQ_DEMO_INDEX"]), {"on": True, "development": development})
+    development = {"labelled": {"questions": 140, "before": {"recall@1": 66.4}, "delta_r1": 0.0}}
+    reranker_choice.write_choice(Path(demo_env["MEDFAQ_DEMO_INDEX"]), {"on": False, "development": development})
     app = AppTest.from_file(APP, default_timeout=TIMEOUT_S).run()
     in_use = "\n".join(element.value for element in app.sidebar.markdown)
     assert "<b>Likelihood stage</b>: on · labelled R@1 60.0 -&gt; 66.4 (140 questions)" in in_use
+    assert "<b>Reranker</b>: off · labelled R@1 66.4 -&gt; 66.4 (140 questions)" in in_use
 
 
 def test_the_page_draws_material_icons_not_emoji(demo_env):
@@ -248,10 +251,10 @@ def test_default_steps_skip_what_exists_and_respect_no_train(demo_env, monkeypat
     monkeypatch.setenv("MEDFAQ_DEMO_NO_TRAIN", "0")
     [rerank] = [step for step in default_steps(DemoSettings.from_env()) if step.key == "reranker"]
     assert rerank.status == "pending" and rerank.minutes > 0
-    final = rerank.commands[-1]  # after the data fetches: one training, started from the bi-encoder it corrects
-    assert final[:4] == ("train", "crossencoder", "--task", "faq")
-    biencoder = final[final.index("--init") + 1]
-    assert biencoder.endswith("biencoder-faq-quick") and final[final.index("--negatives-encoder") + 1] == biencoder
+    final = rerank.commands[-1]  # after the data fetches: one training, started from the MiniLM bi-encoder, as a
+    assert final[:4] == ("train", "crossencoder", "--task", "faq")  # correction of the best fine-tuned one
+    assert final[final.index("--init") + 1].endswith("biencoder-faq-quick")
+    assert final[final.index("--negatives-encoder") + 1].endswith("biencoder-mpnet-faq-quick")
     assert final[final.index("--out") + 1].endswith("reranker-not-trained")
 
 

@@ -308,7 +308,7 @@ def test_the_beams_rankings_fuse_with_the_raw_ranking_by_weighted_rrf():
 
 
 def test_the_development_rule_puts_the_worst_set_first_then_fewest_losses():
-    from medfaq.retriever.likelihood_choice import choose_on_dev
+    from medfaq.retriever.stage_choice import choose_on_dev
 
     outcomes = {  # setting -> per set: (R@1, questions answered at rank 1)
         None: {"a": (50.0, {"1", "2"}), "b": (50.0, {"3"})},

@@ -68,12 +68,15 @@ def index_line(demo: DemoSettings) -> str:
 
 def in_use_panel(demo: DemoSettings, notes: dict[str, str]) -> None:
     """The sidebar box that always says which index and models the page uses."""
-    from medfaq.retriever.likelihood_choice import development_line, read_choice
+    from medfaq.retriever import likelihood_choice, reranker_choice
+    from medfaq.retriever.stage_choice import development_line
 
     rows = [("Index", index_line(demo)), *((name.capitalize(), note) for name, note in notes.items())]
-    choice = read_choice(demo.index_dir)
-    if choice is not None:  # `medfaq index likelihood`'s decision for this index
-        rows.append(("Likelihood stage", f"{'on' if choice['on'] else 'off'} · {development_line(choice)}"))
+    decisions = {"Likelihood stage": likelihood_choice, "Reranker": reranker_choice}  # `medfaq index likelihood|rerank`
+    for label, decision in decisions.items():
+        choice = decision.read_choice(demo.index_dir)
+        if choice is not None:
+            rows.append((label, f"{'on' if choice['on'] else 'off'} · {development_line(choice)}"))
     items = "".join(f"<div><b>{html.escape(k)}</b>: {html.escape(v)}</div>" for k, v in rows)
     st.sidebar.divider()
     st.sidebar.markdown("**In use**")
