@@ -105,13 +105,13 @@ def make_benchmark(
     from medfaq.eval.benchmarks import make_benchmark as build
     from medfaq.index.collections import load_collection, read_records
     from medfaq.index.concepts import concept_lexicon
-    from medfaq.index.faq_index import MANIFEST, RECORDS, FaqIndex, check_index_target
+    from medfaq.index.faq_index import RECORDS, FaqIndex, check_index_target, is_index
 
     if build_index:
         check_index_target(out / "index")
     concepts = concept_lexicon(synonyms) if build_index and name != "medquad-chq" else None
     bank = bank or indexes_dir() / BANK_INDEX
-    if name == "medquad-chq" and not (bank / MANIFEST).is_file():
+    if name == "medquad-chq" and not is_index(bank):
         raise MedfaqError(f"no MedQuAD index at {bank}; build it with `medfaq index build medquad --out {bank}`")
     benchmark = build(name, data_from, read_records(bank / RECORDS) if name == "medquad-chq" else None)
     benchmark.save(out)

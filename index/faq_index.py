@@ -945,10 +945,15 @@ def _atomic_write(path: Path, write: Callable[[Path], Any]) -> None:
     os.replace(partial, path)
 
 
+def is_index(directory: str | Path) -> bool:
+    """Whether `directory` holds a built index (its manifest)."""
+    return (Path(directory) / MANIFEST).is_file()
+
+
 def check_index_target(directory: str | Path) -> Path:
     """The resolved `directory` if an index may be written there (new, empty, or an index); else a one-line error."""
     target = Path(directory).expanduser().resolve()
-    if target.exists() and (not target.is_dir() or (not (target / MANIFEST).is_file() and any(target.iterdir()))):
+    if target.exists() and (not target.is_dir() or (not is_index(target) and any(target.iterdir()))):
         raise MedfaqError(f"{target} exists and is not a medfaq index; choose an empty or new directory")
     return target
 
@@ -1058,7 +1063,7 @@ def _sha256(file: Path) -> str:
 def _replaced_backend(target: Path, backend: dict[str, Any]) -> dict[str, Any] | None:
     """The backend section of the index at `target` if saving `backend` there replaces it with another one."""
     try:
-        previous = read_manifest(target).backend if (target / MANIFEST).is_file() else None
+        previous = read_manifest(target).backend if is_index(target) else None
     except MedfaqError:
         return None
     if not previous or previous == backend or previous.get("name", "faiss") not in VECTOR_BACKENDS:

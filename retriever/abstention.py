@@ -311,11 +311,11 @@ def inherit_thresholds(index_dir: str | Path, encoder: str, reranker: str | Path
     fingerprint in its manifest) into its
     ``pipeline.json``, each marked as inherited with where it came from; inherited ones of an earlier encoder are
     dropped, thresholds calibrated on the index itself (``--save-threshold``) kept. Returns the thresholds written."""
-    from medfaq.index.faq_index import MANIFEST, read_manifest
+    from medfaq.index.faq_index import is_index, read_manifest
     from medfaq.retriever.pipeline import PipelineConfig
     from medfaq.retriever.pipeline_file import update_config
 
-    built = (Path(index_dir) / MANIFEST).is_file()
+    built = is_index(index_dir)
     found = model_thresholds(encoder, reranker, read_manifest(Path(index_dir)).encoder_fingerprint if built else "")
 
     def inherit(saved: PipelineConfig | None) -> PipelineConfig | None:

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from medfaq.common.runtime import MedfaqError, resolve_model, utc_timestamp
-from medfaq.index.faq_index import MANIFEST, FaqIndex, read_manifest, write_lock
+from medfaq.index.faq_index import MANIFEST, FaqIndex, is_index, read_manifest, write_lock
 from medfaq.index.records import FaqRecord
 from medfaq.retriever.adaptation_config import PARTS, AdaptConfig
 
@@ -189,7 +189,7 @@ def save_training_pairs(path: Path, kept: dict[str, list[str]], records: Sequenc
 
 def training_pairs_file(directory: Path) -> Path:
     """The round-trip questions `medfaq index adapt` saved for the index in `directory`; a one-line error if none."""
-    if not (Path(directory) / MANIFEST).is_file():
+    if not is_index(directory):
         raise MedfaqError(
             f"{directory} is not an index (no {MANIFEST}): a directory given as training data must be an index that "
             "`medfaq index adapt` wrote questions for"

@@ -296,9 +296,9 @@ def set_up_reranker() -> Path | None:
 
 def index_built(path: Path) -> bool:
     """Whether `path` holds a built index (its manifest)."""
-    from medfaq.index.faq_index import MANIFEST  # imported late: the command line starts without the index stack
+    from medfaq.index.faq_index import is_index  # imported late: the command line starts without the index stack
 
-    return (path / MANIFEST).is_file()
+    return is_index(path)
 
 
 def set_up_index_dirs() -> tuple[Path, Path]:

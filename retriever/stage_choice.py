@@ -133,9 +133,9 @@ def read_record(path: Path) -> dict[str, Any] | None:
 def decided_for_encoder(directory: str | Path, record: dict[str, Any] | None) -> bool:
     """Whether `record` was decided with the encoder that encodes the index in `directory` now (a rebuild with
     another encoder keeps ``pipeline.json`` and the records, which then describe another first stage)."""
-    from medfaq.index.faq_index import MANIFEST, read_manifest
+    from medfaq.index.faq_index import is_index, read_manifest
 
-    if record is None or not (Path(directory) / MANIFEST).is_file():
+    if record is None or not is_index(directory):
         return False
     return record.get("encoder_fingerprint") == read_manifest(Path(directory)).encoder_fingerprint
 
