@@ -4,7 +4,8 @@ without it, decided per index on that bank's development questions, and kept in 
 Development questions as for the likelihood stage (:mod:`retriever.stage_choice`): the user's labelled ones
 required, the questions `medfaq index adapt` held back voting beside them. Each question is searched twice by the
 index's own pipeline as it stands (its likelihood stage as decided, abstention off): without the reranker and with
-it, at the pipeline's rerank settings (depth, fusion, RRF weight and k, the ``rerank_margin`` gate).
+it, at the pipeline's rerank settings (depth, fusion, RRF weight and k, the ``rerank_margin`` gate; where the index
+has no gate and no likelihood stage, the gate chosen on development queries, :data:`RERANK_MARGIN`).
 
 The rule, written before any bank was scored (docs/results.md, "Set-up ships the chosen encoder", rule 3):
 
@@ -27,7 +28,7 @@ from typing import Any
 
 from medfaq.common.runtime import utc_timestamp
 from medfaq.retriever import stage_choice
-from medfaq.retriever.pipeline import PipelineConfig
+from medfaq.retriever.pipeline import RERANK_MARGIN, PipelineConfig
 from medfaq.retriever.pipeline_file import read_config, update_config
 from medfaq.retriever.stage_choice import CUTOFF, MIN_GAIN, choose_on_dev, development_line, rank_metrics
 
@@ -85,6 +86,8 @@ def choose_reranker(
     index, sets = stage_choice.development_sets(directory, labelled, COMMAND, limit, log, measured_on)
     location = stage.name if stage is not None else locate_reranker(reranker)
     saved = read_config(directory)
+    if saved.rerank_margin is None and not saved.likelihood:  # the gate shared with the likelihood stage stays
+        saved = saved.replace(rerank_margin=RERANK_MARGIN)
     measured = saved.replace(top_k=CUTOFF, abstain=False, log_unanswered=False, entities=False, reranker=location)
     without = build_pipeline(index, measured.replace(rerank=False))
     if stage is None:
@@ -133,7 +136,8 @@ def choose_reranker(
         "encoder_fingerprint": index.manifest.encoder_fingerprint,
         "seconds": round(time.perf_counter() - started, 1),
     }
-    update_config(directory, lambda current: (current or PipelineConfig()).replace(rerank=turned_on, reranker=location))
+    chosen = {"reranker": location, "rerank_margin": saved.rerank_margin} if turned_on else {}
+    update_config(directory, lambda current: (current or PipelineConfig()).replace(rerank=turned_on, **chosen))
     write_choice(directory, record)
     return record
 

@@ -13,7 +13,7 @@ from medfaq.app.cli import app
 from medfaq.common.runtime import MedfaqError
 from medfaq.index.faq_index import FaqIndex
 from medfaq.retriever.adaptation import DevQuery
-from medfaq.retriever.pipeline import Pipeline, PipelineConfig
+from medfaq.retriever.pipeline import RERANK_MARGIN, Pipeline, PipelineConfig
 from medfaq.retriever.pipeline_file import read_config, write_config
 from medfaq.retriever.reranker_choice import CHOICE_FILE, choose_reranker, decided_for, read_choice
 from tests.conftest import FAQ_ROWS
@@ -47,8 +47,10 @@ def _labelled():
 
 
 def _configure(directory, **changes) -> None:
-    """The index's pipeline.json: the cross-encoder's order replaces the retrieval order, as `changes` say."""
-    write_config(directory, PipelineConfig(rerank_fusion="replace", log_unanswered=False, **changes))
+    """The index's pipeline.json: the cross-encoder's order replaces the retrieval order, every question reranked
+    (a gate wider than any cosine margin), as `changes` say."""
+    settings = {"rerank_fusion": "replace", "rerank_margin": 2.0, "log_unanswered": False, **changes}
+    write_config(directory, PipelineConfig(**settings))
 
 
 def _decide(directory, right: bool = True, **options):
@@ -94,6 +96,13 @@ def test_a_winning_reranker_stays_off_where_the_index_could_no_longer_abstain(in
     assert not read_config(index_dir).rerank
     _configure(index_dir, abstain=True, thresholds={"dense@raw": 0.1, "dense+rerank@raw": 0.5})
     assert _decide(index_dir)["on"] and read_config(index_dir).rerank
+
+
+def test_an_index_without_a_gate_is_measured_and_turned_on_with_the_chosen_one(index_dir):
+    _configure(index_dir, abstain=False, rerank_margin=None)
+    record = _decide(index_dir)
+    assert record["setting"]["rerank_margin"] == RERANK_MARGIN
+    assert read_config(index_dir).rerank_margin == (RERANK_MARGIN if record["on"] else None)
 
 
 def test_labelled_questions_are_required_and_a_wrong_index_is_one_line(index_dir, tmp_path):
