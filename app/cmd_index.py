@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,13 @@ from medfaq.index.vector_store import VECTOR_BACKENDS
 from medfaq.retriever.adaptation_config import PARTS, AdaptConfig
 from medfaq.retriever.setup_plan import AUTO_ENCODER, choose_encoder, set_up_reranker
 
+DEV_QUERIES_OPTION = typer.Option(None, "--dev-queries", help="Your labelled queries (BEIR queries.jsonl).")
+DEV_QRELS_OPTION = typer.Option(None, "--dev-qrels", help="Their judgements (BEIR qrels.tsv or TREC).")
+MEASURED_ON_OPTION = typer.Option(
+    None,
+    "--measured-on",
+    help="Search the questions in this index instead: a copy of DIR with their gold FAQs added (a benchmark's).",
+)
 BACKEND_FILE = "backend.json"  # in the staging directory: the options a resumed build must reuse
 
 FORMAT_HELP = f"Collection format: {'|'.join(FORMATS)}."
@@ -311,8 +319,8 @@ def adapt(
     dev_faqs: int = typer.Option(
         AdaptConfig.dev_faqs, "--dev-faqs", min=1, help="FAQs lending one question each to development."
     ),
-    dev_queries: Path | None = typer.Option(None, "--dev-queries", help="Your labelled queries (BEIR queries.jsonl)."),
-    dev_qrels: Path | None = typer.Option(None, "--dev-qrels", help="Their judgements (BEIR qrels.tsv or TREC)."),
+    dev_queries: Path | None = DEV_QUERIES_OPTION,
+    dev_qrels: Path | None = DEV_QRELS_OPTION,
     seed: int = typer.Option(0, "--seed", help="Random seed of the sampling and the development split."),
     undo: bool = typer.Option(False, "--undo", help="Remove everything an adaptation added."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Say what would be done and how long it would take."),
@@ -349,39 +357,24 @@ def likelihood(
     summarizer: str | None = typer.Option(
         None, "--summarizer", help="Summarizer directory (default: the best one trained under the models directory)."
     ),
-    dev_queries: Path | None = typer.Option(None, "--dev-queries", help="Your labelled queries (BEIR queries.jsonl)."),
-    dev_qrels: Path | None = typer.Option(None, "--dev-qrels", help="Their judgements (BEIR qrels.tsv or TREC)."),
+    dev_queries: Path | None = DEV_QUERIES_OPTION,
+    dev_qrels: Path | None = DEV_QRELS_OPTION,
     depth: int = typer.Option(10, "--depth", min=2, max=50, help="How many top hits the likelihood scores."),
     limit: int = typer.Option(0, "--limit", min=0, help="Score only the first N questions of each set (0: all)."),
-    measured_on: Path | None = typer.Option(
-        None,
-        "--measured-on",
-        help="Search the questions in this index instead: a copy of DIR with their gold FAQs added (a benchmark's).",
-    ),
+    measured_on: Path | None = MEASURED_ON_OPTION,
     off: bool = typer.Option(False, "--off", help="Turn the stage off for this index, keeping the record."),
 ) -> None:
     """Decide whether the summarizer's likelihood stage ranks this bank better, on your labelled development
     questions (--dev-queries; those `medfaq index adapt` held back vote beside them), by a rule written down in
     advance; the outcome goes into the index's pipeline.json and likelihood.json."""
-    from medfaq.index.faq_index import read_manifest
     from medfaq.retriever import likelihood_choice
 
-    read_manifest(directory)  # not an index: its one-line error, before anything loads
-    if off:
-        likelihood_choice.turn_off(directory)
-        typer.echo(f"likelihood stage off for {directory}")
-        return
-    labelled = _labelled_queries(dev_queries, dev_qrels)
-    record = likelihood_choice.choose_likelihood(
-        directory,
-        summarizer,
-        labelled,
-        depth=depth,
-        limit=limit,
-        log=lambda line: typer.echo(line, err=True),
-        measured_on=measured_on,
-    )
-    typer.echo(likelihood_choice.describe_choice(record))
+    def decide(labelled: list[Any], log: Callable[[str], None]) -> dict[str, Any]:
+        return likelihood_choice.choose_likelihood(
+            directory, summarizer, labelled, depth=depth, limit=limit, log=log, measured_on=measured_on
+        )
+
+    _decide_stage(directory, "likelihood stage", likelihood_choice, decide, off, dev_queries, dev_qrels)
 
 
 def rerank(
@@ -389,32 +382,39 @@ def rerank(
     reranker: str | None = typer.Option(
         None, "--reranker", help="Cross-encoder directory or name (default: the one `medfaq setup` trains)."
     ),
-    dev_queries: Path | None = typer.Option(None, "--dev-queries", help="Your labelled queries (BEIR queries.jsonl)."),
-    dev_qrels: Path | None = typer.Option(None, "--dev-qrels", help="Their judgements (BEIR qrels.tsv or TREC)."),
+    dev_queries: Path | None = DEV_QUERIES_OPTION,
+    dev_qrels: Path | None = DEV_QRELS_OPTION,
     limit: int = typer.Option(0, "--limit", min=0, help="Rank only the first N questions of each set (0: all)."),
-    measured_on: Path | None = typer.Option(
-        None,
-        "--measured-on",
-        help="Search the questions in this index instead: a copy of DIR with their gold FAQs added (a benchmark's).",
-    ),
+    measured_on: Path | None = MEASURED_ON_OPTION,
     off: bool = typer.Option(False, "--off", help="Turn the reranker off for this index, keeping the record."),
 ) -> None:
     """Decide whether the cross-encoder reranker ranks this bank better than the index's pipeline without it, on
     your labelled development questions (--dev-queries; those `medfaq index adapt` held back vote beside them), by
     a rule written down in advance; the outcome goes into the index's pipeline.json and reranker.json."""
-    from medfaq.index.faq_index import read_manifest
     from medfaq.retriever import reranker_choice
+
+    def decide(labelled: list[Any], log: Callable[[str], None]) -> dict[str, Any]:
+        return reranker_choice.choose_reranker(
+            directory, reranker, labelled, limit=limit, log=log, measured_on=measured_on
+        )
+
+    _decide_stage(directory, "reranker", reranker_choice, decide, off, dev_queries, dev_qrels)
+
+
+def _decide_stage(
+    directory: Path, stage: str, decision: Any, decide: Callable[..., dict[str, Any]], off: bool, *dev: Path | None
+) -> None:
+    """A per-index stage decision (`decision`: its module): turned off by hand with `off`, else `decide(labelled,
+    log)` on the labelled development questions `dev` (queries, qrels), and its one line printed."""
+    from medfaq.index.faq_index import read_manifest
 
     read_manifest(directory)  # not an index: its one-line error, before anything loads
     if off:
-        reranker_choice.turn_off(directory)
-        typer.echo(f"reranker off for {directory}")
+        decision.turn_off(directory)
+        typer.echo(f"{stage} off for {directory}")
         return
-    labelled = _labelled_queries(dev_queries, dev_qrels)
-    record = reranker_choice.choose_reranker(
-        directory, reranker, labelled, limit=limit, log=lambda line: typer.echo(line, err=True), measured_on=measured_on
-    )
-    typer.echo(reranker_choice.describe_choice(record))
+    record = decide(_labelled_queries(*dev), lambda line: typer.echo(line, err=True))
+    typer.echo(decision.describe_choice(record))
 
 
 def _labelled_queries(queries: Path | None, qrels: Path | None) -> list[Any]:

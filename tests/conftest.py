@@ -97,6 +97,16 @@ FAQ_ROWS = [
     {"id": "f6", "question": "How do vaccines protect against measles?", "answer": "They train the immune system."},
 ]
 
+CONSUMER_QUESTIONS = [
+    ("is it ok to have a beer on antibiotics like amoxicillin", "f1"),
+    ("signs of diabetes type two", "f2"),
+    ("what helps a shingles rash heal", "f3"),
+    ("does parkinsons run in families", "f4"),
+    ("why do i get migraines", "f5"),
+    ("how does the measles shot work", "f6"),
+]
+"""Consumer wordings of the FAQ_ROWS questions, with the id of the FAQ that answers each."""
+
 
 SUMMARY_PAIRS = [
     ("i take ibuprofen every day for my back, can it hurt my stomach? thanks", "Can ibuprofen cause stomach ulcers?"),
@@ -182,3 +192,19 @@ def index_dir(tmp_path, built_index) -> Path:
     import shutil
 
     return Path(shutil.copytree(built_index, tmp_path / "idx"))
+
+
+def assert_decision_kept_and_shown(directory: Path, record_file: str, *shown: str) -> None:
+    """A per-index stage decision recorded on (`record_file` beside the index) survives an index save, and
+    `medfaq index info` shows every text of `shown`."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from medfaq.app.cli import app
+    from medfaq.index.faq_index import FaqIndex
+
+    FaqIndex.load(directory).save(directory)
+    assert json.loads((directory / record_file).read_text())["on"]
+    result = CliRunner().invoke(app, ["index", "info", str(directory)])
+    assert result.exit_code == 0 and all(text in result.output for text in shown), result.output

@@ -4,8 +4,6 @@ index, reloads it, and reads the questions `medfaq index adapt` held back."""
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 from typer.testing import CliRunner
@@ -19,16 +17,8 @@ from medfaq.retriever.likelihood_choice import CHOICE_FILE, choose_likelihood, d
 from medfaq.retriever.pipeline import Pipeline, PipelineConfig
 from medfaq.retriever.pipeline_file import read_config
 from medfaq.summarizer.likelihood import TokenScores
-from tests.conftest import FAQ_ROWS
-
-QUESTIONS = [
-    ("is it ok to have a beer on antibiotics like amoxicillin", "f1"),
-    ("signs of diabetes type two", "f2"),
-    ("what helps a shingles rash heal", "f3"),
-    ("does parkinsons run in families", "f4"),
-    ("why do i get migraines", "f5"),
-    ("how does the measles shot work", "f6"),
-]
+from tests.conftest import CONSUMER_QUESTIONS as QUESTIONS
+from tests.conftest import FAQ_ROWS, assert_decision_kept_and_shown
 
 
 class KnowingScorer:
@@ -86,10 +76,7 @@ def test_the_stage_is_turned_on_where_it_wins_and_the_decision_is_recorded_and_s
     assert config.likelihood_weight == record["setting"]["likelihood_weight"]
     assert config.rerank_margin == record["setting"]["rerank_margin"]
     assert read_choice(index_dir) == record
-    FaqIndex.load(index_dir).save(index_dir)  # an index save keeps the record beside it
-    assert json.loads((index_dir / CHOICE_FILE).read_text())["on"]
-    shown = CliRunner().invoke(app, ["index", "info", str(index_dir)])
-    assert shown.exit_code == 0 and "likelihood stage on" in shown.output and "knowing-scorer" in shown.output
+    assert_decision_kept_and_shown(index_dir, CHOICE_FILE, "likelihood stage on", "knowing-scorer")
 
 
 def test_the_stage_stays_off_where_it_loses_and_off_turns_it_off(index_dir):

@@ -4,8 +4,6 @@ beside the index, and `medfaq setup` retrains the reranker when the index's enco
 
 from __future__ import annotations
 
-import json
-
 import pytest
 from typer.testing import CliRunner
 
@@ -16,16 +14,9 @@ from medfaq.retriever.adaptation import DevQuery
 from medfaq.retriever.pipeline import RERANK_MARGIN, Pipeline, PipelineConfig
 from medfaq.retriever.pipeline_file import read_config, write_config
 from medfaq.retriever.reranker_choice import CHOICE_FILE, choose_reranker, decided_for, read_choice
-from tests.conftest import FAQ_ROWS
+from tests.conftest import CONSUMER_QUESTIONS as QUESTIONS
+from tests.conftest import FAQ_ROWS, assert_decision_kept_and_shown
 
-QUESTIONS = [
-    ("is it ok to have a beer on antibiotics like amoxicillin", "f1"),
-    ("signs of diabetes type two", "f2"),
-    ("what helps a shingles rash heal", "f3"),
-    ("does parkinsons run in families", "f4"),
-    ("why do i get migraines", "f5"),
-    ("how does the measles shot work", "f6"),
-]
 GOLD_QUESTIONS = {text: next(r["question"] for r in FAQ_ROWS if r["id"] == gold) for text, gold in QUESTIONS}
 
 
@@ -71,10 +62,7 @@ def test_the_reranker_is_turned_on_where_it_wins_and_the_decision_is_recorded_an
     config = read_config(index_dir)
     assert config.rerank and config.reranker == "knowing-reranker"
     assert read_choice(index_dir) == record
-    FaqIndex.load(index_dir).save(index_dir)  # an index save keeps the record beside it
-    assert json.loads((index_dir / CHOICE_FILE).read_text())["on"]
-    shown = CliRunner().invoke(app, ["index", "info", str(index_dir)])
-    assert shown.exit_code == 0 and "reranker on" in shown.output and "knowing-reranker" in shown.output
+    assert_decision_kept_and_shown(index_dir, CHOICE_FILE, "reranker on", "knowing-reranker")
 
 
 def test_the_reranker_stays_off_where_it_loses_and_off_turns_it_off(index_dir):
