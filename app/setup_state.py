@@ -43,7 +43,7 @@ SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
 OFF_VALUES = {"", "0", "off", "none", "false", "no"}
 INDEX_MINUTES = 5  # `medfaq index build medquad --synonyms none`: 4 min 40 s on one core (docs/results.md)
 LIKELIHOOD_DECISION_MINUTES = 4  # `medfaq index likelihood` over medquad-chq's 145 dev CHQs: 203 s (docs/results.md)
-RERANKER_DECISION_MINUTES = 6  # `medfaq index rerank` over the same questions, benchmark first (docs/results.md)
+RERANKER_DECISION_MINUTES = 12  # `medfaq index rerank` on the 145 dev CHQs, benchmark first: 11 min (results.md)
 EXAMPLE_QUESTIONS = (
     "I've been on amoxicillin for a chest infection since Monday. Is it OK to have a glass of wine at my "
     "sister's wedding this weekend?",

@@ -94,8 +94,10 @@ RERANKER = ModelStep(
             " --batch-size 4 --force --out {out}".split()
         ),
     ),
-    minutes=21,
-    measured="20 min 39 s wall, 1,907 s CPU on 2 cores (docs/results.md, the correction reranker)",
+    minutes=108,
+    measured="108 min wall as a correction of fine-tuned MPNet beside other jobs on 2 cores: 26 min training, 82 min "
+    "calibrating its threshold through the MPNet prior; 21 min as a correction of the MiniLM one (--fast) "
+    "(docs/results.md, the reranker follows the encoder)",
 )
 SUMMARIZER_GEMMA = ModelStep(
     key="summarizer-gemma",
