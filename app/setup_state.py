@@ -206,7 +206,7 @@ def default_steps(settings: DemoSettings) -> list[SetupStep]:
     steps = [index]
     targets = model_targets(settings)
     encoders = [plan for plan, _ in targets if plan.stage == "retrieve"]
-    index_model, _ = _index_encoder(settings, encoders)
+    index_model, index_target = _index_encoder(settings, encoders)
     index_encoder = models_dir() / index_model
     reranker = None
     for plan, target in targets:
@@ -219,7 +219,7 @@ def default_steps(settings: DemoSettings) -> list[SetupStep]:
             ready = target is not None and reranker_corrects(target, index_encoder)
         steps.append(_with_status(step, target is None, ready, settings.train))
         if encoders and plan is encoders[-1]:  # after the encoders: the MedQuAD index
-            steps.append(_faq_index_step(settings, *_index_encoder(settings, encoders)))
+            steps.append(_faq_index_step(settings, index_model, index_target))
         if plan is SUMMARIZER_RANK:
             from medfaq.retriever.likelihood_choice import decided_for_encoder
 

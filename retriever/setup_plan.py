@@ -262,7 +262,7 @@ def reranker_corrects(reranker: Path, encoder: Path) -> bool:
     from medfaq.retriever.reranker.base import calibration_first_stage
     from medfaq.retriever.training.config import EncoderTrainConfig
 
-    if not model_ready(reranker) or not (reranker / "train_config.json").is_file():
+    if not model_ready(reranker):
         return False
     try:
         first_stage = Path(resolve_model(calibration_first_stage(EncoderTrainConfig.load(reranker))))
