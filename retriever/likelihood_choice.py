@@ -173,11 +173,12 @@ def choose_likelihood(
     directory = Path(directory).expanduser()
     started = time.perf_counter()
     # rule 3: generated questions alone never turn the stage on
+    model = locate_summarizer(summarizer) if scorer is None else None  # a wrong name fails before anything loads
     index, sets = stage_choice.development_sets(directory, labelled, COMMAND, limit, log, measured_on)
     config = first_stage_config(directory, depth)
     if scorer is None:
         scorer = SummaryLikelihood.load(
-            locate_summarizer(summarizer),
+            model,
             vocabulary=config.likelihood_vocabulary,
             precision=config.likelihood_precision,
         )

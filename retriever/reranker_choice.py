@@ -83,8 +83,8 @@ def choose_reranker(
 
     directory = Path(directory).expanduser()
     started = time.perf_counter()
+    location = stage.name if stage is not None else locate_reranker(reranker)  # a wrong name fails first
     index, sets = stage_choice.development_sets(directory, labelled, COMMAND, limit, log, measured_on)
-    location = stage.name if stage is not None else locate_reranker(reranker)
     saved = read_config(directory)
     if saved.rerank_margin is None and not saved.likelihood:  # the gate shared with the likelihood stage stays
         saved = saved.replace(rerank_margin=RERANK_MARGIN)
