@@ -113,9 +113,9 @@ def search(
         check_output(output)
     if question is not None:
         check_query(question)  # invalid text fails before anything is loaded
-        from medfaq.index.onnx.graph import set_weight_prepacking
+        from medfaq.index.encoder import answer_one_question
 
-        set_weight_prepacking(False)  # one question: a graph's set-up would cost more than its faster calls save
+        answer_one_question()
         pipeline = open_pipeline(index, flags, shown_entities=as_json, log_unanswered=log_unanswered or None)
         response = pipeline.run(question)
         text = json.dumps(response.to_dict(), indent=2, ensure_ascii=False) if as_json else hits_table(response)

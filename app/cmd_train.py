@@ -416,8 +416,9 @@ def train_student(
     teacher_backend: str = typer.Option(
         StudentTrainConfig.teacher_backend,
         "--teacher-backend",
-        help="What encodes the teacher's vectors (once): auto (torch on a GPU; on the CPU ONNX int8 where its check "
-        "passed, else ONNX fp32) | torch | onnx | onnx-int8.",
+        help="What encodes the teacher's vectors (once): auto (torch on a GPU; on the CPU bf16 weights where the CPU "
+        "measures bf16 fast, else ONNX int8 where its check passed, else ONNX fp32) | torch | torch-bf16 | onnx | "
+        "onnx-int8.",
     ),
     teacher_space: str = typer.Option(
         StudentTrainConfig.teacher_space,

@@ -39,7 +39,8 @@ class ServiceUnavailable(MedfaqError):
 class ServiceStatus:
     """What ``GET /health`` answers: `status` is ``ok``, or ``degraded`` with the `fault` while a newer index or the
     ``pipeline.json`` on disk cannot be loaded; `likelihood` and `reranker`: the index's recorded decisions on the
-    likelihood stage (`medfaq index likelihood`) and the reranker (`medfaq index rerank`), None where it has none."""
+    likelihood stage (`medfaq index likelihood`) and the reranker (`medfaq index rerank`), None where it has none;
+    `encoder_backend`: the runtime the query encoder runs on (``torch-bf16``, ``onnx``; None until it is loaded)."""
 
     status: Literal["ok", "degraded"]
     index: str
@@ -51,6 +52,7 @@ class ServiceStatus:
     fault: str | None = None
     likelihood: dict[str, Any] | None = None
     reranker: dict[str, Any] | None = None
+    encoder_backend: str | None = None
 
 
 Settings = tuple[tuple[str, Any], ...]
@@ -240,4 +242,5 @@ class SearchService:
             fault=self.fault,
             likelihood=likelihood_choice.read_choice(self.index_dir),
             reranker=reranker_choice.read_choice(self.index_dir),
+            encoder_backend=self.index.loaded_encoder_backend,
         )

@@ -4,6 +4,7 @@ batches."""
 from __future__ import annotations
 
 import logging
+import threading
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -17,6 +18,7 @@ from medfaq.common.runtime import (
     MedfaqError,
     choose_device,
     resolve_model,
+    resolve_precision,
 )
 from medfaq.index.model_files import check_model_directory, model_fingerprint
 
@@ -24,6 +26,8 @@ if TYPE_CHECKING:
     from medfaq.index.onnx.encoder import OnnxEncoder
 
 logger = logging.getLogger("medfaq.encoder")
+TORCH_BACKENDS = {"fp32": "torch", "bf16": "torch-bf16"}
+"""The PyTorch encoder backend of each weight precision."""
 
 
 class SentenceEncoder(Protocol):
@@ -48,13 +52,16 @@ class Encoder:
     """Encodes texts into L2-normalised float32 vectors with sentence-transformers (PyTorch).
 
     `name` is what the user passed (``"minilm"``, a directory, a hub id); it is recorded in the index manifest,
-    so an index is only searched with the encoder that built it.
+    so an index is only searched with the encoder that built it. `precision` ``bf16`` casts the weights to bf16
+    (inference only) after the cast model's probe search agreed with the fp32 model's (index/onnx/check.py); the
+    fingerprint stays the fp32 weights', as with an int8 graph.
     """
 
-    backend = "torch"
-    thread_safe = False  # a fast tokenizer shared by threads can fail with "Already borrowed"
+    thread_safe = True  # texts are tokenized under a lock (a shared fast tokenizer fails with "Already borrowed")
 
-    def __init__(self, name: str | None = None, device: str | None = None, batch_size: int = 64) -> None:
+    def __init__(
+        self, name: str | None = None, device: str | None = None, batch_size: int = 64, precision: str = "fp32"
+    ) -> None:
         self.name = str(name or DEFAULT_ENCODER)
         location = resolve_model(self.name)  # a wrong name or path fails before the libraries load
         check_model_directory(location, self.name)
@@ -65,6 +72,8 @@ class Encoder:
             hf_logging.disable_progress_bar()  # the per-load "Loading weights" bar
         self.device = choose_device(device)
         self.batch_size = batch_size
+        self.backend = TORCH_BACKENDS[precision]
+        self._tokenizing = threading.Lock()
         try:
             self.model = SentenceTransformer(location, device=self.device)
         except (OSError, ValueError, KeyError, TypeError, RuntimeError) as error:
@@ -74,7 +83,10 @@ class Encoder:
         if not dim:
             raise MedfaqError(f"encoder {self.name!r} does not say the dimension of its embeddings")
         self.dim = int(dim)
-        logger.info("encoder %s (dim %d) on %s", self.name, self.dim, self.device)
+        self.check: dict = {}
+        if precision == "bf16":
+            self._cast_to_bf16()
+        logger.info("encoder %s (dim %d) on %s, %s", self.name, self.dim, self.device, precision)
 
     @cached_property
     def fingerprint(self) -> str:
@@ -86,28 +98,69 @@ class Encoder:
         return int(self.model.max_seq_length)
 
     def encode(self, texts: list[str], progress: bool = False) -> np.ndarray:
-        """(len(texts), dim) float32, unit-norm rows; a tqdm bar when `progress`."""
-        if not texts:
-            return np.zeros((0, self.dim), dtype=np.float32)
-        vectors = self.model.encode(
-            list(texts),
-            batch_size=self.batch_size,
-            show_progress_bar=progress,
-            convert_to_numpy=True,
-            normalize_embeddings=True,
-        )
-        return np.ascontiguousarray(vectors, dtype=np.float32)
+        """(len(texts), dim) float32, unit-norm rows, in batches of similar length; a tqdm bar when `progress`."""
+        import torch
+        from sentence_transformers.util import batch_to_device
+
+        vectors = np.zeros((len(texts), self.dim), dtype=np.float32)
+        order = np.argsort([-len(text) for text in texts], kind="stable")
+        starts = range(0, len(texts), self.batch_size)
+        if progress:
+            from tqdm.auto import tqdm
+
+            starts = tqdm(starts, desc="encoding", unit="batch")
+        for start in starts:
+            rows = order[start : start + self.batch_size]
+            with self._tokenizing:
+                features = self.model.preprocess([texts[row] for row in rows])
+            with torch.inference_mode():
+                output = self.model(batch_to_device(features, self.model.device))["sentence_embedding"]
+            vectors[rows] = output.float().cpu().numpy()
+        norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+        return np.ascontiguousarray(vectors / np.maximum(norms, 1e-12), dtype=np.float32)
+
+    def _cast_to_bf16(self) -> None:
+        """Cast the weights to bf16, refused with one line where the probe search disagrees with fp32's."""
+        import torch
+
+        from medfaq.index.onnx.check import check_encoder, probe_texts, require_agreement
+
+        self.fingerprint  # noqa: B018 -- of the fp32 weights, before the cast
+        source = self.encode(probe_texts())
+        self.model.to(torch.bfloat16)
+        result = check_encoder(self.backend, source, self.encode(probe_texts()), "bf16 weights")
+        require_agreement(result, f"the bf16 encoder {self.name}", "use --encoder-backend onnx")
+        self.check = result.to_dict()
+
+
+_process = {"one_question": False}
+
+
+def answer_one_question() -> None:
+    """Mark this process as one that answers a single question and exits (``medfaq search QUESTION``): `auto` then
+    keeps the encoder on ONNX Runtime, which starts without importing torch, and graphs skip pre-packing their
+    weights, whose set-up would cost more than the faster calls save."""
+    from medfaq.index.onnx.graph import set_weight_prepacking
+
+    _process["one_question"] = True
+    set_weight_prepacking(False)
 
 
 def resolve_backend(backend: str = "auto", device: str | None = None) -> str:
-    """The encoder backend `backend` (one of `ENCODER_BACKENDS`) means here: ``auto`` is PyTorch on a GPU (a
-    `device` other than ``cpu``, or a visible CUDA GPU when no device is given) and `CPU_BACKEND` on the CPU."""
+    """The encoder backend `backend` (one of `ENCODER_BACKENDS`) means here. ``auto`` is PyTorch on a GPU (a
+    `device` other than ``cpu``, or a visible CUDA GPU when no device is given); on the CPU it is ``torch-bf16``
+    where this CPU measures bf16 matrix products fast (:func:`~common.runtime.resolve_precision`: AMX and AVX-512
+    BF16 units), else `CPU_BACKEND`, which a one-question process (:func:`answer_one_question`) always takes."""
     if backend not in ENCODER_BACKENDS:
         raise MedfaqError(f"unknown encoder backend {backend!r}; choose one of {', '.join(ENCODER_BACKENDS)}")
     on_gpu = device != "cpu" if device else gpu_visible()
     if backend == "auto":
-        return "torch" if on_gpu else CPU_BACKEND
-    if backend != "torch" and device not in (None, "cpu"):
+        if on_gpu:
+            return "torch"
+        if _process["one_question"] or resolve_precision("auto", "cpu") != "bf16":
+            return CPU_BACKEND
+        return TORCH_BACKENDS["bf16"]
+    if backend not in TORCH_BACKENDS.values() and device not in (None, "cpu"):
         raise MedfaqError(f"the ONNX encoder backends run on the CPU, not {device}; use --encoder-backend torch")
     return backend
 
@@ -125,10 +178,19 @@ def load_encoder(
     name: str | None = None, backend: str = "auto", device: str | None = None, batch_size: int = 64
 ) -> Encoder | OnnxEncoder:
     """The encoder `name` on the backend :func:`resolve_backend` picks: :class:`Encoder` (PyTorch) or
-    :class:`~index.onnx.encoder.OnnxEncoder` (exported on first use). Both give the same fingerprint."""
+    :class:`~index.onnx.encoder.OnnxEncoder` (exported on first use). All give the same fingerprint. Where `auto`
+    picked bf16 weights and they disagree with fp32 on the probe search, it runs on `CPU_BACKEND` instead."""
+    check_model_directory(resolve_model(str(name or DEFAULT_ENCODER)), str(name))  # before torch may be imported
     chosen = resolve_backend(backend, device)
-    if chosen == "torch":
-        return Encoder(name, device=device, batch_size=batch_size)
+    if chosen == TORCH_BACKENDS["bf16"] and backend == "auto":
+        try:
+            return Encoder(name, device=device, batch_size=batch_size, precision="bf16")
+        except MedfaqError as error:  # the bf16 weights disagreed with fp32 on the probe search
+            logger.info("encoder %s on %s: %s", name, CPU_BACKEND, error)
+            chosen = CPU_BACKEND
+    if chosen in TORCH_BACKENDS.values():
+        precision = "bf16" if chosen == TORCH_BACKENDS["bf16"] else "fp32"
+        return Encoder(name, device=device, batch_size=batch_size, precision=precision)
     from medfaq.index.onnx.encoder import OnnxEncoder
 
     return OnnxEncoder(name, precision="int8" if chosen == "onnx-int8" else "fp32", batch_size=batch_size)

@@ -283,6 +283,11 @@ class FaqIndex:
             self._encoder = encoder
         return self._encoder
 
+    @property
+    def loaded_encoder_backend(self) -> str | None:
+        """The runtime the loaded encoder runs on (e.g. ``torch-bf16``), None before the encoder is loaded."""
+        return None if self._encoder is None else getattr(self._encoder, "backend", None)
+
     def searches_concurrently(self, dense: bool) -> bool:
         """Whether searches may run in several threads at once with no lock: the vector store allows it and, for
         `dense` searches, the encoder is loaded and allows it too (BM25 only reads its arrays)."""

@@ -55,6 +55,31 @@ def test_onnx_vectors_and_fingerprint_equal_pytorch(exported_dir, tiny_encoder):
     assert cosines.min() > 0.9, cosines
 
 
+def test_pytorch_encoder_gives_sentence_transformers_vectors(tiny_encoder):
+    expected = tiny_encoder.model.encode(TEXTS, normalize_embeddings=True, convert_to_numpy=True)
+    np.testing.assert_allclose(tiny_encoder.encode(TEXTS), expected, atol=1e-6)
+    assert tiny_encoder.encode([]).shape == (0, tiny_encoder.dim)
+
+
+def test_bf16_weights_keep_the_vectors_and_the_fp32_fingerprint(tiny_encoder_dir, tiny_encoder):
+    bf16 = Encoder(str(tiny_encoder_dir), device="cpu", precision="bf16")
+    assert bf16.backend == "torch-bf16" and bf16.fingerprint == tiny_encoder.fingerprint
+    assert bf16.check["passed"] and bf16.check["backend"] == "torch-bf16" and bf16.check["min_cosine"] >= 0.95
+    cosines = np.einsum("ij,ij->i", bf16.encode(TEXTS), tiny_encoder.encode(TEXTS))
+    assert cosines.min() > 0.99, cosines
+
+
+def test_bf16_weights_that_disagree_are_refused_and_auto_runs_onnx(monkeypatch, exported_dir):
+    import medfaq.index.encoder as encoder_module
+    import medfaq.index.onnx.check as check
+
+    monkeypatch.setattr(check, "MIN_COSINE", 1.01)  # no cast model can pass
+    with pytest.raises(MedfaqError, match="bf16 encoder .* disagrees with its fp32 source .*min cosine"):
+        load_encoder(str(exported_dir), "torch-bf16", device="cpu")
+    monkeypatch.setattr(encoder_module, "resolve_precision", lambda precision, device: "bf16")
+    assert load_encoder(str(exported_dir), "auto", device="cpu").backend == "onnx"
+
+
 def test_export_is_reused_and_redone_when_the_model_changes(exported_dir):
     info = exported_dir / EXPORT_DIR / EXPORT_INFO
     made = info.stat().st_mtime_ns
@@ -73,9 +98,19 @@ def test_a_model_in_an_installed_package_exports_into_the_cache(tmp_path):
     assert Path(os.environ["MEDFAQ_HOME"]) / "models" / "onnx" in export_location(str(installed)).parents
 
 
-def test_backend_choice():
-    assert resolve_backend("auto", "cpu") == "onnx"
+@pytest.mark.parametrize(
+    ("measured", "one_question", "expected"),
+    [("fp32", False, "onnx"), ("bf16", False, "torch-bf16"), ("bf16", True, "onnx")],
+)
+def test_backend_choice(monkeypatch, measured, one_question, expected):
+    """`auto` on a CPU: bf16 weights where this CPU measures bf16 fast, except for a one-question search."""
+    import medfaq.index.encoder as encoder_module
+
+    monkeypatch.setattr(encoder_module, "resolve_precision", lambda precision, device: measured)
+    monkeypatch.setitem(encoder_module._process, "one_question", one_question)
+    assert resolve_backend("auto", "cpu") == expected
     assert resolve_backend("auto", "cuda") == "torch"
+    assert resolve_backend("torch-bf16", "cuda") == "torch-bf16"
     assert resolve_backend("onnx-int8") == "onnx-int8"
     with pytest.raises(MedfaqError, match="run on the CPU"):
         resolve_backend("onnx", "cuda")
@@ -95,9 +130,10 @@ def test_index_built_with_pytorch_is_searched_with_onnx(tmp_path, exported_dir, 
     assert [hits[0][0] for hits in index.search_dense(queries, 3)] == [r.id for r in faq_records]
 
 
-def test_searches_run_concurrently_only_on_a_thread_safe_encoder(tmp_path, exported_dir, faq_records):
-    """ONNX Runtime and FAISS on CPU take concurrent searches, so the pipeline's retrieval holds no lock there and
-    threads searching at once each get the answer their question gets alone; PyTorch's encoder keeps the lock."""
+@pytest.mark.parametrize("backend", ["onnx", "torch", "torch-bf16"])
+def test_searches_run_concurrently_on_every_encoder_backend(tmp_path, exported_dir, faq_records, backend):
+    """ONNX Runtime, PyTorch (texts tokenized under a lock) and FAISS on CPU take concurrent searches, so the
+    pipeline's retrieval holds no lock and threads searching at once each get the answer their question gets alone."""
     from concurrent.futures import ThreadPoolExecutor
 
     from medfaq.index.faq_index import FaqIndex
@@ -105,15 +141,12 @@ def test_searches_run_concurrently_only_on_a_thread_safe_encoder(tmp_path, expor
     from medfaq.retriever.pipeline import PipelineConfig
 
     FaqIndex.build(faq_records, OnnxEncoder(str(exported_dir)), progress=False).save(tmp_path / "idx")
-    on_torch = FaqIndex.load(tmp_path / "idx")
-    on_torch.open_encoder("torch")
     index = FaqIndex.load(tmp_path / "idx")
     assert index.searches_concurrently(dense=False) and not index.searches_concurrently(dense=True)  # not loaded yet
-    config = PipelineConfig(entities=False, log_unanswered=False, top_k=4)
-    pipeline = build_pipeline(index, config)
-    assert index.searches_concurrently(dense=True) and not on_torch.searches_concurrently(dense=True)
+    index.open_encoder(backend)
+    pipeline = build_pipeline(index, PipelineConfig(entities=False, log_unanswered=False, top_k=4))
+    assert index.searches_concurrently(dense=True)
     assert pipeline._timed("retrieve", {}).lock is None
-    assert build_pipeline(on_torch, config)._timed("retrieve", {}).lock is not None
     questions = [record.question for record in faq_records] * 8
 
     def ranking(question: str) -> list[tuple[str, float]]:

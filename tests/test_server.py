@@ -234,6 +234,8 @@ def test_health_and_reload_of_a_newer_index_on_disk(service, index_dir, tiny_enc
     before = client.get("/health").json()
     assert before["status"] == "ok" and before["faqs"] == len(FAQ_ROWS) and before["version"]
     assert before["likelihood"] is None and before["reranker"] is None  # no decision recorded for this index
+    client.post("/search", json={"question": QUESTIONS[0], "mode": "dense"})
+    assert client.get("/health").json()["encoder_backend"] in ("onnx", "torch-bf16")  # `auto` on a CPU
     from medfaq.retriever import likelihood_choice, reranker_choice
 
     likelihood_choice.write_choice(index_dir, {"on": False, "rule": "r"})

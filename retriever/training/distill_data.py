@@ -95,8 +95,8 @@ def source_counts(texts: list[SourceText]) -> dict[str, int]:
 
 def teacher_encoder(name: str, backend: str = "auto", device: str | None = None) -> SentenceEncoder:
     """The teacher on `backend` (``index.encoder.ENCODER_BACKENDS``). ``auto``: PyTorch on a GPU; on the CPU, the
-    fastest faithful graph: ONNX int8 where its check against the fp32 graph passed (it loads only then), else the
-    ONNX fp32 export."""
+    fastest faithful encoder: bf16 weights where :func:`~index.encoder.resolve_backend` picks them, else ONNX int8
+    where its check against the fp32 graph passed (it loads only then), else the ONNX fp32 export."""
     chosen = resolve_backend(backend, device)
     if backend == "auto" and chosen == "onnx":
         try:
