@@ -171,10 +171,12 @@ SUMMARIZER_RANK = ModelStep(
 @dataclass(frozen=True)
 class IndexBuild:
     """How the set-up encodes the MedQuAD index (`FAQ_INDEX`) with one retrieval encoder: with which `synonyms`
-    (chosen on medquad-chq's development part, docs/results.md) and in how many measured `minutes`."""
+    (chosen on medquad-chq's development part, docs/results.md) and in how many measured `minutes` on ONNX Runtime,
+    `bf16_minutes` where `auto` runs the encoder in bf16 (None: not measured, `minutes` stands)."""
 
     synonyms: str
     minutes: float
+    bf16_minutes: float | None = None
 
     def argv(self, encoder: Path, out: Path) -> tuple[str, ...]:
         return ("index", "build", "medquad", "--encoder", str(encoder), "--synonyms", self.synonyms, "--out", str(out))
@@ -182,7 +184,9 @@ class IndexBuild:
 
 FAQ_INDEX_BUILDS = {
     BIENCODER_MODEL: IndexBuild("medquad", 14),  # 13 min 59 s on one core beside a job
-    MPNET_BIENCODER_MODEL: IndexBuild("none", 12),  # 11 min 32 s alone; synonyms lost development R@1 (69.8 -> 69.1)
+    # 11 min 32 s alone; synonyms lost development R@1 (69.8 -> 69.1); 10 min 32 s in bf16 on a slower day, when ONNX
+    # Runtime encoded a sample 3.0 times slower than bf16 (docs/results.md, the encoder in bf16)
+    MPNET_BIENCODER_MODEL: IndexBuild("none", 12, 11),
 }
 """The MedQuAD index's build per retrieval encoder (docs/results.md, index build speed, and "Set-up ships the
 chosen encoder")."""

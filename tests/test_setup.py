@@ -106,3 +106,20 @@ def test_the_reranker_is_trained_again_when_it_corrects_another_encoder_than_the
     # not yet decided for this index and reranker: the decision is the last step
     assert output.rstrip().splitlines()[-2].startswith("    medfaq data fetch medquad")
     assert f"index rerank {indexes_dir() / 'medquad-faq'} --reranker {reranker}" in output
+
+
+def test_the_medquad_index_build_takes_the_time_measured_on_the_runtime_auto_picks(monkeypatch):
+    """The MPNet index's build minutes: those measured in bf16 where `auto` runs the encoder in bf16, else ONNX's."""
+    import re
+
+    import medfaq.index.encoder as encoder_module
+    from medfaq.retriever.setup_plan import FAQ_INDEX_BUILDS, MPNET_BIENCODER_MODEL
+
+    build = FAQ_INDEX_BUILDS[MPNET_BIENCODER_MODEL]
+    assert build.bf16_minutes is not None and build.bf16_minutes < build.minutes
+    for backend, minutes in (("torch-bf16", build.bf16_minutes), ("onnx", build.minutes)):
+        monkeypatch.setattr(encoder_module, "resolve_backend", lambda *_, chosen=backend, **__: chosen)
+        line = re.search(
+            r"Encode the MedQuAD index with the fine-tuned biencoder-mpnet-faq-quick: about (\S+) min", dry_run()
+        )
+        assert line and float(line.group(1)) == minutes, backend
