@@ -99,25 +99,19 @@ class Encoder:
 
     def encode(self, texts: list[str], progress: bool = False) -> np.ndarray:
         """(len(texts), dim) float32, unit-norm rows, in batches of similar length; a tqdm bar when `progress`."""
+        from medfaq.index.onnx.encoder import encode_by_length
+
+        return encode_by_length(texts, self.dim, self.batch_size, self._embed, progress)
+
+    def _embed(self, texts: list[str]) -> np.ndarray:
         import torch
         from sentence_transformers.util import batch_to_device
 
-        vectors = np.zeros((len(texts), self.dim), dtype=np.float32)
-        order = np.argsort([-len(text) for text in texts], kind="stable")
-        starts = range(0, len(texts), self.batch_size)
-        if progress:
-            from tqdm.auto import tqdm
-
-            starts = tqdm(starts, desc="encoding", unit="batch")
-        for start in starts:
-            rows = order[start : start + self.batch_size]
-            with self._tokenizing:
-                features = self.model.preprocess([texts[row] for row in rows])
-            with torch.inference_mode():
-                output = self.model(batch_to_device(features, self.model.device))["sentence_embedding"]
-            vectors[rows] = output.float().cpu().numpy()
-        norms = np.linalg.norm(vectors, axis=1, keepdims=True)
-        return np.ascontiguousarray(vectors / np.maximum(norms, 1e-12), dtype=np.float32)
+        with self._tokenizing:
+            features = self.model.preprocess(texts)
+        with torch.inference_mode():
+            output = self.model(batch_to_device(features, self.model.device))["sentence_embedding"]
+        return output.float().cpu().numpy()
 
     def _cast_to_bf16(self) -> None:
         """Cast the weights to bf16, refused with one line where the probe search disagrees with fp32's."""

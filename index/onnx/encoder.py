@@ -13,6 +13,7 @@ Where the export lives: ``EXPORT_DIR`` inside a writable model directory (a trai
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import numpy as np
 
@@ -58,15 +59,23 @@ class OnnxEncoder:
 
     def encode(self, texts: list[str], progress: bool = False) -> np.ndarray:
         """(len(texts), dim) float32, unit-norm rows, in batches of similar length; a tqdm bar when `progress`."""
-        vectors = np.zeros((len(texts), self.dim), dtype=np.float32)
-        order = np.argsort([-len(text) for text in texts], kind="stable")
-        starts = range(0, len(texts), self.batch_size)
-        if progress:
-            from tqdm.auto import tqdm
+        return encode_by_length(texts, self.dim, self.batch_size, self.graph.embed, progress)
 
-            starts = tqdm(starts, desc="encoding", unit="batch")
-        for start in starts:
-            rows = order[start : start + self.batch_size]
-            vectors[rows] = self.graph.embed([texts[row] for row in rows])
-        norms = np.linalg.norm(vectors, axis=1, keepdims=True)
-        return np.ascontiguousarray(vectors / np.maximum(norms, 1e-12), dtype=np.float32)
+
+def encode_by_length(
+    texts: list[str], dim: int, batch_size: int, embed: Callable[[list[str]], np.ndarray], progress: bool = False
+) -> np.ndarray:
+    """(len(texts), dim) float32 unit-norm rows of `embed`'s vectors, which it makes for batches of `batch_size` texts
+    of similar length (longest first: the least padding); a tqdm bar when `progress`. Both encoder runtimes use it."""
+    vectors = np.zeros((len(texts), dim), dtype=np.float32)
+    order = np.argsort([-len(text) for text in texts], kind="stable")
+    starts = range(0, len(texts), batch_size)
+    if progress:
+        from tqdm.auto import tqdm
+
+        starts = tqdm(starts, desc="encoding", unit="batch")
+    for start in starts:
+        rows = order[start : start + batch_size]
+        vectors[rows] = embed([texts[row] for row in rows])
+    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+    return np.ascontiguousarray(vectors / np.maximum(norms, 1e-12), dtype=np.float32)
