@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -42,6 +43,11 @@ ONE_THREAD_BELOW = 2
 took 3.9 ms and 4.2 ms of CPU on one thread against 7-9 ms and 15-18 ms of CPU on two; eight queries took 31 ms on
 one thread against 15 on two (docs/results.md, "Start-up")."""
 OPTIONS = ("kind", "nlist", "nprobe", "hnsw_m", "ef_search", "ef_construction", "use_gpu", "shards")
+HALF_PRECISION_FROM = 20_000
+"""A flat CPU index of at least this many vectors is searched in two passes (:class:`HalfPrecisionScan`), query by
+query as FAISS's own flat search scans them: that scan is bound by memory bandwidth (over MedQuAD's 47,441 768-d
+vectors, 147 MB per query), and the first pass reads half the bytes."""
+FP16_MAX = 65504.0  # the largest finite fp16 value: vectors with a larger component keep the float32 search
 
 
 def gpu_count() -> int:
@@ -89,6 +95,8 @@ class FaissStore:
         self._cpu_searcher: faiss.Index | None = None
         self._gpu_searcher: faiss.Index | None = None
         self._gpu_resources: list[Any] = []
+        self._half: HalfPrecisionScan | None = None
+        self._half_lock = threading.Lock()
 
     def _new_index(self, nlist: int | None = None) -> faiss.Index:
         if self.kind == "flat":
@@ -121,6 +129,7 @@ class FaissStore:
     def _changed(self) -> None:
         self._cpu_searcher = None
         self._gpu_searcher = None
+        self._half = None
 
     def __len__(self) -> int:
         return sum(int(part.ntotal) for part in self.parts) - len(self.tombstones)
@@ -200,13 +209,26 @@ class FaissStore:
             return np.full(shape, -np.inf, dtype=np.float32), np.full(shape, -1, dtype=np.int64)
         selector = self._selector(allowed)
         with _threads(1 if len(queries) < ONE_THREAD_BELOW else None):
-            if selector is None:
+            half = self._half_precision() if selector is None else None
+            if half is not None:
+                scores, keys = half.search(queries, k)
+            elif selector is None:
                 scores, keys = self._searcher().search(queries, k)
             else:  # IndexIDMap rewrites the shared params' selector while it searches: shards take turns
                 searcher = self.parts[0] if len(self.parts) == 1 else _shards(self.dim, self.parts, threaded=False)
                 scores, keys = searcher.search(queries, k, params=self._params(selector))
         scores[keys < 0] = -np.inf
         return scores, keys
+
+    def _half_precision(self) -> HalfPrecisionScan | None:
+        """The two-pass scan of a single-part flat CPU index of at least `HALF_PRECISION_FROM` vectors, made on first
+        use and again after a change; None where the plain search is used."""
+        if self.kind != "flat" or len(self.parts) != 1 or self.on_gpu() or self.parts[0].ntotal < HALF_PRECISION_FROM:
+            return None
+        with self._half_lock:
+            if self._half is None:
+                self._half = HalfPrecisionScan(self.parts[0])
+            return self._half if self._half.usable else None
 
     def _selector(self, allowed: np.ndarray | None) -> faiss.IDSelector | None:
         if allowed is None and not self.tombstones:
@@ -336,3 +358,49 @@ def _shards(dim: int, parts: list[faiss.Index], threaded: bool = True) -> faiss.
         combined.add_shard(part)
     combined.syncWithSubIndexes()
     return combined
+
+
+class HalfPrecisionScan:
+    """Exact inner-product search of one query over a flat index in two passes, with the float32 search's answer:
+    a scan of the vectors stored in fp16 (half the bytes to read) keeps every vector whose approximate score can
+    still be among the k best (:meth:`error`), which provably holds the exact top k; those are scored again in
+    float32 from the index's own vectors and sorted (equal scores as the float32 search orders them)."""
+
+    def __init__(self, part: faiss.IndexIDMap2) -> None:
+        flat = faiss.downcast_index(part.index)
+        self.vectors = faiss.rev_swig_ptr(flat.get_xb(), flat.ntotal * flat.d).reshape(flat.ntotal, flat.d)
+        self.keys = faiss.vector_to_array(part.id_map)
+        self.max_norm = float(np.linalg.norm(self.vectors, axis=1).max())
+        self.usable = bool(np.abs(self.vectors).max() < FP16_MAX)
+        self.coarse = faiss.IndexScalarQuantizer(flat.d, faiss.ScalarQuantizer.QT_fp16, faiss.METRIC_INNER_PRODUCT)
+        if self.usable:
+            self.coarse.add(self.vectors)
+
+    def error(self, query: np.ndarray) -> float:
+        """The most the fp16 pass's score of `query` with any stored vector differs from the exact one: each
+        component rounds to fp16 with a relative error of at most 2^-11 (absolute 2^-25 below fp16's normal range),
+        and a float32 sum of d products adds at most d x 2^-24 of their absolute sum (Cauchy-Schwarz bounds both)."""
+        dim = len(query)
+        bound = float(np.linalg.norm(query)) * self.max_norm
+        return (2.0**-11 + dim * 2.0**-24) * bound + 2.0**-25 * float(np.abs(query).sum())
+
+    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        scores = np.full((len(queries), k), -np.inf, dtype=np.float32)
+        keys = np.full((len(queries), k), -1, dtype=np.int64)
+        for i, query in enumerate(queries):
+            row_scores, row_keys = self._search_one(query, min(k, len(self.keys)))
+            scores[i, : len(row_scores)], keys[i, : len(row_keys)] = row_scores, row_keys
+        return scores, keys
+
+    def _search_one(self, query: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        depth = min(len(self.keys), 2 * k + 16)
+        while True:
+            approximate, positions = self.coarse.search(query.reshape(1, -1), depth)
+            floor = approximate[0, k - 1] - 2 * self.error(query)
+            if approximate[0, -1] < floor or depth == len(self.keys):
+                break
+            depth = min(len(self.keys), 4 * depth)
+        candidates = positions[0][approximate[0] >= floor]
+        exact = self.vectors[candidates] @ query
+        order = np.lexsort((-candidates, -exact))[:k]  # equal scores: the later-added vector first, as FAISS does
+        return exact[order].astype(np.float32), self.keys[candidates[order]]

@@ -327,3 +327,67 @@ def test_a_single_query_runs_on_one_thread_and_leaves_the_thread_count_as_it_was
     alone = [store.search(vectors[row : row + 1], 5)[1][0].tolist() for row in range(6)]
     assert faiss.omp_get_max_threads() == before
     assert store.search(vectors[:6], 5)[1].tolist() == alone
+
+
+def test_a_large_flat_index_answers_a_lone_query_in_two_passes_with_the_exact_answer(monkeypatch):
+    """The fp16 pass keeps every vector that can be in the exact top k: near ties closer than fp16 can tell apart,
+    duplicates (in FAISS's order), k above the count, and the scan made again after a deletion."""
+    import medfaq.index.faiss_store as faiss_store
+
+    monkeypatch.setattr(faiss_store, "HALF_PRECISION_FROM", 100)
+    rng = np.random.default_rng(0)
+    vectors = rng.standard_normal((300, 32)).astype(np.float32)
+    vectors[150:160] = vectors[0] + 1e-4 * rng.standard_normal((10, 32)).astype(np.float32)  # fp16 cannot order
+    vectors[200] = vectors[1]
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    keys = np.arange(1000, 1300)
+    store = FaissStore(32)
+    store.add(keys, vectors)
+
+    def exact(query: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        live = np.isin(keys, store._stored_keys())
+        scores = vectors[live] @ query
+        order = np.lexsort((keys[live], -scores))[:k]
+        return scores[order], keys[live][order]
+
+    queries = np.concatenate([vectors[:2], rng.standard_normal((6, 32)).astype(np.float32)])
+    queries /= np.linalg.norm(queries, axis=1, keepdims=True)
+    for step in range(2):
+        for query in queries[2:]:  # random questions: the float32 search's answer, in its order
+            for k in (1, 12, 400):
+                assert store.search(query[None], k)[1].tolist() == store.parts[0].search(query[None], k)[1].tolist()
+        for query in queries:
+            for k in (1, 12, 400):
+                scores, found = store.search(query[None], k)
+                want_scores, want_keys = exact(query, k)
+                assert store._half is not None
+                # the same scores; keys differ only where float32's own rounding cannot order two vectors
+                np.testing.assert_allclose(scores[0, : len(want_scores)], want_scores, atol=1e-6)
+                found_scores = vectors[np.searchsorted(keys, found[0, : len(want_keys)])] @ query
+                np.testing.assert_allclose(found_scores, want_scores, atol=1e-6)
+                assert (found[0, len(want_keys) :] == -1).all() and np.isneginf(scores[0, len(want_scores) :]).all()
+        order = store.search(vectors[1][None], 2)[1][0].tolist()
+        assert order == [1200, 1001]  # equal vectors: the later-added first, as the float32 search gives them
+        if step == 0:
+            store.delete(keys[2:7])
+            assert store._half is None  # a change drops the scan; the next search makes it again
+    together = store.search(queries, 5)[1]  # a batch (a server's micro-batch): each query's answer alone
+    assert together.tolist() == [store.search(query[None], 5)[1][0].tolist() for query in queries]
+    scaled = FaissStore(32)  # vectors that are not unit: the bound grows with their norms
+    scaled.add(keys, 3 * vectors)
+    for query in 2 * queries:
+        np.testing.assert_allclose(
+            scaled.search(query[None], 12)[0][0], np.sort(3 * vectors @ query)[::-1][:12], atol=1e-5
+        )
+
+
+def test_the_two_pass_comparison_script_reports_agreement_and_refuses_a_small_index(monkeypatch, built_index, capsys):
+    import medfaq.index.faiss_store as faiss_store
+    from medfaq.eval import flat_search
+
+    questions = ["Can I drink alcohol on antibiotics?", "What causes migraine?", "is shingles contagious"]
+    with pytest.raises(MedfaqError, match="not a flat FAISS index searched in two passes"):
+        flat_search.compare(built_index, questions, k=3)
+    monkeypatch.setattr(faiss_store, "HALF_PRECISION_FROM", 1)
+    report = flat_search.compare(built_index, questions, k=3)
+    assert report["queries"] == 3 and report["same_best_faq"] == 3 and report["largest_score_difference"] < 1e-5
