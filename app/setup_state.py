@@ -262,11 +262,7 @@ def _faq_index_step(settings: DemoSettings, model: str, encoder: Path | None) ->
     title = f"Encode the MedQuAD index with the fine-tuned {model}{synonyms}"
     out = settings.faq_index_dir
     step = SetupStep("index-faq", title, (build.argv(encoder, out),) if encoder and out else ())
-    step.minutes = build.minutes
-    if build.bf16_minutes is not None and encoder is not None and out is not None:
-        from medfaq.index.encoder import resolve_backend
-
-        step.minutes = build.bf16_minutes if resolve_backend("auto") == "torch-bf16" else build.minutes
+    step.minutes = build.minutes_here() if encoder and out else build.minutes  # switched off: no need to measure
     done = encoder is not None and out is not None and encoded_by(out, encoder)
     return _with_status(step, encoder is None or out is None, done, settings.train)
 

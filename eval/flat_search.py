@@ -24,11 +24,12 @@ def compare(index_dir: Path, questions: list[str], k: int = 50) -> dict[str, Any
     import faiss
 
     from medfaq.common.runtime import MedfaqError
+    from medfaq.index.faiss_store import FaissStore
     from medfaq.index.faq_index import FaqIndex
 
     index = FaqIndex.load(index_dir)
     store = index.store
-    two_pass = getattr(store, "_half_precision", lambda: None)()
+    two_pass = store.two_pass_scan() if isinstance(store, FaissStore) else None
     if two_pass is None:
         raise MedfaqError(f"{index_dir} is not a flat FAISS index searched in two passes (20,000 vectors or more)")
     vectors = index.encoder.encode(questions)
@@ -58,7 +59,8 @@ def compare(index_dir: Path, questions: list[str], k: int = 50) -> dict[str, Any
     }
 
 
-def main(argv: Sequence[str] | None = None) -> None:
+def main(argv: Sequence[str] | None = None) -> int:
+    from medfaq.common.runtime import MedfaqError
     from medfaq.retriever.runs import read_queries
 
     parser = argparse.ArgumentParser(prog="python -m medfaq.eval.flat_search", description=__doc__.split("\n\n")[0])
@@ -68,7 +70,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--k", type=positive_int, default=50, help="Hits per query.")
     parser.add_argument("--out", type=Path, help="Also write the JSON report here.")
     args = parser.parse_args(argv)
-    print_report(compare(args.index, read_queries(args.queries).questions[: args.limit], args.k), args.out)
+    try:
+        report = compare(args.index, read_queries(args.queries).questions[: args.limit], args.k)
+    except MedfaqError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print_report(report, args.out)
+    return 0
 
 
 if __name__ == "__main__":

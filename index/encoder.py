@@ -176,15 +176,15 @@ def load_encoder(
     picked bf16 weights and they disagree with fp32 on the probe search, it runs on `CPU_BACKEND` instead."""
     check_model_directory(resolve_model(str(name or DEFAULT_ENCODER)), str(name))  # before torch may be imported
     chosen = resolve_backend(backend, device)
-    if chosen == TORCH_BACKENDS["bf16"] and backend == "auto":
-        try:
-            return Encoder(name, device=device, batch_size=batch_size, precision="bf16")
-        except MedfaqError as error:  # the bf16 weights disagreed with fp32 on the probe search
-            logger.info("encoder %s on %s: %s", name, CPU_BACKEND, error)
-            chosen = CPU_BACKEND
     if chosen in TORCH_BACKENDS.values():
         precision = "bf16" if chosen == TORCH_BACKENDS["bf16"] else "fp32"
-        return Encoder(name, device=device, batch_size=batch_size, precision=precision)
+        try:
+            return Encoder(name, device=device, batch_size=batch_size, precision=precision)
+        except MedfaqError as error:
+            if backend != "auto" or precision != "bf16":
+                raise
+            logger.info("encoder %s on %s: %s", name, CPU_BACKEND, error)  # the bf16 weights disagreed with fp32
+            chosen = CPU_BACKEND
     from medfaq.index.onnx.encoder import OnnxEncoder
 
     return OnnxEncoder(name, precision="int8" if chosen == "onnx-int8" else "fp32", batch_size=batch_size)

@@ -209,20 +209,19 @@ class FaissStore:
             return np.full(shape, -np.inf, dtype=np.float32), np.full(shape, -1, dtype=np.int64)
         selector = self._selector(allowed)
         with _threads(1 if len(queries) < ONE_THREAD_BELOW else None):
-            half = self._half_precision() if selector is None else None
-            if half is not None:
-                scores, keys = half.search(queries, k)
-            elif selector is None:
-                scores, keys = self._searcher().search(queries, k)
-            else:  # IndexIDMap rewrites the shared params' selector while it searches: shards take turns
+            if selector is not None:  # IndexIDMap rewrites the shared params' selector while it searches: in turns
                 searcher = self.parts[0] if len(self.parts) == 1 else _shards(self.dim, self.parts, threaded=False)
                 scores, keys = searcher.search(queries, k, params=self._params(selector))
+            elif (scan := self.two_pass_scan()) is not None:
+                scores, keys = scan.search(queries, k)
+            else:
+                scores, keys = self._searcher().search(queries, k)
         scores[keys < 0] = -np.inf
         return scores, keys
 
-    def _half_precision(self) -> HalfPrecisionScan | None:
-        """The two-pass scan of a single-part flat CPU index of at least `HALF_PRECISION_FROM` vectors, made on first
-        use and again after a change; None where the plain search is used."""
+    def two_pass_scan(self) -> HalfPrecisionScan | None:
+        """The two-pass scan unfiltered searches of a single-part flat CPU index of at least `HALF_PRECISION_FROM`
+        vectors run, made on first use and again after a change; None where FAISS's own search runs."""
         if self.kind != "flat" or len(self.parts) != 1 or self.on_gpu() or self.parts[0].ntotal < HALF_PRECISION_FROM:
             return None
         with self._half_lock:
@@ -394,9 +393,10 @@ class HalfPrecisionScan:
 
     def _search_one(self, query: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         depth = min(len(self.keys), 2 * k + 16)
+        margin = 2 * self.error(query)
         while True:
             approximate, positions = self.coarse.search(query.reshape(1, -1), depth)
-            floor = approximate[0, k - 1] - 2 * self.error(query)
+            floor = approximate[0, k - 1] - margin
             if approximate[0, -1] < floor or depth == len(self.keys):
                 break
             depth = min(len(self.keys), 4 * depth)

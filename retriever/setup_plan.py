@@ -181,6 +181,14 @@ class IndexBuild:
     def argv(self, encoder: Path, out: Path) -> tuple[str, ...]:
         return ("index", "build", "medquad", "--encoder", str(encoder), "--synonyms", self.synonyms, "--out", str(out))
 
+    def minutes_here(self) -> float:
+        """The measured minutes of the runtime `auto` picks on this machine (importing torch where bf16 is measured)."""
+        if self.bf16_minutes is None:
+            return self.minutes
+        from medfaq.index.encoder import resolve_backend
+
+        return self.bf16_minutes if resolve_backend("auto") == "torch-bf16" else self.minutes
+
 
 FAQ_INDEX_BUILDS = {
     BIENCODER_MODEL: IndexBuild("medquad", 14),  # 13 min 59 s on one core beside a job
