@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from medfaq.eval.script_args import existing_file, positive_int, print_report
+from medfaq.eval.script_args import existing_file, positive_int, report_or_error
 
 
 def compare(index_dir: Path, questions: list[str], k: int = 50) -> dict[str, Any]:
@@ -60,7 +60,6 @@ def compare(index_dir: Path, questions: list[str], k: int = 50) -> dict[str, Any
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from medfaq.common.runtime import MedfaqError
     from medfaq.retriever.runs import read_queries
 
     parser = argparse.ArgumentParser(prog="python -m medfaq.eval.flat_search", description=__doc__.split("\n\n")[0])
@@ -70,13 +69,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--k", type=positive_int, default=50, help="Hits per query.")
     parser.add_argument("--out", type=Path, help="Also write the JSON report here.")
     args = parser.parse_args(argv)
-    try:
-        report = compare(args.index, read_queries(args.queries).questions[: args.limit], args.k)
-    except MedfaqError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    print_report(report, args.out)
-    return 0
+
+    def report() -> dict[str, Any]:
+        return compare(args.index, read_queries(args.queries).questions[: args.limit], args.k)
+
+    return report_or_error(report, args.out)
 
 
 if __name__ == "__main__":

@@ -40,3 +40,19 @@ def print_report(report: dict[str, Any], out: Path | None = None) -> None:
     print(text)
     if out is not None:
         out.write_text(text + "\n", encoding="utf-8")
+
+
+def report_or_error(make: Callable[[], dict[str, Any]], out: Path | None = None) -> int:
+    """Exit status of a `python -m medfaq.eval.*` script: 0 after printing the report `make` returns
+    (:func:`print_report`), 2 after one ``error:`` line on stderr where it raised a `MedfaqError`."""
+    import sys
+
+    from medfaq.common.runtime import MedfaqError
+
+    try:
+        report = make()
+    except MedfaqError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print_report(report, out)
+    return 0
