@@ -6,9 +6,10 @@ tokens or averaged per token (`per_token`). The second term is the model's prior
 consumer asked (generic questions such as "What are the treatments for X?"); subtracting it with weight 1 gives the
 pointwise mutual information of question and candidate.
 
-The candidates are scored in one batch that shares the question: a decoder-only model (Gemma) reads the prompt once
-and every candidate continues its KV cache; an encoder-decoder encodes the question once and every candidate's
-decoder attends to that one encoding. The tokens scored are the ones the trainer taught
+The candidates are scored in one batch that shares the question: a decoder-only model (Gemma) reads one packed
+sequence, the prompt and then every candidate, each candidate seeing the prompt and itself only
+(:func:`causal_logits`); an encoder-decoder encodes the question once and every candidate's decoder attends to that
+one encoding. The tokens scored are the ones the trainer taught
 (summarizer/training/collator.py): a decoder-only model's " " + question + EOS after the prompt, a seq2seq model's
 target tokens (BERT2BERT: without the [CLS] its decoder starts from). Priors depend on the candidate alone and are
 kept per text, so a bank's FAQs cost their prior once.
@@ -34,7 +35,6 @@ import torch
 
 from medfaq.common.runtime import MedfaqError, cast_for_inference, quantize_linear
 from medfaq.summarizer.modeling import (
-    cache_argument,
     clean_question,
     is_causal_lm,
     load_backbone,
@@ -89,7 +89,6 @@ class SummaryLikelihood:
         self._strip_start = model.config.decoder_start_token_id if bert2bert else None
         self._priors: dict[str, tuple[float, int]] = {}
         self._lock = threading.Lock()
-        self._cache_argument = cache_argument(model) if self.causal else ""
 
     @classmethod
     def load(
@@ -101,6 +100,8 @@ class SummaryLikelihood:
         faster; log-probabilities are always taken in fp32)."""
         path, saved = trained_summarizer(model)
         network, tokenizer = load_backbone(path)
+        if is_causal_lm(network):
+            check_packed_scoring(network)
         if quantize:
             quantize_linear(network)
         else:
@@ -173,7 +174,7 @@ class SummaryLikelihood:
             if self.causal:
                 prompt = torch.tensor([prompt_ids(self.tokenizer, query, self.max_source_len)[0]])
                 with self._predicting(rows):
-                    logits = causal_logits(self.model, prompt, labels, self._cache_argument)
+                    logits = causal_logits(self.model, prompt, labels)
                 if self._vocabulary is not None:  # the logits are over the kept ids
                     targets = self._vocabulary.to_kept_targets(labels)
             else:
@@ -212,24 +213,72 @@ def padded_targets(rows: Sequence[Sequence[int]]) -> torch.Tensor:
     return torch.tensor([[*row, *[-100] * (width - len(row))] for row in rows], dtype=torch.long)
 
 
-def causal_logits(model, prompt: torch.Tensor, labels: torch.Tensor, cache_argument: str) -> torch.Tensor:
+def causal_logits(model, prompt: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """A decoder-only model's logits predicting each target token of `labels` (N, T; -100-padded) after the one
-    `prompt` (1, P): the prompt runs once, its KV cache repeated for every candidate, which all continue it at once
-    (right-padded: padding comes after every real token, so it changes none). Differentiable outside inference mode.
-    """
-    from transformers import DynamicCache
+    `prompt` (1, P), in one forward pass over one packed sequence: the prompt, then every candidate's tokens but its
+    last, each candidate attending to the prompt and to its own earlier tokens only, at the positions it would have
+    right after the prompt (see :func:`packed_attention`). No candidate pays for another's padding or for a copy of
+    the prompt's cache. Differentiable outside inference mode."""
+    device, width = labels.device, prompt.size(1)
+    lengths = (labels != -100).sum(dim=1)
+    steps = torch.arange(labels.size(1), device=device)[None, :]
+    inputs = labels[:, :-1].clamp(min=0)
+    continued = steps[:, :-1] < (lengths[:, None] - 1)  # every real token but the last: what the candidate reads
+    owner = torch.arange(len(labels), device=device)[:, None].expand_as(inputs)[continued]
+    offset = steps[:, :-1].expand_as(inputs)[continued]
+    packed = torch.cat([prompt[0], inputs[continued]])[None, :]
+    owner = torch.cat([prompt.new_full((width,), -1), owner])
+    positions = torch.cat([torch.arange(width, device=device), width + offset])
+    logits = model(
+        input_ids=packed,
+        position_ids=positions[None, :],
+        attention_mask=packed_attention(model.config, owner, positions),
+        use_cache=False,
+        logits_to_keep=torch.arange(width - 1, packed.size(1), device=device),  # the prompt's last token onwards
+    ).logits[0]
+    # kept row 0 predicts every candidate's first token; candidate i's token j >= 1 is predicted at its token j - 1,
+    # kept row 1 + (i's start among the packed candidate tokens) + j - 1
+    starts = torch.cumsum(lengths - 1, dim=0) - (lengths - 1)
+    where = torch.where((steps >= 1) & (steps < lengths[:, None]), starts[:, None] + steps, 0)
+    return logits[where]
 
-    cache = DynamicCache(config=model.config)
-    prefix = model(input_ids=prompt, use_cache=True, logits_to_keep=1, **{cache_argument: cache})
-    first = prefix.logits[:, -1:].expand(len(labels), -1, -1)  # predicts every candidate's first token
-    if labels.size(1) == 1:
-        return first
-    cache.batch_repeat_interleave(len(labels))
-    inputs = labels[:, :-1]
-    prompt_mask = torch.ones(len(labels), prompt.size(1), dtype=torch.long, device=labels.device)
-    mask = torch.cat([prompt_mask, (inputs != -100).long()], dim=1)
-    rest = model(input_ids=inputs.clamp(min=0), attention_mask=mask, use_cache=True, **{cache_argument: cache}).logits
-    return torch.cat([first, rest], dim=1)
+
+def check_packed_scoring(model) -> None:
+    """Refuse a decoder-only `model` whose forward pass does not honour :func:`causal_logits`' packed attention mask
+    (one that builds its own mask would let candidates see each other): its packed logits for two short candidates
+    must equal one plain forward pass per candidate. Run on the fp32 weights, before any cast."""
+    device = next(model.parameters()).device
+    prompt = torch.tensor([[5, 6, 7, 8]], device=device)
+    labels = torch.tensor([[9, 10, 11], [12, 13, -100]], device=device)
+    training = model.training
+    with torch.inference_mode():
+        model.eval()
+        packed = causal_logits(model, prompt, labels)
+        model.train(training)
+        for row, target in enumerate(labels):
+            tokens = int((target != -100).sum())
+            alone = model(input_ids=torch.cat([prompt[0], target[: tokens - 1]])[None]).logits[0, prompt.size(1) - 1 :]
+            if not torch.allclose(packed[row, :tokens].float(), alone.float(), rtol=1e-4, atol=1e-3):
+                raise MedfaqError(
+                    f"{model.config.model_type}: its forward pass does not take a packed attention mask, so the"
+                    " likelihood stage cannot score its candidates in one batch"
+                )
+
+
+def packed_attention(config, owner: torch.Tensor, positions: torch.Tensor) -> torch.Tensor | dict[str, torch.Tensor]:
+    """The (1, 1, L, L) boolean attention mask of a packed sequence whose token i belongs to candidate `owner[i]`
+    (-1: the shared prompt) at position `positions[i]`: a token sees the prompt and its own candidate, causally by
+    position; a sliding-window layer only what lies less than its window behind. Models with several kinds of layer
+    (Gemma 3) take one mask per kind."""
+    same = (owner[None, :] == -1) | (owner[None, :] == owner[:, None])
+    behind = positions[None, :] <= positions[:, None]
+    mask = (same & behind)[None, None]
+    kinds = getattr(config, "layer_types", None)
+    if not kinds:
+        return mask
+    window = getattr(config, "sliding_window", None)
+    near = (positions[:, None] - positions[None, :] < window)[None, None] if window else True
+    return {kind: mask & near if kind == "sliding_attention" else mask for kind in set(kinds)}
 
 
 def seq2seq_logits(model, encoded: dict[str, torch.Tensor], labels: torch.Tensor) -> torch.Tensor:

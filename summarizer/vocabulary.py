@@ -121,6 +121,8 @@ class KeptRowsHead(torch.nn.Module):
         return self
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        if self.linear is not None:
-            return self.linear(hidden)
-        return torch.nn.functional.linear(hidden, self.embedding[self.kept].to(hidden.dtype))
+        if self.linear is None:
+            return torch.nn.functional.linear(hidden, self.embedding[self.kept].to(hidden.dtype))
+        # One 2-d product: a strided 3-d slice (the prompt's last position) would make PyTorch's matmul copy the
+        # transposed rows for a batched product on every call, which took longer than the product itself.
+        return self.linear(hidden.reshape(-1, hidden.shape[-1])).reshape(*hidden.shape[:-1], -1)

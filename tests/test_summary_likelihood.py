@@ -46,6 +46,16 @@ def tiny_gemma_summarizer(tmp_path_factory, minilm_dir):
 
 
 @pytest.fixture(scope="module")
+def tiny_llama_summarizer(tmp_path_factory, minilm_dir):
+    """A tiny random Llama (one kind of layer, no sliding window), saved as a trained summarizer."""
+    from transformers import LlamaConfig
+
+    return _as_summarizer(
+        _save_causal(tmp_path_factory.mktemp("llama_summarizer"), LlamaConfig(**_tiny_sizes(30522)), minilm_dir)
+    )
+
+
+@pytest.fixture(scope="module")
 def tiny_bert2bert_summarizer(tmp_path_factory, tiny_bert_dir):
     """A BERT2BERT encoder-decoder warm-started from the tiny BERT, saved as a trained summarizer."""
     torch.manual_seed(0)
@@ -81,11 +91,16 @@ def unshared_log_probs(scorer: SummaryLikelihood, question: str, candidates: lis
 
 @pytest.mark.parametrize(
     ("backbone", "vocabulary"),
-    [("tiny_gemma_summarizer", "full"), ("tiny_gemma_summarizer", "bank"), ("tiny_bert2bert_summarizer", "bank")],
+    [
+        ("tiny_gemma_summarizer", "full"),
+        ("tiny_gemma_summarizer", "bank"),
+        ("tiny_llama_summarizer", "full"),
+        ("tiny_bert2bert_summarizer", "bank"),
+    ],
 )
 def test_shared_prefix_scores_equal_one_forward_pass_per_candidate(backbone, vocabulary, request):
     scorer = SummaryLikelihood.load(request.getfixturevalue(backbone), vocabulary=vocabulary)
-    assert scorer.causal == (backbone == "tiny_gemma_summarizer")
+    assert scorer.causal == (backbone != "tiny_bert2bert_summarizer")
     assert scorer.trims == (scorer.causal and vocabulary == "bank")
     scorer.keep(["How is acne treated?", *CANDIDATES])
     shared = scorer.token_scores(QUESTION, CANDIDATES)
@@ -94,6 +109,17 @@ def test_shared_prefix_scores_equal_one_forward_pass_per_candidate(backbone, voc
     assert (shared.log_prob < 0).all()
     alone = scorer.token_scores(QUESTION, CANDIDATES[2:3])  # padding beside a longer candidate changes nothing
     np.testing.assert_allclose(alone.log_prob, shared.log_prob[2:3], rtol=1e-4, atol=1e-4)
+
+
+def test_a_model_that_ignores_the_packed_attention_mask_is_refused(tiny_gemma_summarizer):
+    from medfaq.summarizer.likelihood import check_packed_scoring
+
+    model, _ = load_backbone(tiny_gemma_summarizer)
+    check_packed_scoring(model)  # honours it: no error
+    forward = model.forward
+    model.forward = lambda **inputs: forward(**{k: v for k, v in inputs.items() if k != "attention_mask"})
+    with pytest.raises(MedfaqError, match="packed attention mask"):
+        check_packed_scoring(model)
 
 
 def test_a_trimmed_stage_keeps_its_banks_tokens_once_and_a_new_token_renews_the_priors(tiny_gemma_summarizer):

@@ -34,8 +34,14 @@ import torch
 import torch.nn.functional as F
 
 from medfaq.common.runtime import MedfaqError, autocast, choose_device, resolve_precision, seed_everything
-from medfaq.summarizer.likelihood import causal_logits, seq2seq_logits, summed_log_probs, target_ids
-from medfaq.summarizer.modeling import cache_argument, is_causal_lm, load_backbone, prompt_ids
+from medfaq.summarizer.likelihood import (
+    causal_logits,
+    check_packed_scoring,
+    seq2seq_logits,
+    summed_log_probs,
+    target_ids,
+)
+from medfaq.summarizer.modeling import is_causal_lm, load_backbone, prompt_ids
 from medfaq.summarizer.training.collator import Batch, Collator
 from medfaq.summarizer.training.config import RETRIEVAL_NEGATIVES_FILE, SummarizerTrainConfig
 from medfaq.summarizer.training.contrastive import MoCo, diversity_loss, info_nce, masked_mean, mean_cosine
@@ -88,7 +94,8 @@ class SummarizerTrainer:
         # with LoRA, last/ holds the adapter only: the run continues from the backbone plus that adapter
         self.network, self.tokenizer = load_backbone(last if resume and not config.lora_rank else config.backbone)
         self.causal = is_causal_lm(self.network)
-        self._cache_argument = cache_argument(self.network) if self.causal else ""
+        if self.causal and config.variant == "rank":
+            check_packed_scoring(self.network)  # L_rank scores candidates as the likelihood stage does
         self.model = self.network
         if config.lora_rank:
             if not self.causal:
@@ -275,10 +282,10 @@ class SummarizerTrainer:
         if self.causal and self.rank_vocabulary is not None:
             kept = self.rank_vocabulary
             with kept.predicting(self.network, kept.head(self.network, differentiable=True)):
-                logits = causal_logits(self.model, source, labels, self._cache_argument)
+                logits = causal_logits(self.model, source, labels)
             labels = kept.to_kept_targets(labels)
         elif self.causal:
-            logits = causal_logits(self.model, source, labels, self._cache_argument)
+            logits = causal_logits(self.model, source, labels)
         else:
             logits = seq2seq_logits(self.model, source, labels)
         return summed_log_probs(logits, labels)
