@@ -18,8 +18,8 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from medfaq.common.runtime import MedfaqError, autocast, resolve_precision
-from medfaq.eval.script_args import positive_int, print_report
+from medfaq.common.runtime import autocast, resolve_precision
+from medfaq.eval.script_args import positive_int, report_or_error
 
 
 def median_seconds(run: Callable[[], None], repeats: int, warmup: int = 2) -> float:
@@ -91,6 +91,27 @@ def model_steps(name: str, batch: int, tokens: int) -> tuple[Callable[[str], Ste
     return train_step, inference
 
 
+def measure(args: argparse.Namespace) -> dict:
+    """The report: per model, the median seconds of a training step and of inference in fp32 and bf16."""
+    import torch
+
+    torch.set_num_threads(args.threads)
+    report: dict = {"threads": args.threads, "batch": args.batch, "tokens": args.tokens}
+    report["auto"] = resolve_precision("auto")
+    rows = {}
+    for name in args.models.split(","):
+        train_step, inference = model_steps(name, args.batch, args.tokens)
+        row = {}
+        for precision in ("fp32", "bf16"):
+            row[f"train_step_s_{precision}"] = median_seconds(train_step(precision), args.repeats)
+            row[f"inference_s_{precision}"] = median_seconds(inference(precision), args.repeats)
+        row["train_speedup"] = row["train_step_s_fp32"] / row["train_step_s_bf16"]
+        row["inference_speedup"] = row["inference_s_fp32"] / row["inference_s_bf16"]
+        rows[name] = row
+    report["rows"] = rows
+    return report
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m medfaq.eval.precision_speed", description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="minilm,gemma-3-270m", help="Comma-separated model names or paths.")
@@ -100,28 +121,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--threads", type=positive_int, default=1)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
-    try:
-        import torch
-
-        torch.set_num_threads(args.threads)
-        report: dict = {"threads": args.threads, "batch": args.batch, "tokens": args.tokens}
-        report["auto"] = resolve_precision("auto")
-        rows = {}
-        for name in args.models.split(","):
-            train_step, inference = model_steps(name, args.batch, args.tokens)
-            row = {}
-            for precision in ("fp32", "bf16"):
-                row[f"train_step_s_{precision}"] = median_seconds(train_step(precision), args.repeats)
-                row[f"inference_s_{precision}"] = median_seconds(inference(precision), args.repeats)
-            row["train_speedup"] = row["train_step_s_fp32"] / row["train_step_s_bf16"]
-            row["inference_speedup"] = row["inference_s_fp32"] / row["inference_s_bf16"]
-            rows[name] = row
-        report["rows"] = rows
-    except MedfaqError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    print_report(report, args.out)
-    return 0
+    return report_or_error(lambda: measure(args), args.out)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from medfaq.common.runtime import MedfaqError
-from medfaq.eval.script_args import existing_file, positive_int, print_report
+from medfaq.eval.script_args import existing_file, positive_int, report_or_error
 
 
 def latency(generate: Callable[[str], tuple[str, int]], texts: Sequence[str]) -> dict[str, float]:
@@ -194,6 +194,34 @@ def greedy_with_cache(session, input_ids, attention_mask, max_new_tokens: int, s
     return new
 
 
+def measure(args: argparse.Namespace) -> dict:
+    """The report: per backend, latency and batched throughput of generating summaries of the first questions."""
+    import torch
+
+    from medfaq.eval.summarization_data import load_pairs
+    from medfaq.summarizer.modeling import backbone_is_causal
+
+    torch.set_num_threads(args.threads)
+    texts = [pair.chq for pair in load_pairs(args.data)[: args.questions]]
+    backends = {
+        "fp32 (PyTorch)": lambda: torch_generator(args.model, False, args.max_new_tokens, args.max_source_len),
+        "int8 dynamic (PyTorch)": lambda: torch_generator(args.model, True, args.max_new_tokens, args.max_source_len),
+    }
+    if not args.no_ct2 and backbone_is_causal(args.model):
+        backends["int8 (CTranslate2)"] = lambda: ct2_generator(
+            args.model, args.max_new_tokens, args.max_source_len, args.threads
+        )
+    if args.onnx is not None:
+        backends["int8 (ONNX Runtime)"] = lambda: ort_generator(
+            args.onnx, args.model, args.max_new_tokens, args.max_source_len, args.threads
+        )
+    rows = {}
+    for name, make in backends.items():
+        generate, generate_batch = make()
+        rows[name] = {**latency(generate, texts), **throughput(generate_batch, texts, args.batch_size)}
+    return {"model": args.model, "threads": args.threads, "max_new_tokens": args.max_new_tokens, "rows": rows}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m medfaq.eval.summarizer_speed", description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="gemma-3-270m")
@@ -209,38 +237,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
-    try:
-        import torch
-
-        from medfaq.eval.summarization_data import load_pairs
-        from medfaq.summarizer.modeling import backbone_is_causal
-
-        torch.set_num_threads(args.threads)
-        texts = [pair.chq for pair in load_pairs(args.data)[: args.questions]]
-        backends = {
-            "fp32 (PyTorch)": lambda: torch_generator(args.model, False, args.max_new_tokens, args.max_source_len),
-            "int8 dynamic (PyTorch)": lambda: torch_generator(
-                args.model, True, args.max_new_tokens, args.max_source_len
-            ),
-        }
-        if not args.no_ct2 and backbone_is_causal(args.model):
-            backends["int8 (CTranslate2)"] = lambda: ct2_generator(
-                args.model, args.max_new_tokens, args.max_source_len, args.threads
-            )
-        if args.onnx is not None:
-            backends["int8 (ONNX Runtime)"] = lambda: ort_generator(
-                args.onnx, args.model, args.max_new_tokens, args.max_source_len, args.threads
-            )
-        rows = {}
-        for name, make in backends.items():
-            generate, generate_batch = make()
-            rows[name] = {**latency(generate, texts), **throughput(generate_batch, texts, args.batch_size)}
-    except MedfaqError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    report = {"model": args.model, "threads": args.threads, "max_new_tokens": args.max_new_tokens, "rows": rows}
-    print_report(report, args.out)
-    return 0
+    return report_or_error(lambda: measure(args), args.out)
 
 
 if __name__ == "__main__":
