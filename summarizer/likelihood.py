@@ -224,10 +224,10 @@ def causal_logits(model, prompt: torch.Tensor, labels: torch.Tensor) -> torch.Te
     steps = torch.arange(labels.size(1), device=device)[None, :]
     inputs = labels[:, :-1].clamp(min=0)
     continued = steps[:, :-1] < (lengths[:, None] - 1)  # every real token but the last: what the candidate reads
-    owner = torch.arange(len(labels), device=device)[:, None].expand_as(inputs)[continued]
+    candidate = torch.arange(len(labels), device=device)[:, None].expand_as(inputs)[continued]
     offset = steps[:, :-1].expand_as(inputs)[continued]
     packed = torch.cat([prompt[0], inputs[continued]])[None, :]
-    owner = torch.cat([prompt.new_full((width,), -1), owner])
+    owner = torch.cat([prompt.new_full((width,), -1), candidate])
     positions = torch.cat([torch.arange(width, device=device), width + offset])
     logits = model(
         input_ids=packed,
@@ -251,34 +251,35 @@ def check_packed_scoring(model) -> None:
     prompt = torch.tensor([[5, 6, 7, 8]], device=device)
     labels = torch.tensor([[9, 10, 11], [12, 13, -100]], device=device)
     training = model.training
-    with torch.inference_mode():
-        model.eval()
-        packed = causal_logits(model, prompt, labels)
+    model.eval()  # every pass without dropout
+    try:
+        with torch.inference_mode():
+            packed = causal_logits(model, prompt, labels)
+            for row, target in enumerate(labels):
+                tokens = int((target != -100).sum())
+                alone = model(input_ids=torch.cat([prompt[0], target[: tokens - 1]])[None]).logits
+                if not torch.allclose(packed[row, :tokens], alone[0, prompt.size(1) - 1 :], rtol=1e-4, atol=1e-3):
+                    raise MedfaqError(
+                        f"{model.config.model_type}: its forward pass does not take a packed attention mask, so the"
+                        " likelihood stage cannot score its candidates in one batch"
+                    )
+    finally:
         model.train(training)
-        for row, target in enumerate(labels):
-            tokens = int((target != -100).sum())
-            alone = model(input_ids=torch.cat([prompt[0], target[: tokens - 1]])[None]).logits[0, prompt.size(1) - 1 :]
-            if not torch.allclose(packed[row, :tokens].float(), alone.float(), rtol=1e-4, atol=1e-3):
-                raise MedfaqError(
-                    f"{model.config.model_type}: its forward pass does not take a packed attention mask, so the"
-                    " likelihood stage cannot score its candidates in one batch"
-                )
 
 
 def packed_attention(config, owner: torch.Tensor, positions: torch.Tensor) -> torch.Tensor | dict[str, torch.Tensor]:
     """The (1, 1, L, L) boolean attention mask of a packed sequence whose token i belongs to candidate `owner[i]`
     (-1: the shared prompt) at position `positions[i]`: a token sees the prompt and its own candidate, causally by
     position; a sliding-window layer only what lies less than its window behind. Models with several kinds of layer
-    (Gemma 3) take one mask per kind."""
+    (Gemma 3) take one mask per kind; a model with one kind and a window (Mistral) slides in every layer."""
     same = (owner[None, :] == -1) | (owner[None, :] == owner[:, None])
-    behind = positions[None, :] <= positions[:, None]
-    mask = (same & behind)[None, None]
+    mask = (same & (positions[None, :] <= positions[:, None]))[None, None]
+    window = getattr(config, "sliding_window", None)
+    sliding = mask & (positions[:, None] - positions[None, :] < window)[None, None] if window else mask
     kinds = getattr(config, "layer_types", None)
     if not kinds:
-        return mask
-    window = getattr(config, "sliding_window", None)
-    near = (positions[:, None] - positions[None, :] < window)[None, None] if window else True
-    return {kind: mask & near if kind == "sliding_attention" else mask for kind in set(kinds)}
+        return sliding
+    return {kind: sliding if kind == "sliding_attention" else mask for kind in set(kinds)}
 
 
 def seq2seq_logits(model, encoded: dict[str, torch.Tensor], labels: torch.Tensor) -> torch.Tensor:

@@ -56,6 +56,15 @@ def tiny_llama_summarizer(tmp_path_factory, minilm_dir):
 
 
 @pytest.fixture(scope="module")
+def tiny_mistral_summarizer(tmp_path_factory, minilm_dir):
+    """A tiny random Mistral: one kind of layer, every one sliding, its window (8) shorter than the prompt."""
+    from transformers import MistralConfig
+
+    config = MistralConfig(**_tiny_sizes(30522), sliding_window=8)
+    return _as_summarizer(_save_causal(tmp_path_factory.mktemp("mistral_summarizer"), config, minilm_dir))
+
+
+@pytest.fixture(scope="module")
 def tiny_bert2bert_summarizer(tmp_path_factory, tiny_bert_dir):
     """A BERT2BERT encoder-decoder warm-started from the tiny BERT, saved as a trained summarizer."""
     torch.manual_seed(0)
@@ -95,6 +104,7 @@ def unshared_log_probs(scorer: SummaryLikelihood, question: str, candidates: lis
         ("tiny_gemma_summarizer", "full"),
         ("tiny_gemma_summarizer", "bank"),
         ("tiny_llama_summarizer", "full"),
+        ("tiny_mistral_summarizer", "full"),
         ("tiny_bert2bert_summarizer", "bank"),
     ],
 )
