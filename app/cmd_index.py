@@ -354,8 +354,11 @@ def adapt(
 
 def likelihood(
     directory: Path = typer.Argument(..., help="Index directory."),
-    summarizer: str | None = typer.Option(
-        None, "--summarizer", help="Summarizer directory (default: the best one trained under the models directory)."
+    summarizers: list[str] | None = typer.Option(
+        None,
+        "--summarizer",
+        help="Summarizer directory (default: the best one trained under the models directory); repeat it to keep "
+        "the one whose chosen setting wins most on the same questions (seeds of one recipe, say).",
     ),
     dev_queries: Path | None = DEV_QUERIES_OPTION,
     dev_qrels: Path | None = DEV_QRELS_OPTION,
@@ -371,7 +374,7 @@ def likelihood(
 
     def decide(labelled: list[Any], log: Callable[[str], None]) -> dict[str, Any]:
         return likelihood_choice.choose_likelihood(
-            directory, summarizer, labelled, depth=depth, limit=limit, log=log, measured_on=measured_on
+            directory, summarizers or [None], labelled, depth=depth, limit=limit, log=log, measured_on=measured_on
         )
 
     _decide_stage(directory, "likelihood stage", likelihood_choice, decide, off, dev_queries, dev_qrels)

@@ -42,7 +42,8 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
 OFF_VALUES = {"", "0", "off", "none", "false", "no"}
 INDEX_MINUTES = 5  # `medfaq index build medquad --synonyms none`: 4 min 40 s on one core (docs/results.md)
-LIKELIHOOD_DECISION_MINUTES = 4  # `medfaq index likelihood` over medquad-chq's 145 dev CHQs: 203 s (docs/results.md)
+# `medfaq index likelihood` over medquad-chq's 145 dev CHQs: about a minute for the benchmark, 54 s per rank seed
+LIKELIHOOD_DECISION_MINUTES = 4
 RERANKER_DECISION_MINUTES = 12  # `medfaq index rerank` on the 145 dev CHQs, benchmark first: 11 min (results.md)
 EXAMPLE_QUESTIONS = (
     "I've been on amoxicillin for a chest infection since Monday. Is it OK to have a glass of wine at my "
@@ -212,8 +213,8 @@ def default_steps(settings: DemoSettings) -> list[SetupStep]:
     for plan, target in targets:
         argv = plan.argv(target, index_encoder)
         step = SetupStep(plan.key, plan.title, (*fetch(*plan.data), *map(tuple, argv)), target)
-        step.minutes = plan.minutes
-        ready = model_ready(target)
+        step.minutes = plan.pending_minutes(target)
+        ready = target is not None and plan.ready(target)
         if plan is RERANKER and settings.faq_index_dir is not None:  # it corrects the MedQuAD index's encoder:
             reranker = target  # trained again when that changes, then decided for that index
             ready = target is not None and reranker_corrects(target, index_encoder)
@@ -221,12 +222,13 @@ def default_steps(settings: DemoSettings) -> list[SetupStep]:
         if encoders and plan is encoders[-1]:  # after the encoders: the MedQuAD index
             steps.append(_faq_index_step(settings, index_model, index_target))
         if plan is SUMMARIZER_RANK:
-            from medfaq.retriever.likelihood_choice import decided_for_encoder
+            from medfaq.retriever.likelihood_choice import decided_among
 
             title = "Decide the MedQuAD index's likelihood stage on medquad-chq's development questions"
             decide = SetupStep("likelihood-faq", title, tuple(map(tuple, decision_argv(LIKELIHOOD_DECISION))))
             decide.minutes = LIKELIHOOD_DECISION_MINUTES
-            decided = settings.faq_index_dir is not None and decided_for_encoder(settings.faq_index_dir)
+            index = settings.faq_index_dir
+            decided = index is not None and target is not None and decided_among(index, plan.outputs(target))
             steps.append(_with_status(decide, target is None, decided, settings.train))
     if reranker is not None and settings.faq_index_dir is not None:  # after every other step
         steps.append(_reranker_decision_step(settings.faq_index_dir, reranker, fetch(*DECISION_DATA), settings.train))

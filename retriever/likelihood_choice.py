@@ -151,47 +151,49 @@ def score_rows(pipeline: Any, scorer: Any, questions: Sequence[Any], progress: b
 
 def choose_likelihood(
     directory: Path,
-    summarizer: str | None = None,
+    summarizers: Sequence[str | None] = (None,),
     labelled: Sequence[Any] = (),
     depth: int = 10,
     limit: int = 0,
     progress: bool = True,
     log: Callable[[str], None] = print,
-    scorer: Any = None,
+    scorers: Sequence[Any] = (),
     measured_on: Path | None = None,
 ) -> dict[str, Any]:
     """Decide the likelihood stage of the index in `directory` by the rule (the module docstring), write the
-    outcome into its ``pipeline.json`` and ``likelihood.json``, and return the record. `limit`: score only the
-    first N questions of each development set (0: all); `scorer`: a loaded :class:`SummaryLikelihood` (else
-    `summarizer`'s); `measured_on`: search the questions in this index instead, encoded by the same model (the
-    bank with the labelled questions' gold FAQs added, as a benchmark over it holds them). Questions whose gold
-    FAQs are not in the searched index are left out."""
+    outcome into its ``pipeline.json`` and ``likelihood.json``, and return the record. With several `summarizers`
+    (seeds of one recipe, say) each gets its own setting by the rule, and the one whose setting orders first by the
+    rule's order is kept, the first listed on a tie (None: the best one trained). `limit`: score only the first N
+    questions of each development set (0: all); `scorers`: loaded :class:`SummaryLikelihood` stages instead of the
+    `summarizers`; `measured_on`: search the questions in this index instead, encoded by the same model (the bank
+    with the labelled questions' gold FAQs added, as a benchmark over it holds them). Questions whose gold FAQs are
+    not in the searched index are left out."""
     from medfaq.retriever.pipeline import Pipeline
     from medfaq.retriever.stages import locate_summarizer
-    from medfaq.summarizer.likelihood import SummaryLikelihood
 
     directory = Path(directory).expanduser()
     started = time.perf_counter()
+    # a wrong name fails before anything loads
+    models = [] if scorers else [locate_summarizer(summarizer) for summarizer in summarizers]
     # rule 3: generated questions alone never turn the stage on
-    model = locate_summarizer(summarizer) if scorer is None else None  # a wrong name fails before anything loads
     index, sets = stage_choice.development_sets(directory, labelled, COMMAND, limit, log, measured_on)
     config = first_stage_config(directory, depth)
-    if scorer is None:
-        scorer = SummaryLikelihood.load(
-            model,
-            vocabulary=config.likelihood_vocabulary,
-            precision=config.likelihood_precision,
-        )
-    location = scorer.name
-    scorer.keep([record.question for record in index.records()])
     first_stage = Pipeline(index, config)
-    dev = {}
-    for name, queries in sets.items():
-        log(f"{name}: scoring the top {depth} of {len(queries)} development questions")
-        rows = score_rows(first_stage, scorer, queries, progress)
-        dev[name] = (rows, {row["qid"]: queries[int(row["qid"])].golds for row in rows})
-    candidates, before = choose_on_dev(dev, replay_golds, grid_settings(), tie_break)
-    best = candidates[0]
+    bank = [record.question for record in index.records()]
+    outcomes = []
+    for scorer in scorers or (_load_scorer(model, config) for model in models):
+        scorer.keep(bank)
+        dev = {}
+        for name, queries in sets.items():
+            log(f"{name}: scoring the top {depth} of {len(queries)} development questions with {scorer.name}")
+            rows = score_rows(first_stage, scorer, queries, progress)
+            dev[name] = (rows, {row["qid"]: queries[int(row["qid"])].golds for row in rows})
+        candidates, before = choose_on_dev(dev, replay_golds, grid_settings(), tie_break)
+        outcomes.append({"summarizer": scorer.name, "precision": scorer.precision, "best": candidates[0]})
+        outcomes[-1].update(dev=dev, before=before, settings_scored=len(candidates))
+    chosen = min(outcomes, key=lambda outcome: stage_choice.rule_order(outcome["best"]))  # min: the first on a tie
+    best, dev, before = chosen["best"], chosen["dev"], chosen["before"]
+    location = chosen["summarizer"]
     turned_on = best["worst_delta_r1"] >= MIN_GAIN
     setting = {**best["setting"], "likelihood_depth": depth}
     record = {
@@ -204,11 +206,19 @@ def choose_likelihood(
         ),
         "summarizer": location,
         "vocabulary": config.likelihood_vocabulary,
-        "precision": scorer.precision,
+        "precision": chosen["precision"],
         "rule": RULE,
         "setting": setting,
         "development": stage_choice.development_summary(best, before, dev),
-        "settings_scored": len(candidates),
+        "settings_scored": chosen["settings_scored"],
+        "summarizers_scored": [
+            {
+                "summarizer": outcome["summarizer"],
+                "setting": outcome["best"]["setting"],
+                "development": stage_choice.development_summary(outcome["best"], outcome["before"], outcome["dev"]),
+            }
+            for outcome in outcomes
+        ],
         "measured_on": str(measured_on or directory),
         "encoder_fingerprint": index.manifest.encoder_fingerprint,
         "seconds": round(time.perf_counter() - started, 1),
@@ -223,6 +233,12 @@ def choose_likelihood(
     update_config(directory, decided)
     write_choice(directory, record)
     return record
+
+
+def _load_scorer(model: str, config: Any) -> Any:
+    from medfaq.summarizer.likelihood import SummaryLikelihood
+
+    return SummaryLikelihood.load(model, vocabulary=config.likelihood_vocabulary, precision=config.likelihood_precision)
 
 
 def write_choice(directory: Path, record: dict[str, Any]) -> None:
@@ -247,6 +263,18 @@ def decided_for_encoder(directory: str | Path) -> bool:
     return stage_choice.decided_for_encoder(directory, read_choice(directory))
 
 
+def decided_among(directory: str | Path, summarizers: Sequence[Path]) -> bool:
+    """Whether the index has a likelihood decision made with the encoder that encodes it now and with every one of
+    `summarizers` scored."""
+    record = read_choice(directory)
+    if not decided_for_encoder(directory) or record is None:
+        return False
+    scored = {entry["summarizer"] for entry in record.get("summarizers_scored", [{"summarizer": record["summarizer"]}])}
+    return {str(Path(path).expanduser().resolve()) for path in summarizers} <= {
+        str(Path(name).expanduser().resolve()) for name in scored
+    }
+
+
 def stale_note(record: dict[str, Any], fingerprint: str) -> str:
     """What `index info` adds to a decision that does not hold for the index's encoder now."""
     return stage_choice.stale_note(record, fingerprint, COMMAND)
@@ -262,7 +290,9 @@ def describe_choice(record: dict[str, Any]) -> str:
     )
     state = "on" if record["on"] else "off"
     measured = f" ({record['precision']})" if "precision" in record else ""
+    among = len(record.get("summarizers_scored", ()))
+    chosen = f" (the best of {among} scored)" if among > 1 else ""
     return (
         f"likelihood stage {state} ({record['decided']}): {how}; {development_line(record)}; "
-        f"summarizer {record['summarizer']}{measured}"
+        f"summarizer {record['summarizer']}{measured}{chosen}"
     )

@@ -52,8 +52,14 @@ def choose_on_dev(
                 "summed_delta_mrr": sum(c["delta_mrr"] for c in cells.values()),
             }
         )
-    candidates.sort(key=lambda c: (-c["worst_delta_r1"], c["lost"], -c["summed_delta_mrr"], tie_break(c["setting"])))
+    candidates.sort(key=lambda candidate: (*rule_order(candidate), tie_break(candidate["setting"])))
     return candidates, {name: metrics for name, (metrics, _) in base.items()}
+
+
+def rule_order(candidate: dict[str, Any]) -> tuple[float, int, float]:
+    """The sort key of a scored setting (`choose_on_dev`), best first: the worst development set's ΔR@1, the fewest
+    questions lost at rank 1, the largest summed ΔMRR@10."""
+    return -candidate["worst_delta_r1"], candidate["lost"], -candidate["summed_delta_mrr"]
 
 
 def rank_metrics(ranked: dict[str, list[str]], golds: dict[str, frozenset[str]]) -> tuple[dict[str, float], set[str]]:

@@ -4,6 +4,8 @@ index, reloads it, and reads the questions `medfaq index adapt` held back."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from typer.testing import CliRunner
@@ -13,7 +15,14 @@ from medfaq.common.runtime import MedfaqError
 from medfaq.index.faq_index import FaqIndex
 from medfaq.index.records import FaqRecord
 from medfaq.retriever.adaptation import DEVELOPMENT_FILE, DevQuery, save_development, work_dir
-from medfaq.retriever.likelihood_choice import CHOICE_FILE, choose_likelihood, decided_for_encoder, read_choice
+from medfaq.retriever.likelihood_choice import (
+    CHOICE_FILE,
+    choose_likelihood,
+    decided_among,
+    decided_for_encoder,
+    describe_choice,
+    read_choice,
+)
 from medfaq.retriever.pipeline import Pipeline, PipelineConfig
 from medfaq.retriever.pipeline_file import read_config
 from medfaq.summarizer.likelihood import TokenScores
@@ -26,8 +35,8 @@ class KnowingScorer:
 
     name, precision = "knowing-scorer", "fp32"
 
-    def __init__(self, golds: dict[str, str], right: bool = True) -> None:
-        self.golds, self.right, self.kept = golds, right, 0
+    def __init__(self, golds: dict[str, str], right: bool = True, name: str = "knowing-scorer") -> None:
+        self.golds, self.right, self.kept, self.name = golds, right, 0, name
 
     def keep(self, texts, bank: str = "") -> None:
         self.kept = len(texts)
@@ -65,7 +74,7 @@ def test_the_stage_is_turned_on_where_it_wins_and_the_decision_is_recorded_and_s
     assert _dense_r1(index_dir) < len(QUESTIONS)  # the tiny encoder misses some: room to win
     scorer = KnowingScorer(_golds())
     record = choose_likelihood(
-        index_dir, labelled=_labelled(), depth=6, progress=False, log=lambda _: None, scorer=scorer
+        index_dir, labelled=_labelled(), depth=6, progress=False, log=lambda _: None, scorers=[scorer]
     )
     assert scorer.kept == len(FAQ_ROWS)  # its vocabulary: this bank's questions
     assert record["on"] and record["summarizer"] == "knowing-scorer"
@@ -86,12 +95,12 @@ def test_the_stage_stays_off_where_it_loses_and_off_turns_it_off(index_dir):
         depth=6,
         progress=False,
         log=lambda _: None,
-        scorer=KnowingScorer(_golds(), right=False),
+        scorers=[KnowingScorer(_golds(), right=False)],
     )
     assert not record["on"] and record["development"]["labelled"]["delta_r1"] < 1.0
     assert not read_config(index_dir).likelihood
     choose_likelihood(
-        index_dir, labelled=_labelled(), depth=6, progress=False, log=lambda _: None, scorer=KnowingScorer(_golds())
+        index_dir, labelled=_labelled(), depth=6, progress=False, log=lambda _: None, scorers=[KnowingScorer(_golds())]
     )
     assert read_config(index_dir).likelihood
     result = CliRunner().invoke(app, ["index", "likelihood", str(index_dir), "--off"])
@@ -101,14 +110,14 @@ def test_the_stage_stays_off_where_it_loses_and_off_turns_it_off(index_dir):
 
 def test_the_questions_adapt_held_back_vote_but_alone_never_turn_the_stage_on(index_dir):
     with pytest.raises(MedfaqError, match="no labelled development questions for .*never alone"):
-        choose_likelihood(index_dir, progress=False, log=lambda _: None, scorer=KnowingScorer({}))
+        choose_likelihood(index_dir, progress=False, log=lambda _: None, scorers=[KnowingScorer({})])
     work_dir(index_dir).mkdir()
     save_development(work_dir(index_dir) / DEVELOPMENT_FILE, _labelled())
     with pytest.raises(MedfaqError, match="no labelled development questions"):
-        choose_likelihood(index_dir, progress=False, log=lambda _: None, scorer=KnowingScorer(_golds()))
+        choose_likelihood(index_dir, progress=False, log=lambda _: None, scorers=[KnowingScorer(_golds())])
     assert not read_config(index_dir).likelihood
     both = choose_likelihood(
-        index_dir, labelled=_labelled(), depth=6, progress=False, log=lambda _: None, scorer=KnowingScorer(_golds())
+        index_dir, labelled=_labelled(), depth=6, progress=False, log=lambda _: None, scorers=[KnowingScorer(_golds())]
     )
     assert list(both["development"]) == ["labelled", "generated"] and both["on"]
     assert both["development"]["generated"]["questions"] == len(QUESTIONS)
@@ -134,7 +143,7 @@ def test_a_decision_measured_on_a_copy_with_gold_faqs_added_is_written_to_the_in
         depth=7,
         progress=False,
         log=lines.append,
-        scorer=KnowingScorer(golds),
+        scorers=[KnowingScorer(golds)],
         measured_on=copy,
     )
     assert record["development"]["labelled"]["questions"] == len(QUESTIONS) + 1
@@ -145,7 +154,7 @@ def test_a_decision_measured_on_a_copy_with_gold_faqs_added_is_written_to_the_in
 def test_a_decision_holds_only_for_the_encoder_it_was_measured_with(index_dir):
     scorer = KnowingScorer(_golds())
     record = choose_likelihood(
-        index_dir, labelled=_labelled(), depth=6, progress=False, log=lambda _: None, scorer=scorer
+        index_dir, labelled=_labelled(), depth=6, progress=False, log=lambda _: None, scorers=[scorer]
     )
     assert record["encoder_fingerprint"] == FaqIndex.load(index_dir).manifest.encoder_fingerprint != ""
     assert decided_for_encoder(index_dir)
@@ -155,3 +164,27 @@ def test_a_decision_holds_only_for_the_encoder_it_was_measured_with(index_dir):
     assert read_choice(index_dir) == record and not decided_for_encoder(index_dir)
     shown = CliRunner().invoke(app, ["index", "info", str(index_dir)])
     assert shown.exit_code == 0 and "measured with another encoder than the index's: decide again" in shown.output
+
+
+def test_among_several_summarizers_the_one_that_wins_most_is_kept_and_the_first_on_a_tie(index_dir, tmp_path):
+    losing, winning = KnowingScorer(_golds(), right=False, name="seed-0"), KnowingScorer(_golds(), name="seed-1")
+    record = choose_likelihood(
+        index_dir, labelled=_labelled(), depth=6, progress=False, log=lambda _: None, scorers=[losing, winning]
+    )
+    assert record["on"] and record["summarizer"] == "seed-1" and read_config(index_dir).summarizer == "seed-1"
+    assert losing.kept == winning.kept == len(FAQ_ROWS)
+    scored = {entry["summarizer"]: entry["development"]["labelled"] for entry in record["summarizers_scored"]}
+    assert (
+        scored["seed-0"]["delta_r1"]
+        < 1.0
+        <= scored["seed-1"]["delta_r1"]
+        == record["development"]["labelled"]["delta_r1"]
+    )
+    assert "(the best of 2 scored)" in describe_choice(record)
+    assert decided_among(index_dir, [Path("seed-0"), Path("seed-1")])
+    assert not decided_among(index_dir, [Path("seed-1"), Path("seed-2")])  # a seed trained since: decide again
+    tie = [KnowingScorer(_golds(), name="first"), KnowingScorer(_golds(), name="second")]
+    record = choose_likelihood(
+        index_dir, labelled=_labelled(), depth=6, progress=False, log=lambda _: None, scorers=tie
+    )
+    assert record["summarizer"] == "first"

@@ -6,7 +6,8 @@ from __future__ import annotations
 from typer.testing import CliRunner
 
 from medfaq.app.cli import app
-from medfaq.common.runtime import models_dir
+from medfaq.common.runtime import CHECKPOINT_DIR, CHECKPOINT_STATE, UNFINISHED_FILE, indexes_dir, models_dir
+from medfaq.retriever.setup_plan import SUMMARIZER_GEMMA, SUMMARIZER_RANK, model_ready
 
 
 def dry_run(*flags: str) -> str:
@@ -33,7 +34,16 @@ def test_dry_run_lists_every_step_with_time_and_command():
     # the rank model continues the Gemma summarizer on medquad-chq's training part; then the index's decision
     rank = "--variant rank" in output and "--backbone " + str(models_dir() / "summarizer-gemma-quick") in output
     assert rank and "split-0/train/pairs.jsonl --out " + str(models_dir() / "summarizer-gemma-rank") in output
-    assert "index likelihood " in output and "--measured-on " in output and "split-0/dev/qrels.tsv" in output
+    # three seeds of it, then the index's decision among them
+    seeds = [
+        models_dir() / name for name in ("summarizer-gemma-rank", *(f"summarizer-gemma-rank-seed{s}" for s in (1, 2)))
+    ]
+    assert all(f"--out {path} --seed {seed}" in output for seed, path in enumerate(seeds)) and "about 39 min" in output
+    assert (
+        "index likelihood " + str(indexes_dir() / "medquad-faq") + "".join(f" --summarizer {p}" for p in seeds)
+        in output
+    )
+    assert "--measured-on " in output and "split-0/dev/qrels.tsv" in output
     # last: the reranker's decision, over the pipeline as decided so far
     assert output.rindex("index rerank ") > output.rindex("index likelihood ")
 
@@ -123,3 +133,32 @@ def test_the_medquad_index_build_takes_the_time_measured_on_the_runtime_auto_pic
             r"Encode the MedQuAD index with the fine-tuned biencoder-mpnet-faq-quick: about (\S+) min", dry_run()
         )
         assert line and float(line.group(1)) == minutes, backend
+
+
+def _saved(directory, unfinished: bool = False, checkpoint: bool = False):
+    """A model directory as a summarizer run leaves it: its best epoch saved, maybe unfinished, maybe resumable."""
+    directory.mkdir(parents=True)
+    (directory / "config.json").write_text("{}", encoding="utf-8")
+    if unfinished:
+        (directory / UNFINISHED_FILE).touch()
+    if checkpoint:
+        (directory / CHECKPOINT_DIR).mkdir()
+        (directory / CHECKPOINT_DIR / CHECKPOINT_STATE).write_bytes(b"state")
+    return directory
+
+
+def test_an_interrupted_training_is_resumed_and_a_saved_seed_is_kept():
+    gemma = _saved(models_dir() / SUMMARIZER_GEMMA.model, unfinished=True, checkpoint=True)
+    assert not model_ready(gemma)  # its first epoch is saved, but the run has not ended: not used, resumed
+    seed0, seed1, seed2 = SUMMARIZER_RANK.outputs()
+    _saved(seed0)
+    _saved(seed2, unfinished=True)  # stopped before its first checkpoint: it starts again
+    output = dry_run()
+    assert f"--variant mle --preset quick --save-every-steps 5 --out {gemma} --resume" in output
+    assert f"--out {seed0} --seed 0" not in output  # a seed already trained is kept
+    assert f"--out {seed1} --seed 1" in output
+    assert f"--out {seed2} --seed 2" in output and f"--out {seed2} --seed 2 --resume" not in output
+    assert "three seeds): about 26 min" in output
+    _saved(seed1)
+    (seed2 / UNFINISHED_FILE).unlink()
+    assert "three seeds): ready" in dry_run()

@@ -7,7 +7,8 @@ import json
 import pytest
 import torch
 
-from medfaq.common.runtime import MedfaqError
+from medfaq.common.runtime import UNFINISHED_FILE, MedfaqError, resumable_run
+from medfaq.retriever.setup_plan import model_ready
 from medfaq.summarizer.decoding import Decoding
 from medfaq.summarizer.generation import Summarizer
 from medfaq.summarizer.training.collator import Collator
@@ -118,6 +119,23 @@ def test_resumed_run_continues_with_the_same_losses(tiny_bert_dir, tmp_path):
     rest = run(tmp_path / "cut", max_steps=5, resume=True)
     assert sorted(rest) == [3, 4, 5]
     assert rest == {step: full[step] for step in (3, 4, 5)}
+
+
+def test_a_run_is_marked_unfinished_until_it_ends_and_one_without_a_checkpoint_starts_again(tiny_bert_dir, tmp_path):
+    out, backbone = tmp_path / "run", str(tiny_bert_dir)
+    SummarizerTrainer(tiny_config("mle", backbone=backbone, epochs=2, max_steps=3), out).train(PAIRS[:4], PAIRS[4:])
+    # stopped in its second epoch: the first epoch's model is saved, yet the run is to be resumed, not used
+    assert (out / "config.json").is_file() and resumable_run(out) and not model_ready(out)
+    SummarizerTrainer(tiny_config("mle", backbone=backbone, epochs=2), out, resume=True).train(PAIRS[:4], PAIRS[4:])
+    assert model_ready(out) and not (out / UNFINISHED_FILE).exists()
+    stopped = tmp_path / "stopped"  # as a run killed before its first checkpoint leaves its directory
+    stopped.mkdir()
+    (stopped / UNFINISHED_FILE).touch()
+    (stopped / "train_config.json").write_text("{}", encoding="utf-8")
+    SummarizerTrainer(tiny_config("mle", backbone=backbone), stopped)  # nothing to keep there: it starts again
+    (stopped / UNFINISHED_FILE).unlink()
+    with pytest.raises(MedfaqError, match="is not empty; pass --resume"):
+        SummarizerTrainer(tiny_config("mle", backbone=backbone), stopped)
 
 
 def test_bad_input_is_one_clear_error(tiny_bert_dir, tmp_path):

@@ -33,7 +33,17 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from medfaq.common.runtime import MedfaqError, autocast, choose_device, resolve_precision, seed_everything
+from medfaq.common.runtime import (
+    CHECKPOINT_DIR,
+    CHECKPOINT_STATE,
+    UNFINISHED_FILE,
+    MedfaqError,
+    autocast,
+    choose_device,
+    resolve_precision,
+    resumable_run,
+    seed_everything,
+)
 from medfaq.summarizer.likelihood import (
     causal_logits,
     check_packed_scoring,
@@ -51,8 +61,14 @@ from medfaq.summarizer.vocabulary import TrimmedVocabulary
 logger = logging.getLogger("medfaq")
 
 HISTORY_FILE = "history.json"
-STATE_FILE = "trainer_state.pt"
-LAST_DIR = "last"
+STATE_FILE = CHECKPOINT_STATE
+LAST_DIR = CHECKPOINT_DIR
+
+
+def _stopped_before_checkpoint(out_dir: Path) -> bool:
+    """Whether `out_dir` holds only a run of this trainer that stopped before its first checkpoint (its unfinished
+    mark, no state to resume): a new run may start there from the beginning."""
+    return (out_dir / UNFINISHED_FILE).is_file() and not resumable_run(out_dir)
 
 
 def sized_queue(n_examples: int, batch_size: int, limit: int = 4096) -> int:
@@ -83,7 +99,12 @@ class SummarizerTrainer:
         last = self.out_dir / LAST_DIR
         if resume and not (last / STATE_FILE).is_file():
             raise MedfaqError(f"nothing to resume in {self.out_dir} (no {LAST_DIR}/{STATE_FILE})")
-        if not resume and self.out_dir.exists() and any(self.out_dir.iterdir()):
+        if (
+            not resume
+            and self.out_dir.exists()
+            and any(self.out_dir.iterdir())
+            and not _stopped_before_checkpoint(self.out_dir)
+        ):
             raise MedfaqError(f"output directory {self.out_dir} is not empty; pass --resume or another --out")
         self.resume = resume
         if config.threads > 0:
@@ -342,6 +363,7 @@ class SummarizerTrainer:
         if not train_pairs or not valid_pairs:
             raise MedfaqError("training needs at least one training and one validation pair")
         self.out_dir.mkdir(parents=True, exist_ok=True)
+        (self.out_dir / UNFINISHED_FILE).touch()  # until the run ends: `medfaq setup` resumes it, never uses it
         if retrieval_negatives:
             path = self.out_dir / RETRIEVAL_NEGATIVES_FILE
             path.write_text("".join(json.dumps(row) + "\n" for row in retrieval_negatives), encoding="utf-8")
@@ -368,20 +390,24 @@ class SummarizerTrainer:
         self.model.train()
         if self.moco is not None:
             self.moco.train()
+        if not self._run_stages(stages, valid, optimizer, scheduler, generator_optimizer, on_step):
+            (self.out_dir / UNFINISHED_FILE).unlink()
+        return self.history
+
+    def _run_stages(self, stages, valid, optimizer, scheduler, generator_optimizer, on_step) -> bool:
+        """Train each stage's remaining epochs; True when `max_steps` stopped the run before its end."""
         for stage, examples, epochs in stages:
             if self.stage == "main" and stage == "pretrain" and self.resume:
                 continue  # the pre-training stage finished before the interruption
             self.stage = stage
             while self.epoch < epochs:
-                stopped = self._run_epoch(stage, examples, optimizer, scheduler, generator_optimizer, on_step)
-                if stopped:
-                    return self.history
-                finished = self._end_epoch(stage, valid, optimizer, scheduler, generator_optimizer)
-                if finished:
-                    return self.history
+                if self._run_epoch(stage, examples, optimizer, scheduler, generator_optimizer, on_step):
+                    return True
+                if self._end_epoch(stage, valid, optimizer, scheduler, generator_optimizer):
+                    return False  # stopped early: no gain for `patience` epochs
             if stage == "pretrain":
                 self.stage, self.epoch, self.step_in_epoch = "main", 0, 0
-        return self.history
+        return False
 
     def _run_epoch(self, stage, examples, optimizer, scheduler, generator_optimizer, on_step) -> bool:
         """Train the rest of the current epoch; True when `max_steps` stopped the run (after a checkpoint)."""
