@@ -329,6 +329,14 @@ def test_average_of_seeds_is_the_parameter_mean_and_generates(tiny_gemma_dir, ti
         average_summarizers([runs[0], tmp_path / "ecl"], tmp_path / "mixed")
     with pytest.raises(MedfaqError, match="not an empty directory"):
         average_summarizers(runs, out)
+    for run in runs:  # each run saves its own copy of the same mined rows
+        (run / "mined.jsonl").write_text('{"chq": "a", "negatives": ["b"]}\n', encoding="utf-8")
+        config = json.loads((run / CONFIG_FILE).read_text())
+        (run / CONFIG_FILE).write_text(json.dumps({**config, "retrieval_negatives": str(run / "mined.jsonl")}))
+    assert (average_summarizers(runs, tmp_path / "rank-soup") / CONFIG_FILE).is_file()
+    (runs[1] / "mined.jsonl").write_text('{"chq": "a", "negatives": ["c"]}\n', encoding="utf-8")
+    with pytest.raises(MedfaqError, match="differ in retrieval_negatives"):
+        average_summarizers(runs, tmp_path / "other-negatives")
     not_summarizer = tmp_path / "reranker"
     not_summarizer.mkdir()
     (not_summarizer / CONFIG_FILE).write_text(json.dumps({"model_type": "crossencoder"}))

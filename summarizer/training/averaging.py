@@ -29,6 +29,15 @@ def _config(path: Path) -> SummarizerTrainConfig:
     return SummarizerTrainConfig.load(path)
 
 
+def _setting(config: SummarizerTrainConfig, name: str) -> object:
+    """A recipe setting as averaging compares it: the mined retrieval negatives by what their file holds (each run
+    saves its own copy beside its model), every other setting as it is."""
+    value = getattr(config, name)
+    if name == "retrieval_negatives" and value and Path(value).is_file():
+        return Path(value).read_bytes()
+    return value
+
+
 def average_summarizers(runs: Sequence[str | Path], out: str | Path) -> Path:
     """Write the parameter-wise mean of `runs` (trained summarizer directories of one recipe) into `out`."""
     if len(runs) < 2:
@@ -41,7 +50,7 @@ def average_summarizers(runs: Sequence[str | Path], out: str | Path) -> Path:
     differing = sorted(
         f.name
         for f in dataclasses.fields(SummarizerTrainConfig)
-        if f.name not in FREE_SETTINGS and any(getattr(c, f.name) != getattr(configs[0], f.name) for c in configs)
+        if f.name not in FREE_SETTINGS and any(_setting(c, f.name) != _setting(configs[0], f.name) for c in configs)
     )
     if differing:
         raise MedfaqError(f"the runs differ in {', '.join(differing)}; average runs of one recipe and other seeds")
