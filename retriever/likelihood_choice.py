@@ -130,13 +130,28 @@ def first_stage_config(directory: Path, depth: int) -> Any:
     )
 
 
-def score_rows(pipeline: Any, scorer: Any, questions: Sequence[Any], progress: bool = True) -> list[dict[str, Any]]:
-    """Each development question's first-stage hits and their stored likelihood scores (given it, given none)."""
+def first_stage_hits(pipeline: Any, questions: Sequence[Any], progress: bool = True) -> list[list[Any]]:
+    """Each development question's hits by the first stage (searched once, whatever number of summarizers scores
+    them)."""
+    from tqdm.auto import tqdm
+
+    return [
+        pipeline.run(query.text).hits for query in tqdm(questions, desc="search", unit="question", disable=not progress)
+    ]
+
+
+def score_rows(
+    scorer: Any, questions: Sequence[Any], found: Sequence[list[Any]], progress: bool = True
+) -> list[dict[str, Any]]:
+    """Each development question's first-stage hits (`found`, in the questions' order) and their stored likelihood
+    scores (given it, given none)."""
     from tqdm.auto import tqdm
 
     rows = []
-    for number, query in enumerate(tqdm(questions, desc="score", unit="question", disable=not progress)):
-        hits = pipeline.run(query.text).hits
+    pairs = zip(questions, found, strict=True)
+    for number, (query, hits) in enumerate(
+        tqdm(pairs, total=len(questions), desc="score", unit="question", disable=not progress)
+    ):
         texts = [hit.question for hit in hits]
         given = scorer.token_scores(query.text, texts) if texts else None
         prior = scorer.prior_scores(texts) if texts else None
@@ -183,6 +198,7 @@ def choose_likelihood(
     index, sets = stage_choice.development_sets(directory, labelled, COMMAND, limit, log, measured_on)
     config = first_stage_config(directory, depth)
     first_stage = Pipeline(index, config)
+    found = {name: first_stage_hits(first_stage, queries, progress) for name, queries in sets.items()}
     bank = [record.question for record in index.records()]
     outcomes = []
     for scorer in scorers or (_load_scorer(model, config) for model in models):
@@ -190,11 +206,19 @@ def choose_likelihood(
         dev = {}
         for name, queries in sets.items():
             log(f"{name}: scoring the top {depth} of {len(queries)} development questions with {scorer.name}")
-            rows = score_rows(first_stage, scorer, queries, progress)
+            rows = score_rows(scorer, queries, found[name], progress)
             dev[name] = (rows, {row["qid"]: queries[int(row["qid"])].golds for row in rows})
         candidates, before = choose_on_dev(dev, replay_golds, grid_settings(), tie_break)
-        outcomes.append({"summarizer": scorer.name, "precision": scorer.precision, "best": candidates[0]})
-        outcomes[-1].update(dev=dev, before=before, settings_scored=len(candidates))
+        outcomes.append(
+            {
+                "summarizer": scorer.name,
+                "precision": scorer.precision,
+                "best": candidates[0],
+                "dev": dev,
+                "before": before,
+                "settings_scored": len(candidates),
+            }
+        )
     chosen = min(outcomes, key=lambda outcome: stage_choice.rule_order(outcome["best"]))  # min: the first on a tie
     best, dev, before = chosen["best"], chosen["dev"], chosen["before"]
     location = chosen["summarizer"]
@@ -271,11 +295,11 @@ def decided_among(directory: str | Path, summarizers: Sequence[Path]) -> bool:
     """Whether the index has a likelihood decision made with the encoder that encodes it now and with every one of
     `summarizers` scored."""
     record = read_choice(directory)
-    if not decided_for_encoder(directory) or record is None:
+    if record is None or not stage_choice.decided_for_encoder(directory, record):
         return False
-    scored = {entry["summarizer"] for entry in record.get("summarizers_scored", [{"summarizer": record["summarizer"]}])}
-    return {str(Path(path).expanduser().resolve()) for path in summarizers} <= {
-        str(Path(name).expanduser().resolve()) for name in scored
+    scored = record.get("summarizers_scored", [{"summarizer": record["summarizer"]}])
+    return {Path(path).expanduser().resolve() for path in summarizers} <= {
+        Path(entry["summarizer"]).expanduser().resolve() for entry in scored
     }
 
 
