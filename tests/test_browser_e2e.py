@@ -65,10 +65,26 @@ def wait_until_serving(url: str, server: subprocess.Popen) -> None:
     raise TimeoutError(f"streamlit did not answer on {url} within {START_TIMEOUT_S} s")
 
 
+def wait_until_idle(page) -> None:
+    """Until the app's script has finished running."""
+    page.wait_for_selector("[data-testid=stStatusWidgetRunningIcon]", state="detached", timeout=60_000)
+
+
+def open_expander(page, header: str, inside) -> None:
+    """Make `inside` visible, opening the expander titled `header` when a rerun of the page has closed it (Streamlit
+    may make an expander anew, closed, when the elements around it change)."""
+    from playwright.sync_api import expect
+
+    wait_until_idle(page)
+    if not inside.is_visible():
+        page.get_by_text(header).click()
+    expect(inside).to_be_visible(timeout=15_000)
+
+
 def save_screenshot(page, path: Path) -> None:
     """The whole page once the script has finished: Streamlit scrolls inside its main block, so the window is
     first made as tall as it."""
-    page.wait_for_selector("[data-testid=stStatusWidgetRunningIcon]", state="detached", timeout=60_000)
+    wait_until_idle(page)
     height = page.evaluate("document.querySelector('[data-testid=\"stMain\"]').scrollHeight")
     page.set_viewport_size({"width": page.viewport_size["width"], "height": max(600, height)})
     page.wait_for_timeout(500)
@@ -151,9 +167,12 @@ def test_an_expert_answers_a_queued_question_and_the_search_then_finds_it(served
         search()
         expect(page.get_by_text("No good match")).to_be_visible(timeout=START_TIMEOUT_S * 1000)
         page.goto(f"{url}/expert-queue")
-        expect(page.get_by_text(f"{asked} — asked 1×")).to_be_visible(timeout=START_TIMEOUT_S * 1000)
-        expect(page.get_by_label("FAQ question")).to_have_value(asked)  # the summarizer's title to start from
-        page.get_by_label("FAQ question").fill("Where can I take xylophone lessons in Zanzibar?")
+        header = f"{asked} — asked 1×"
+        expect(page.get_by_text(header)).to_be_visible(timeout=START_TIMEOUT_S * 1000)
+        title = page.get_by_label("FAQ question")
+        expect(title).to_have_value(asked)  # the summarizer's title to start from
+        open_expander(page, header, title)
+        title.fill("Where can I take xylophone lessons in Zanzibar?")
         page.get_by_role("textbox", name="Answer").fill("At the Zanzibar music school.")
         page.get_by_role("button", name="Add this FAQ").click()
         expect(page.get_by_text("Added a new FAQ")).to_be_visible(timeout=30_000)
