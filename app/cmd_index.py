@@ -297,7 +297,11 @@ def adapt(
         "question-writer", "--writer", help="The question writer (`medfaq train question-writer`): a name or directory."
     ),
     questions: int = typer.Option(
-        AdaptConfig.questions_per_faq, "--questions", "-k", min=1, help="Questions written per FAQ."
+        AdaptConfig.questions_per_faq,
+        "--questions",
+        "-k",
+        min=1,
+        help="Questions written per FAQ (one without --dev-queries: the held-back one).",
     ),
     depth: int = typer.Option(
         AdaptConfig.round_trip_depth,
@@ -326,8 +330,9 @@ def adapt(
     dry_run: bool = typer.Option(False, "--dry-run", help="Say what would be done and how long it would take."),
 ) -> None:
     """Teach an index its own bank: write questions for every FAQ, keep those that find their FAQ again, and add
-    the FAQs' answers and those questions as extra rows, each only where it does not lose R@1 on held-back
-    questions (and on --dev-queries). Interrupted runs resume; --undo removes all of it."""
+    the FAQs' answers as extra rows where they do not lose R@1 on held-back questions (and on --dev-queries). Those
+    questions as phrasings, and an encoder trained on them, are tried only with --dev-queries and kept only where
+    those gain. Interrupted runs resume; --undo removes all of it."""
     from medfaq.retriever import adaptation
 
     if undo:
@@ -345,7 +350,7 @@ def adapt(
         encoder_labels=labels,
     )
     if dry_run:
-        typer.echo(adaptation.dry_run_plan(directory, config))
+        typer.echo(adaptation.dry_run_plan(directory, config, bool(labelled)))
         return
     record = adaptation.adapt(directory, config, labelled, log=lambda line: typer.echo(line, err=True))
     applied = ", ".join(record["applied"]) or "nothing (no part won on the development queries)"

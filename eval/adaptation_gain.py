@@ -3,11 +3,12 @@ all parts together, and what the rule keeps; R@1, R@5, MRR@10 on each benchmark'
 benchmark has out-of-scope questions the abstention AUROC and answer-or-abstain accuracy at its dev-calibrated
 threshold.
 
-    python -m medfaq.eval.adaptation_gain BENCH_DIR... [--variant rule] [--seed 0] [--json OUT]
+    python -m medfaq.eval.adaptation_gain BENCH_DIR... [--variant rule] [--seed 0] [--labelled-dev] [--json OUT]
 
 Each BENCH_DIR is written by `medfaq data make-benchmark NAME --out BENCH_DIR` (its index in BENCH_DIR/index). The
 index is adapted and undone in place, one variant after another; the generated questions are cached beside it, so
-only the first variant writes them.
+only the first variant writes them. `--labelled-dev`: the benchmark's development queries (those it holds out of
+its test metrics, e.g. Quebec's dev half) are the user's labelled development queries (`--dev-queries`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ from medfaq.common.runtime import MedfaqError
 from medfaq.eval.benchmarks import Benchmark
 from medfaq.eval.retrieval import RetrievalEvaluator, run_pipeline
 from medfaq.eval.script_args import print_report
+from medfaq.index.faq_index import FaqIndex
 from medfaq.retriever import adaptation
+from medfaq.retriever.adaptation import DevQuery
 from medfaq.retriever.adaptation_config import PARTS, AdaptConfig
 
 VARIANTS: dict[str, dict[str, Any]] = {
@@ -52,18 +55,44 @@ def test_metrics(bench_dir: Path, benchmark: Benchmark) -> dict[str, float]:
     return RetrievalEvaluator(benchmark.qrels, benchmark.ood_ids, benchmark.dev_ids)(run, confidences)
 
 
-def measure(bench_dir: Path, variants: list[str], seed: int, questions: int, depth: int) -> dict[str, Any]:
-    """The unadapted index's metrics, then each variant's (adapted, scored, undone)."""
+def labelled_dev(benchmark: Benchmark) -> list[DevQuery]:
+    """The benchmark's judged development queries, as a user's labelled ones; none is a one-line error."""
+    texts = benchmark.query_texts()
+    golds = {q: frozenset(d for d, rel in docs.items() if rel > 0) for q, docs in benchmark.qrels.items()}
+    queries = [DevQuery(texts[q], golds[q]) for q in sorted(benchmark.dev_ids) if golds.get(q)]
+    if not queries:
+        raise MedfaqError(f"benchmark {benchmark.name} has no judged development queries for --labelled-dev")
+    return queries
+
+
+def measure(
+    bench_dir: Path, variants: list[str], seed: int, questions: int, depth: int, labelled: bool = False
+) -> dict[str, Any]:
+    """The unadapted index's metrics, then each variant's (adapted, scored, undone); `labelled`: with the
+    benchmark's development queries as the user's."""
     benchmark = Benchmark.load(bench_dir)
     index = bench_dir / "index"
     if adaptation.adaptation_of(index):
         raise MedfaqError(f"{index} is adapted already; undo it first (`medfaq index adapt {index} --undo`)")
-    report: dict[str, Any] = {"benchmark": benchmark.name, "none": {"test": test_metrics(bench_dir, benchmark)}}
+    user_dev = labelled_dev(benchmark) if labelled else []
+    records = FaqIndex.load(index).records()
+    report: dict[str, Any] = {
+        "benchmark": benchmark.name,
+        "labelled_dev": len(user_dev),
+        "none": {"test": test_metrics(bench_dir, benchmark)},
+    }
     for variant in variants:
         settings = {"questions_per_faq": questions, "round_trip_depth": depth, "seed": seed, **VARIANTS[variant]}
         config = AdaptConfig(**settings)
         started = time.perf_counter()
-        record = adaptation.adapt(index, config, progress=False, log=lambda line: print(line, file=sys.stderr))
+        try:
+            adaptation.parts_to_try(config, records, bool(user_dev))
+        except MedfaqError as error:  # nothing this variant may try on this bank: the index stays as built
+            report[variant] = {"test": report["none"]["test"], "applied": [], "why": str(error)}
+            continue
+        record = adaptation.adapt(
+            index, config, user_dev, progress=False, log=lambda line: print(line, file=sys.stderr)
+        )
         report[variant] = {
             "test": test_metrics(bench_dir, benchmark),
             "applied": record["applied"],
@@ -81,7 +110,7 @@ def print_table(reports: list[dict[str, Any]]) -> None:
     print("|---|---|---|" + "---:|" * len(COLUMNS))
     for report in reports:
         for variant, result in report.items():
-            if variant == "benchmark":
+            if not isinstance(result, dict):
                 continue
             cells = " | ".join(f"{result['test'][c]:.1f}" if c in result["test"] else "" for c in COLUMNS)
             applied = ", ".join(result.get("applied", [])) or "-"
@@ -95,16 +124,26 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--questions", type=int, default=AdaptConfig.questions_per_faq, help="written per FAQ")
     parser.add_argument("--depth", type=int, default=AdaptConfig.round_trip_depth, help="the round trip's top k")
+    parser.add_argument(
+        "--labelled-dev", action="store_true", help="the benchmark's development queries as the user's labelled ones"
+    )
     parser.add_argument("--json", type=Path, default=None, help="also write the report here")
     args = parser.parse_args(argv)
     try:
         reports = [
-            measure(path.expanduser(), args.variant or list(VARIANTS), args.seed, args.questions, args.depth)
+            measure(
+                path.expanduser(),
+                args.variant or list(VARIANTS),
+                args.seed,
+                args.questions,
+                args.depth,
+                args.labelled_dev,
+            )
             for path in args.benchmarks
         ]
     except MedfaqError as error:
         sys.exit(f"error: {error}")
-    print_report({"seed": args.seed, "reports": reports}, args.json)
+    print_report({"seed": args.seed, "labelled_dev": args.labelled_dev, "reports": reports}, args.json)
     print_table(reports)
 
 

@@ -13,7 +13,11 @@ each part is tried in `PARTS` order and kept by the rule below:
 
 The rule, fixed before any bank was scored: a part is kept when, added to the parts kept before it, it does not lower
 R@1 on the development queries (the held-back generated questions, and the user's labelled queries when given: on
-each set separately), and it raises R@1 or MRR@10 on at least one of them. The decision and every number it was
+each set separately), and it raises R@1 or MRR@10 on at least one of them. Added after the first measurements
+(docs/results.md, "Generated questions alone keep only the answer rows"): the parts learned from the generated
+questions (:data:`LEARNED_PARTS`) must raise R@1 or MRR@10 on the user's labelled queries; without labelled queries
+they are not tried. Held-back generated questions had kept them on three banks where the bank's real questions then
+lost, as they had turned on the likelihood stage (retriever/stage_choice.py). The decision and every number it was
 made with are recorded in the manifest (`IndexManifest.adaptation`); `undo` removes every adapted row and the record.
 
 Generated questions are cached beside the index (`work_dir`), one JSON line per FAQ as they are written, so an
@@ -27,7 +31,7 @@ import json
 import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +42,8 @@ from medfaq.retriever.adaptation_config import PARTS, AdaptConfig
 
 ORIGIN_PREFIX = "adapt:"
 ORIGINS = {"answers": "adapt:answer", "phrasings": "adapt:question"}
+LEARNED_PARTS = ("phrasings", "encoder")  # learned from the generated questions: judged by labelled queries only
+NEEDS_LABELS = "needs labelled development queries (--dev-queries/--dev-qrels); generated ones alone never keep it"
 ADAPTED_BY = "medfaq index adapt"
 DEV_DEPTH = 10  # MRR@10
 DEVELOPMENT_FILE = (
@@ -78,8 +84,9 @@ def writer_location(name: str) -> str:
 
 def generation_key(config: AdaptConfig, writer: Any = None) -> str:
     """What the generated questions depend on: the writer's weights (`writer`: a loaded one, else
-    `config.writer`), the seed and the sampling. Not K: the samples are independent, so the first K of a longer
-    run are a run of K, and one cache serves every K up to the largest written."""
+    `config.writer`), the seed and the sampling. Not K: one cache serves every K up to the largest written (the
+    first K of an FAQ's samples, each an independent draw; an FAQ with fewer than K is written again, and its K
+    differ from the fewer, since the draws of one batch depend on how many are drawn)."""
     location = getattr(writer, "path", None) if writer is not None else writer_location(config.writer)
     if location is None:
         identity: Any = type(writer).__name__
@@ -154,7 +161,8 @@ def split_development(
     generated: dict[str, list[str]], dev_faqs: int, seed: int
 ) -> tuple[list[DevQuery], dict[str, list[str]]]:
     """Hold back the first sample of each of `dev_faqs` seeded FAQs as a development query (the same queries for
-    every K); the other samples, blank ones and repeats dropped (the held-back text too), are for use."""
+    every K one cache serves); the other samples, blank ones and repeats dropped (the held-back text too), are for
+    use."""
     rng = random.Random(seed)
     eligible = sorted(faq_id for faq_id, samples in generated.items() if samples and samples[0].strip())
     chosen = set(rng.sample(eligible, min(dev_faqs, len(eligible))))
@@ -227,8 +235,6 @@ def ranked_ids(pipeline: Any, queries: list[str], depth: int, batch_size: int = 
 def ranking_config(directory: Path, depth: int) -> Any:
     """The index's own pipeline config ranking at least `depth` and the development depth, with abstention, its
     log and the entity stage off: what the round trip and the development queries are searched with."""
-    from dataclasses import replace
-
     from medfaq.retriever.pipeline_file import read_config
 
     config = read_config(directory)
@@ -252,13 +258,38 @@ def dev_scores(pipeline: Any, queries: Sequence[DevQuery]) -> dict[str, float]:
     }
 
 
-def part_kept(before: dict[str, dict], after: dict[str, dict]) -> bool:
-    """The rule: no development set loses R@1, and at least one gains R@1 or MRR@10."""
+def part_kept(part: str, before: dict[str, dict], after: dict[str, dict]) -> bool:
+    """The rule: no development set loses R@1, and at least one gains R@1 or MRR@10: the labelled one for a part
+    learned from the generated questions."""
     if any(after[name]["r@1"] < before[name]["r@1"] for name in before):
         return False
+    judges = [name for name in before if part not in LEARNED_PARTS or name == "labelled"]
     return any(
-        after[name]["r@1"] > before[name]["r@1"] or after[name]["mrr@10"] > before[name]["mrr@10"] for name in before
+        after[name]["r@1"] > before[name]["r@1"] or after[name]["mrr@10"] > before[name]["mrr@10"] for name in judges
     )
+
+
+def parts_to_try(config: AdaptConfig, records: Sequence[FaqRecord], labelled: bool) -> dict[str, str]:
+    """Each part of ``config.parts`` that will not be tried, with why (``force`` tries all); a one-line error when
+    none is left."""
+    skipped = {}
+    for part in config.parts:
+        if part in LEARNED_PARTS and not (labelled or config.force):
+            skipped[part] = NEEDS_LABELS
+        elif part == "answers" and not any(record.answer.strip() for record in records):
+            skipped[part] = "no FAQ of the bank has an answer"
+    if len(skipped) == len(config.parts):
+        reasons = {why: [part for part in skipped if skipped[part] == why] for why in skipped.values()}
+        raise MedfaqError("nothing to adapt: " + "; ".join(f"{', '.join(p)}: {why}" for why, p in reasons.items()))
+    return skipped
+
+
+def writing_config(config: AdaptConfig, skipped: dict[str, str]) -> AdaptConfig:
+    """`config` with the questions to write per FAQ: one (the held-back development question) where no part
+    learned from the generated questions is tried."""
+    if any(part in LEARNED_PARTS and part not in skipped for part in config.parts):
+        return config
+    return replace(config, questions_per_faq=1)
 
 
 def answer_rows(records: Sequence[FaqRecord], words: int) -> dict[str, list[str]]:
@@ -298,11 +329,12 @@ def adapt(
     records = index.records()
     if not records:
         raise MedfaqError(f"index {directory} holds no FAQs to adapt")
+    skipped = parts_to_try(config, records, bool(user_dev))
     searched = ranking_config(directory, config.round_trip_depth)
     pipeline = build_pipeline(index, searched)
     key = generation_key(config, writer)
     cache = work_dir(directory) / f"questions-{key}.jsonl"
-    generated = generated_questions(records, config, cache, writer, progress)
+    generated = generated_questions(records, writing_config(config, skipped), cache, writer, progress)
     written = sum(len(q) for q in generated.values())
     dev, usable = split_development(generated, config.dev_faqs, config.seed)
     save_development(cache.parent / DEVELOPMENT_FILE, dev)
@@ -310,22 +342,25 @@ def adapt(
     kept = round_trip(pipeline, usable, config.round_trip_depth)
     save_training_pairs(cache.parent / TRAINING_FILE, kept, records)
     n_usable, n_kept = sum(len(q) for q in usable.values()), sum(len(q) for q in kept.values())
+    trip = f"{n_kept} of {n_usable} passed the round trip (own FAQ in the top {config.round_trip_depth})"
     log(
-        f"wrote {written} questions for {len(records)} FAQs; {len(dev)} held back for development; "
-        f"{n_kept} of {n_usable} passed the round trip (own FAQ in the top {config.round_trip_depth})"
+        f"wrote {written} questions for {len(records)} FAQs; {len(dev)} held back for development"
+        + (f"; {trip}" if n_usable else "")
     )
     candidates = {"answers": answer_rows(records, config.answer_words), "phrasings": kept}
     scores = {name: dev_scores(pipeline, queries) for name, queries in dev_sets.items()}
-    decisions: dict[str, dict[str, Any]] = {}
+    decisions: dict[str, dict[str, Any]] = {
+        part: {"kept": False, "rows": 0, "why": why} for part, why in skipped.items()
+    }
     current = scores
-    for part in (part for part in PARTS if part in config.parts and part != "encoder"):
+    for part in (part for part in PARTS if part in config.parts and part not in skipped and part != "encoder"):
         rows = candidates[part]
         keys = add_rows(index, rows, ORIGINS[part])
         if not keys:
             decisions[part] = {"kept": False, "rows": 0, "why": "nothing to add"}
             continue
         after = {name: dev_scores(pipeline, queries) for name, queries in dev_sets.items()}
-        keep = part_kept(current, after) or config.force
+        keep = part_kept(part, current, after) or config.force
         decisions[part] = {"kept": keep, "rows": len(keys), "dev": after}
         log(
             f"{part}: {len(keys)} rows; development {describe(current)} -> {describe(after)}: "
@@ -336,7 +371,7 @@ def adapt(
         else:
             index.remove_phrasings(keys)
     original_encoder = {"name": index.manifest.encoder, "backend": index.manifest.encoder_backend or "auto"}
-    if "encoder" in config.parts:
+    if "encoder" in config.parts and "encoder" not in skipped:
         decisions["encoder"], index = adapt_encoder(
             index, kept, dev_sets, current, config, searched, directory, key, log
         )
@@ -347,8 +382,8 @@ def adapt(
         "development_queries": {name: len(queries) for name, queries in dev_sets.items()},
         "round_trip": {"usable": n_usable, "kept": n_kept},
         "before": scores,
-        "parts": decisions,
-        "applied": [part for part, d in decisions.items() if d["kept"]],
+        "parts": {part: decisions[part] for part in PARTS if part in decisions},
+        "applied": [part for part in PARTS if decisions.get(part, {}).get("kept")],
         "original_encoder": original_encoder,
         "faqs": len(records),
         "seconds": round(time.perf_counter() - started, 1),
@@ -407,7 +442,7 @@ def adapt_encoder(
     candidate = index.reencoded(load_encoder(str(out), index.manifest.encoder_backend or "auto"), progress=False)
     pipeline = build_pipeline(candidate, searched)
     after = {name: dev_scores(pipeline, queries) for name, queries in dev_sets.items()}
-    keep = part_kept(current, after) or config.force
+    keep = part_kept("encoder", current, after) or config.force
     log(
         f"encoder ({labels} labels, {len(triplets)} triplets): development {describe(current)} -> {describe(after)}: "
         f"{'kept' if keep else 'not kept'}"
@@ -488,9 +523,9 @@ def describe_adaptation(record: dict[str, Any], faqs_now: int) -> str:
     )
 
 
-def dry_run_plan(directory: Path, config: AdaptConfig) -> str:
-    """What `adapt` would do and how long it would take here: the writer is timed on a few FAQs (nothing is
-    written or saved)."""
+def dry_run_plan(directory: Path, config: AdaptConfig, labelled: bool = False) -> str:
+    """What `adapt` would do and how long it would take here (`labelled`: with the user's labelled development
+    queries): the writer is timed on a few FAQs (nothing is written or saved)."""
     from medfaq.summarizer.question_writer import QuestionWriter
 
     directory = Path(directory).expanduser()
@@ -498,21 +533,26 @@ def dry_run_plan(directory: Path, config: AdaptConfig) -> str:
     if index.manifest.adaptation:
         raise MedfaqError(f"index {directory} is already adapted; run `medfaq index adapt {directory} --undo` first")
     records = index.records()
+    skipped = parts_to_try(config, records, labelled)
+    k = writing_config(config, skipped).questions_per_faq
     writer = QuestionWriter.load(writer_location(config.writer), quantize=config.writer_int8)
     cache = work_dir(directory) / f"questions-{generation_key(config, writer)}.jsonl"
-    todo = [r for r in records if r.id not in read_generated(cache)]
+    written = read_generated(cache)
+    todo = [r for r in records if len(written.get(r.id, ())) < k]
     sample = todo[:SAMPLE_FAQS] or records[:SAMPLE_FAQS]
     start = time.perf_counter()
-    writer.write([faq_input(r) for r in sample], config.questions_per_faq, config.seed, config.batch_size)
+    writer.write([faq_input(r) for r in sample], k, config.seed, config.batch_size)
     per_faq = (time.perf_counter() - start) / max(len(sample), 1)
     minutes = per_faq * len(todo) / 60
+    tried = [part for part in config.parts if part not in skipped]
     lines = [
         f"{len(records)} FAQs; {len(records) - len(todo)} already have their questions in {cache.parent}",
-        f"write {config.questions_per_faq} questions for each of {len(todo)} FAQs: about {minutes:.1f} min "
+        f"write {k} question(s) for each of {len(todo)} FAQs: about {minutes:.1f} min "
         f"({per_faq:.2f} s per FAQ, measured on {len(sample)} here)",
         f"hold back one question of up to {config.dev_faqs} FAQs; round trip: keep questions whose FAQ ranks in the "
         f"top {config.round_trip_depth}",
-        f"try {', '.join(config.parts)}, each kept only where it does not lose R@1 on the development queries "
+        f"try {', '.join(tried)}, each kept only where it does not lose R@1 on the development queries "
         "(searching: about a minute per thousand FAQs; the encoder: about 5 minutes for 300 FAQs, docs/results.md)",
+        *(f"not tried: {part}: {why}" for part, why in skipped.items()),
     ]
     return "\n".join(lines)

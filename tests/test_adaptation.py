@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +22,7 @@ from medfaq.summarizer.training.trainer import train_summarizer
 from tests.conftest import SUMMARY_PAIRS, tiny_summarizer_config, write_jsonl
 
 ROW_PARTS = ["answers", "phrasings"]
+USER_DEV = [DevQuery("alcohol and amoxicillin", frozenset({"f1"}))]
 
 
 class TemplateWriter:
@@ -39,7 +41,8 @@ class TemplateWriter:
 
 
 def scripted_scores(monkeypatch, r_at_1: list[float]):
-    """Make each development scoring return the next R@1 of `r_at_1` (MRR@10 the same)."""
+    """Make each development scoring return the next R@1 of `r_at_1` (MRR@10 the same): one per development set,
+    the generated questions first."""
     values = iter(r_at_1)
 
     def scores(pipeline, queries):
@@ -89,11 +92,12 @@ def test_summarizer_is_no_question_writer(tiny_bert_dir, tmp_path):
 
 def test_adapt_keeps_winning_parts_records_them_and_undo_restores_the_index(index_dir, monkeypatch):
     before = index_files(index_dir)
-    scripted_scores(monkeypatch, [50.0, 60.0, 70.0])  # before, + answers, + phrasings
+    scripted_scores(monkeypatch, [50.0, 40.0, 60.0, 41.0, 70.0, 42.0])  # before, + answers, + phrasings
     config = AdaptConfig(questions_per_faq=3, round_trip_depth=6, dev_faqs=2, parts=ROW_PARTS)
-    record = adaptation.adapt(index_dir, config, writer=TemplateWriter(), progress=False, log=lambda _: None)
+    record = adaptation.adapt(index_dir, config, USER_DEV, TemplateWriter(), progress=False, log=lambda _: None)
     assert record["applied"] == ["answers", "phrasings"]
-    assert record["development_queries"] == {"generated": 2} and record["round_trip"]["usable"] == 6 * 3 - 2
+    assert record["development_queries"] == {"generated": 2, "labelled": 1}
+    assert record["round_trip"]["usable"] == 6 * 3 - 2
     index = FaqIndex.load(index_dir)
     origins = {p.origin for p in index.phrasings()}
     assert origins == {"adapt:answer", "adapt:question"}
@@ -131,9 +135,9 @@ def test_an_index_never_adapted_has_no_training_pairs(index_dir):
 
 def test_rule_refuses_a_part_that_loses_and_keeps_an_experts_phrasings(index_dir, monkeypatch):
     FaqIndex.edit(index_dir, lambda index: index.add_phrasings("f1", ["beer with antibiotics?"], origin="queue:1"))
-    scripted_scores(monkeypatch, [50.0, 49.0, 55.0])  # answers lose a point; phrasings gain
+    scripted_scores(monkeypatch, [50.0, 40.0, 49.0, 40.0, 55.0, 41.0])  # answers lose a point; phrasings gain
     config = AdaptConfig(questions_per_faq=2, round_trip_depth=6, dev_faqs=1, parts=ROW_PARTS)
-    record = adaptation.adapt(index_dir, config, writer=TemplateWriter(), progress=False, log=lambda _: None)
+    record = adaptation.adapt(index_dir, config, USER_DEV, TemplateWriter(), progress=False, log=lambda _: None)
     assert record["applied"] == ["phrasings"] and record["parts"]["answers"]["kept"] is False
     assert not [p for p in FaqIndex.load(index_dir).phrasings() if p.origin == "adapt:answer"]
     adaptation.undo(index_dir)
@@ -143,11 +147,39 @@ def test_rule_refuses_a_part_that_loses_and_keeps_an_experts_phrasings(index_dir
 def test_rule_needs_a_gain_and_no_loss_on_every_development_set():
     base = {"generated": {"r@1": 50.0, "mrr@10": 60.0}, "labelled": {"r@1": 40.0, "mrr@10": 50.0}}
     same = json.loads(json.dumps(base))
-    assert not adaptation.part_kept(base, same)
-    gain_one = {**same, "generated": {"r@1": 50.0, "mrr@10": 61.0}}
-    assert adaptation.part_kept(base, gain_one)
+    assert not any(adaptation.part_kept(part, base, same) for part in ("answers", "phrasings", "encoder"))
+    gain_generated = {**same, "generated": {"r@1": 50.0, "mrr@10": 61.0}}
+    assert adaptation.part_kept("answers", base, gain_generated)
+    assert not adaptation.part_kept("phrasings", base, gain_generated)  # learned from generated questions
+    gain_labelled = {**same, "labelled": {"r@1": 41.0, "mrr@10": 50.0}}
+    assert adaptation.part_kept("phrasings", base, gain_labelled) and adaptation.part_kept(
+        "encoder", base, gain_labelled
+    )
     loses_labelled = {"generated": {"r@1": 60.0, "mrr@10": 70.0}, "labelled": {"r@1": 39.0, "mrr@10": 55.0}}
-    assert not adaptation.part_kept(base, loses_labelled)
+    assert not adaptation.part_kept("answers", base, loses_labelled)
+    only_generated = {"generated": base["generated"]}
+    assert not adaptation.part_kept("encoder", only_generated, {"generated": {"r@1": 70.0, "mrr@10": 80.0}})
+
+
+def test_without_labelled_queries_only_the_answers_are_tried_from_one_question_per_faq(index_dir, monkeypatch):
+    scripted_scores(monkeypatch, [50.0, 60.0])  # before, + answers: nothing else is scored
+    writer = TemplateWriter()
+    config = AdaptConfig(questions_per_faq=3, round_trip_depth=6, dev_faqs=2)
+    record = adaptation.adapt(index_dir, config, writer=writer, progress=False, log=lambda _: None)
+    assert record["applied"] == ["answers"] and record["questions_written"] == 6  # one per FAQ: the held-back one
+    for part in ("phrasings", "encoder"):
+        assert record["parts"][part] == {"kept": False, "rows": 0, "why": adaptation.NEEDS_LABELS}
+    assert {p.origin for p in FaqIndex.load(index_dir).phrasings()} == {"adapt:answer"}
+    adaptation.undo(index_dir)
+    no_answers = [replace(record, answer="") for record in FaqIndex.load(index_dir).records()]
+    with pytest.raises(
+        MedfaqError, match="nothing to adapt: answers: no FAQ of the bank has an answer; phrasings, encoder: needs"
+    ):
+        adaptation.parts_to_try(config, no_answers, labelled=False)
+    assert adaptation.parts_to_try(config, no_answers, labelled=True) == {"answers": "no FAQ of the bank has an answer"}
+    assert adaptation.parts_to_try(replace(config, force=True), no_answers, labelled=False) == {
+        "answers": "no FAQ of the bank has an answer"
+    }
 
 
 def test_an_interrupted_generation_resumes_where_it_stopped(index_dir, tmp_path):
@@ -170,7 +202,7 @@ def test_an_interrupted_generation_resumes_where_it_stopped(index_dir, tmp_path)
 
 
 def test_index_add_after_adapt_says_the_adaptation_is_partial(index_dir, tmp_path, monkeypatch):
-    scripted_scores(monkeypatch, [50.0, 60.0, 70.0])
+    scripted_scores(monkeypatch, [50.0, 60.0])
     config = AdaptConfig(questions_per_faq=2, round_trip_depth=6, dev_faqs=1, parts=ROW_PARTS)
     adaptation.adapt(index_dir, config, writer=TemplateWriter(), progress=False, log=lambda _: None)
     new = write_jsonl(tmp_path / "new.jsonl", [{"id": "f7", "question": "Is flu contagious?", "answer": "Yes."}])
@@ -197,8 +229,7 @@ def test_user_queries_are_a_development_set_of_their_own(index_dir, monkeypatch)
     # answers gain on the generated questions and lose one of the user's: refused; phrasings gain on both
     scripted_scores(monkeypatch, [50.0, 40.0, 55.0, 39.0, 60.0, 41.0])
     config = AdaptConfig(questions_per_faq=2, round_trip_depth=6, dev_faqs=1, parts=ROW_PARTS)
-    user = [DevQuery("alcohol and amoxicillin", frozenset({"f1"}))]
-    record = adaptation.adapt(index_dir, config, user, writer=TemplateWriter(), progress=False, log=lambda _: None)
+    record = adaptation.adapt(index_dir, config, USER_DEV, TemplateWriter(), progress=False, log=lambda _: None)
     assert record["development_queries"] == {"generated": 1, "labelled": 1}
     assert record["applied"] == ["phrasings"]
 
@@ -208,7 +239,7 @@ def test_adapted_encoder_is_saved_with_its_fingerprint_and_undo_restores_the_vec
 
     before = index_files(index_dir)
     original = read_manifest(index_dir)
-    scripted_scores(monkeypatch, [50.0, 60.0])  # before, with the adapted encoder
+    scripted_scores(monkeypatch, [50.0, 40.0, 60.0, 41.0])  # before, with the adapted encoder
     config = AdaptConfig(
         questions_per_faq=3,
         round_trip_depth=6,
@@ -217,7 +248,7 @@ def test_adapted_encoder_is_saved_with_its_fingerprint_and_undo_restores_the_vec
         encoder_labels="hard",
         near_duplicate=1.1,
     )  # a random tiny encoder finds every FAQ a near-duplicate of every other
-    record = adaptation.adapt(index_dir, config, writer=TemplateWriter(), progress=False, log=lambda _: None)
+    record = adaptation.adapt(index_dir, config, USER_DEV, TemplateWriter(), progress=False, log=lambda _: None)
     decision = record["parts"]["encoder"]
     assert record["applied"] == ["encoder"] and decision["labels"] == "hard" and decision["rows"] > 0
     adapted = read_manifest(index_dir)
@@ -260,3 +291,23 @@ def test_train_question_writer_on_a_tiny_causal_model_writes_with_its_training_v
     [questions] = writer.write([("Is migraine inherited?", "It often runs in families.")], k=2, seed=0)
     assert len(questions) == 2  # sampled over the kept ids (tests/test_vocabulary.py checks the ids themselves)
     assert writer.write([("Is migraine inherited?", "It often runs in families.")], k=2, seed=0) == [questions]
+
+
+def test_a_benchmarks_development_queries_stand_for_a_users_labelled_ones():
+    from medfaq.eval.adaptation_gain import labelled_dev
+    from medfaq.eval.benchmarks import Benchmark
+
+    queries = [
+        {"_id": "q1", "text": "beer on amoxicillin?", "metadata": {"split": "dev"}},
+        {"_id": "q2", "text": "is shingles catching?", "metadata": {"split": "dev"}},
+        {"_id": "q3", "text": "a test question", "metadata": {}},
+        {"_id": "q4", "text": "out of scope", "metadata": {"split": "dev", "ood": True}},
+    ]
+    qrels = {"q1": {"f1": 1, "f2": 0}, "q2": {"f3": 1}, "q3": {"f4": 1}}
+    benchmark = Benchmark("toy", [], queries, qrels)
+    assert labelled_dev(benchmark) == [
+        DevQuery("beer on amoxicillin?", frozenset({"f1"})),
+        DevQuery("is shingles catching?", frozenset({"f3"})),
+    ]
+    with pytest.raises(MedfaqError, match="no judged development queries"):
+        labelled_dev(Benchmark("toy", [], queries[2:3], qrels))

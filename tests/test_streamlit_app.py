@@ -352,15 +352,15 @@ class _Done:
 def test_adapt_page_starts_a_background_run_and_reports_it(demo_env, monkeypatch):
     from medfaq.app.ui import adapt_page, resources
     from medfaq.retriever import adaptation
+    from medfaq.retriever.adaptation_config import AdaptConfig
 
     asked = []
     monkeypatch.setattr(adaptation, "adapt", lambda directory, config, **_: asked.append(config) or {"applied": []})
     page = AppTest.from_string("from medfaq.app.ui import adapt_page\nadapt_page.render()", default_timeout=TIMEOUT_S)
     page.run()
     assert not page.exception and "**Now:** none" in "\n".join(m.value for m in page.markdown)
-    page.slider(key="adapt_questions").set_value(2)
     page.button(key="FormSubmitter:adapt-Adapt").click().run()
     job = adapt_page.adaptation_job(str(resources.settings().index_dir))
-    assert job.wait(30)["state"] == "done" and asked[0].questions_per_faq == 2
+    assert job.wait(30)["state"] == "done" and asked == [AdaptConfig()]
     page.run()
     assert "The last run (adapt) finished" in page.success[0].value

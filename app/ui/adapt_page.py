@@ -10,7 +10,6 @@ from medfaq.app.ui import resources
 from medfaq.common.runtime import MedfaqError
 from medfaq.index.faq_index import read_manifest
 from medfaq.retriever.adaptation import describe_adaptation
-from medfaq.retriever.adaptation_config import PARTS, AdaptConfig
 
 
 @st.cache_resource
@@ -23,9 +22,9 @@ def render() -> None:
     demo = resources.settings()
     st.title("Adapt this index to its FAQs")
     st.caption(
-        "A question writer writes consumer questions for every FAQ; those that find their FAQ again are tried as "
-        "extra rows, the FAQs' answers too, and an encoder tuned on this bank. Each part is kept only where it does "
-        "not lose on held-back questions. Undo removes all of it."
+        "A question writer writes a consumer question for every FAQ; held back, they judge the FAQs' answers as extra "
+        "rows, kept only where they do not lose. Written questions as rows, and an encoder tuned on them, need your "
+        "labelled questions (`medfaq index adapt --dev-queries`). Undo removes all of it."
     )
     if not demo.index_ready():
         st.info("The FAQ index is not built yet.")
@@ -42,10 +41,8 @@ def render() -> None:
         st.success(f"The last run ({state['action']}) finished at {state['finished']}.")
     running = state["state"] == "running"
     with st.form("adapt"):
-        questions = st.slider("Questions written per FAQ", 1, 8, AdaptConfig.questions_per_faq, key="adapt_questions")
-        parts = st.multiselect("Parts to try", list(PARTS), list(PARTS), key="adapt_parts")
         if st.form_submit_button("Adapt", disabled=running or bool(manifest.adaptation)):
-            _start(job, questions_per_faq=questions, parts=parts)
+            _start(job)
     if manifest.adaptation and st.button("Undo the adaptation", key="adapt_undo", disabled=running):
         _start(job, undo=True)
 
