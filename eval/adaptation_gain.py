@@ -23,9 +23,8 @@ from medfaq.common.runtime import MedfaqError
 from medfaq.eval.benchmarks import Benchmark
 from medfaq.eval.retrieval import RetrievalEvaluator, run_pipeline
 from medfaq.eval.script_args import print_report
-from medfaq.index.faq_index import FaqIndex
 from medfaq.retriever import adaptation
-from medfaq.retriever.adaptation import DevQuery
+from medfaq.retriever.adaptation import DevQuery, NothingToAdapt
 from medfaq.retriever.adaptation_config import PARTS, AdaptConfig
 
 VARIANTS: dict[str, dict[str, Any]] = {
@@ -75,7 +74,6 @@ def measure(
     if adaptation.adaptation_of(index):
         raise MedfaqError(f"{index} is adapted already; undo it first (`medfaq index adapt {index} --undo`)")
     user_dev = labelled_dev(benchmark) if labelled else []
-    records = FaqIndex.load(index).records()
     report: dict[str, Any] = {
         "benchmark": benchmark.name,
         "labelled_dev": len(user_dev),
@@ -86,13 +84,12 @@ def measure(
         config = AdaptConfig(**settings)
         started = time.perf_counter()
         try:
-            adaptation.parts_to_try(config, records, bool(user_dev))
-        except MedfaqError as error:  # nothing this variant may try on this bank: the index stays as built
+            record = adaptation.adapt(
+                index, config, user_dev, progress=False, log=lambda line: print(line, file=sys.stderr)
+            )
+        except NothingToAdapt as error:  # nothing this variant may try on this bank: the index stays as built
             report[variant] = {"test": report["none"]["test"], "applied": [], "why": str(error)}
             continue
-        record = adaptation.adapt(
-            index, config, user_dev, progress=False, log=lambda line: print(line, file=sys.stderr)
-        )
         report[variant] = {
             "test": test_metrics(bench_dir, benchmark),
             "applied": record["applied"],

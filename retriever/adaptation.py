@@ -53,6 +53,10 @@ TRAINING_FILE = "training.jsonl"  # in the work directory: the questions that pa
 SAMPLE_FAQS = 8  # FAQs whose questions a dry run writes to time the writer
 
 
+class NothingToAdapt(MedfaqError):
+    """No part of the adaptation can be tried on this bank with what was given."""
+
+
 @dataclass(frozen=True)
 class DevQuery:
     text: str
@@ -270,8 +274,8 @@ def part_kept(part: str, before: dict[str, dict], after: dict[str, dict]) -> boo
 
 
 def parts_to_try(config: AdaptConfig, records: Sequence[FaqRecord], labelled: bool) -> dict[str, str]:
-    """Each part of ``config.parts`` that will not be tried, with why (``force`` tries all); a one-line error when
-    none is left."""
+    """Each part of ``config.parts`` that will not be tried, with why (``force`` tries all); :class:`NothingToAdapt`
+    when none is left."""
     skipped = {}
     for part in config.parts:
         if part in LEARNED_PARTS and not (labelled or config.force):
@@ -280,7 +284,7 @@ def parts_to_try(config: AdaptConfig, records: Sequence[FaqRecord], labelled: bo
             skipped[part] = "no FAQ of the bank has an answer"
     if len(skipped) == len(config.parts):
         reasons = {why: [part for part in skipped if skipped[part] == why] for why in skipped.values()}
-        raise MedfaqError("nothing to adapt: " + "; ".join(f"{', '.join(p)}: {why}" for why, p in reasons.items()))
+        raise NothingToAdapt("nothing to adapt: " + "; ".join(f"{', '.join(p)}: {why}" for why, p in reasons.items()))
     return skipped
 
 

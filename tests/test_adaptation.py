@@ -173,7 +173,8 @@ def test_without_labelled_queries_only_the_answers_are_tried_from_one_question_p
     adaptation.undo(index_dir)
     no_answers = [replace(record, answer="") for record in FaqIndex.load(index_dir).records()]
     with pytest.raises(
-        MedfaqError, match="nothing to adapt: answers: no FAQ of the bank has an answer; phrasings, encoder: needs"
+        adaptation.NothingToAdapt,
+        match="nothing to adapt: answers: no FAQ of the bank has an answer; phrasings, encoder: needs",
     ):
         adaptation.parts_to_try(config, no_answers, labelled=False)
     assert adaptation.parts_to_try(config, no_answers, labelled=True) == {"answers": "no FAQ of the bank has an answer"}
