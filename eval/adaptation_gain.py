@@ -9,6 +9,8 @@ Each BENCH_DIR is written by `medfaq data make-benchmark NAME --out BENCH_DIR` (
 index is adapted and undone in place, one variant after another; the generated questions are cached beside it, so
 only the first variant writes them. `--labelled-dev`: the benchmark's development queries (those it holds out of
 its test metrics, e.g. Quebec's dev half) are the user's labelled development queries (`--dev-queries`).
+Variants `answer-rows` and `answer-head-rows` add the rows the `answers` part adds (with and without the question
+before the answer's head) with no question written and no rule: they need no question writer.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "all": {"parts": list(PARTS), "force": True},
     "rule": {"parts": list(PARTS), "force": False},
 }
+ROWS_ONLY = {"answer-rows": True, "answer-head-rows": False}  # variant: AdaptConfig.answer_with_question
 COLUMNS = ("recall@1", "recall@5", "mrr@10", "auroc", "selective_acc")
 
 
@@ -52,6 +55,24 @@ def test_metrics(bench_dir: Path, benchmark: Benchmark) -> dict[str, float]:
     queries = {query["_id"]: query["text"] for query in benchmark.queries}
     run, confidences, _ = run_pipeline(pipeline, queries, progress=False)
     return RetrievalEvaluator(benchmark.qrels, benchmark.ood_ids, benchmark.dev_ids)(run, confidences)
+
+
+def answer_rows_metrics(bench_dir: Path, benchmark: Benchmark, with_question: bool) -> dict[str, Any]:
+    """Test metrics with the rows of the `answers` part added as `adapt` adds them, nothing written or decided; the
+    rows are removed after."""
+    from medfaq.index.faq_index import FaqIndex
+
+    directory = bench_dir / "index"
+    index = FaqIndex.load(directory)
+    rows = adaptation.answer_rows(index.records(), AdaptConfig.answer_words, with_question)
+    keys = adaptation.add_rows(index, rows, adaptation.ORIGINS["answers"])
+    index.save(directory)
+    try:
+        return {"test": test_metrics(bench_dir, benchmark), "applied": ["answers"] if keys else [], "rows": len(keys)}
+    finally:
+        if keys:
+            adaptation.remove_rows(index, keys)
+        index.save(directory)
 
 
 def labelled_dev(benchmark: Benchmark) -> list[DevQuery]:
@@ -80,6 +101,9 @@ def measure(
         "none": {"test": test_metrics(bench_dir, benchmark)},
     }
     for variant in variants:
+        if variant in ROWS_ONLY:
+            report[variant] = answer_rows_metrics(bench_dir, benchmark, ROWS_ONLY[variant])
+            continue
         settings = {"questions_per_faq": questions, "round_trip_depth": depth, "seed": seed, **VARIANTS[variant]}
         config = AdaptConfig(**settings)
         started = time.perf_counter()
@@ -117,7 +141,9 @@ def print_table(reports: list[dict[str, Any]]) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m medfaq.eval.adaptation_gain", description=__doc__.splitlines()[0])
     parser.add_argument("benchmarks", type=Path, nargs="+", help="benchmark directories (with an index/ inside)")
-    parser.add_argument("--variant", action="append", choices=list(VARIANTS), help="default: every variant")
+    parser.add_argument(
+        "--variant", action="append", choices=[*VARIANTS, *ROWS_ONLY], help="default: every variant that writes"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--questions", type=int, default=AdaptConfig.questions_per_faq, help="written per FAQ")
     parser.add_argument("--depth", type=int, default=AdaptConfig.round_trip_depth, help="the round trip's top k")

@@ -5,7 +5,8 @@ of up to `dev_faqs` FAQs is held back as the bank's development query (never a p
 pass the round trip: kept only where the index's own pipeline ranks their FAQ in its top `round_trip_depth`. Then
 each part is tried in `PARTS` order and kept by the rule below:
 
-- ``answers``: the head of each FAQ's answer as one more row of that FAQ (a phrasing marked ``adapt:answer``);
+- ``answers``: the head of each FAQ's answer, and its question followed by that head, as two more rows of that FAQ
+  (phrasings marked ``adapt:answer``);
 - ``phrasings``: the kept questions as the FAQ's phrasings (marked ``adapt:question``);
 - ``encoder``: the index's bi-encoder continued on (kept question, its FAQ, a near miss from the same bank), labelled
   by the reranker's margins (GPL's margin-MSE) or, without a reranker or with ``encoder_labels="hard"``, hard labels
@@ -288,17 +289,23 @@ def parts_to_try(config: AdaptConfig, records: Sequence[FaqRecord], labelled: bo
     return skipped
 
 
-def writing_config(config: AdaptConfig, skipped: dict[str, str]) -> AdaptConfig:
-    """`config` with the questions to write per FAQ: one (the held-back development question) where no part
-    learned from the generated questions is tried."""
+def writing_plan(
+    config: AdaptConfig, skipped: dict[str, str], records: Sequence[FaqRecord]
+) -> tuple[AdaptConfig, list[FaqRecord]]:
+    """`config` with the questions to write per FAQ, and the FAQs to write them for: where no part learned from the
+    generated questions is tried, only the held-back development questions are used, so one question each for a
+    seeded sample of `dev_faqs` FAQs (all of a smaller bank)."""
     if any(part in LEARNED_PARTS and part not in skipped for part in config.parts):
-        return config
-    return replace(config, questions_per_faq=1)
+        return config, list(records)
+    chosen = set(random.Random(config.seed).sample(sorted(r.id for r in records), min(config.dev_faqs, len(records))))
+    return replace(config, questions_per_faq=1), [record for record in records if record.id in chosen]
 
 
-def answer_rows(records: Sequence[FaqRecord], words: int) -> dict[str, list[str]]:
-    """The head of each FAQ's answer (those with one)."""
-    return {r.id: [" ".join(r.answer.split()[:words])] for r in records if r.answer.strip()}
+def answer_rows(records: Sequence[FaqRecord], words: int, with_question: bool = True) -> dict[str, list[str]]:
+    """For each FAQ with an answer: the first `words` words of its answer and, `with_question`, its question followed
+    by them."""
+    heads = {r.id: (r.question, " ".join(r.answer.split()[:words])) for r in records if r.answer.strip()}
+    return {faq: [head, f"{question} {head}"] if with_question else [head] for faq, (question, head) in heads.items()}
 
 
 def add_rows(index: FaqIndex, rows: dict[str, list[str]], origin: str) -> list[int]:
@@ -307,6 +314,13 @@ def add_rows(index: FaqIndex, rows: dict[str, list[str]], origin: str) -> list[i
     for faq_id, texts in rows.items():
         keys += [p.key for p in index.add_phrasings(faq_id, texts, by=ADAPTED_BY, origin=origin)]
     return keys
+
+
+def remove_rows(index: FaqIndex, keys: list[int]) -> None:
+    """Remove the rows under `keys`; where they were the last keys given out, they are given out again."""
+    index.remove_phrasings(keys)
+    if max(keys) == index.manifest.next_key - 1 and len(keys) == index.manifest.next_key - min(keys):
+        index.manifest.next_key = min(keys)
 
 
 def adapted_keys(index: FaqIndex) -> list[int]:
@@ -338,7 +352,8 @@ def adapt(
     pipeline = build_pipeline(index, searched)
     key = generation_key(config, writer)
     cache = work_dir(directory) / f"questions-{key}.jsonl"
-    generated = generated_questions(records, writing_config(config, skipped), cache, writer, progress)
+    written_config, to_write = writing_plan(config, skipped, records)
+    generated = generated_questions(to_write, written_config, cache, writer, progress)
     written = sum(len(q) for q in generated.values())
     dev, usable = split_development(generated, config.dev_faqs, config.seed)
     save_development(cache.parent / DEVELOPMENT_FILE, dev)
@@ -348,10 +363,10 @@ def adapt(
     n_usable, n_kept = sum(len(q) for q in usable.values()), sum(len(q) for q in kept.values())
     trip = f"{n_kept} of {n_usable} passed the round trip (own FAQ in the top {config.round_trip_depth})"
     log(
-        f"wrote {written} questions for {len(records)} FAQs; {len(dev)} held back for development"
+        f"wrote {written} questions for {len(generated)} of {len(records)} FAQs; {len(dev)} held back for development"
         + (f"; {trip}" if n_usable else "")
     )
-    candidates = {"answers": answer_rows(records, config.answer_words), "phrasings": kept}
+    candidates = {"answers": answer_rows(records, config.answer_words, config.answer_with_question), "phrasings": kept}
     scores = {name: dev_scores(pipeline, queries) for name, queries in dev_sets.items()}
     decisions: dict[str, dict[str, Any]] = {
         part: {"kept": False, "rows": 0, "why": why} for part, why in skipped.items()
@@ -373,7 +388,7 @@ def adapt(
         if keep:
             current = after
         else:
-            index.remove_phrasings(keys)
+            remove_rows(index, keys)
     original_encoder = {"name": index.manifest.encoder, "backend": index.manifest.encoder_backend or "auto"}
     if "encoder" in config.parts and "encoder" not in skipped:
         decisions["encoder"], index = adapt_encoder(
@@ -490,9 +505,7 @@ def undo(directory: Path) -> int:
         if not keys and not index.manifest.adaptation:
             raise MedfaqError(f"index {directory} is not adapted; nothing to undo")
         if keys:
-            index.remove_phrasings(keys)
-            if max(keys) == index.manifest.next_key - 1 and len(keys) == index.manifest.next_key - min(keys):
-                index.manifest.next_key = min(keys)  # the adapted rows were the last keys given out
+            remove_rows(index, keys)
         index.manifest.adaptation = {}
         if encoder is not None:
             index = index.reencoded(encoder, progress=False)
@@ -538,11 +551,12 @@ def dry_run_plan(directory: Path, config: AdaptConfig, labelled: bool = False) -
         raise MedfaqError(f"index {directory} is already adapted; run `medfaq index adapt {directory} --undo` first")
     records = index.records()
     skipped = parts_to_try(config, records, labelled)
-    k = writing_config(config, skipped).questions_per_faq
+    written_config, to_write = writing_plan(config, skipped, records)
+    k = written_config.questions_per_faq
     writer = QuestionWriter.load(writer_location(config.writer), quantize=config.writer_int8)
     cache = work_dir(directory) / f"questions-{generation_key(config, writer)}.jsonl"
     written = read_generated(cache)
-    todo = [r for r in records if len(written.get(r.id, ())) < k]
+    todo = [r for r in to_write if len(written.get(r.id, ())) < k]
     sample = todo[:SAMPLE_FAQS] or records[:SAMPLE_FAQS]
     start = time.perf_counter()
     writer.write([faq_input(r) for r in sample], k, config.seed, config.batch_size)
@@ -550,7 +564,8 @@ def dry_run_plan(directory: Path, config: AdaptConfig, labelled: bool = False) -
     minutes = per_faq * len(todo) / 60
     tried = [part for part in config.parts if part not in skipped]
     lines = [
-        f"{len(records)} FAQs; {len(records) - len(todo)} already have their questions in {cache.parent}",
+        f"{len(records)} FAQs; {len(to_write)} to write for, {len(to_write) - len(todo)} of them already written in "
+        f"{cache.parent}",
         f"write {k} question(s) for each of {len(todo)} FAQs: about {minutes:.1f} min "
         f"({per_faq:.2f} s per FAQ, measured on {len(sample)} here)",
         f"hold back one question of up to {config.dev_faqs} FAQs; round trip: keep questions whose FAQ ranks in the "

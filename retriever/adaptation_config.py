@@ -20,6 +20,7 @@ class AdaptConfig:
     round_trip_depth: int = 1  # 0: no round trip (every written question is used)
     dev_faqs: int = 1000  # FAQs that each lend one generated question to the development queries
     answer_words: int = 96
+    answer_with_question: bool = True  # also the FAQ's question followed by that head: docs/results.md
     parts: list[str] = field(default_factory=lambda: list(PARTS))
     seed: int = 0
     top_p: float = 0.9

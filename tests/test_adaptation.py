@@ -101,7 +101,10 @@ def test_adapt_keeps_winning_parts_records_them_and_undo_restores_the_index(inde
     index = FaqIndex.load(index_dir)
     origins = {p.origin for p in index.phrasings()}
     assert origins == {"adapt:answer", "adapt:question"}
-    assert len([p for p in index.phrasings() if p.origin == "adapt:answer"]) == 5  # f5 has no answer
+    answer_rows = [p.text for p in index.phrasings() if p.origin == "adapt:answer"]
+    assert len(answer_rows) == 2 * 5  # the answer's head, and the question before it; f5 has no answer
+    assert "Moderate drinking is usually fine." in answer_rows
+    assert "Can I drink alcohol while taking amoxicillin? Moderate drinking is usually fine." in answer_rows
     assert read_manifest(index_dir).adaptation["parts"]["phrasings"]["dev"]["generated"]["r@1"] == 70.0
     from medfaq.retriever.stage_choice import development_questions
 
@@ -161,12 +164,17 @@ def test_rule_needs_a_gain_and_no_loss_on_every_development_set():
     assert not adaptation.part_kept("encoder", only_generated, {"generated": {"r@1": 70.0, "mrr@10": 80.0}})
 
 
-def test_without_labelled_queries_only_the_answers_are_tried_from_one_question_per_faq(index_dir, monkeypatch):
+def test_without_labelled_queries_only_the_answers_are_tried_from_one_question_per_development_faq(
+    index_dir, monkeypatch
+):
     scripted_scores(monkeypatch, [50.0, 60.0])  # before, + answers: nothing else is scored
     writer = TemplateWriter()
     config = AdaptConfig(questions_per_faq=3, round_trip_depth=6, dev_faqs=2)
     record = adaptation.adapt(index_dir, config, writer=writer, progress=False, log=lambda _: None)
-    assert record["applied"] == ["answers"] and record["questions_written"] == 6  # one per FAQ: the held-back one
+    assert record["applied"] == ["answers"] and record["development_queries"] == {"generated": 2}
+    assert record["questions_written"] == 2 and len(writer.asked) == 2  # the held-back ones only, of 6 FAQs
+    _, chosen = adaptation.writing_plan(config, {"phrasings": "", "encoder": ""}, FaqIndex.load(index_dir).records())
+    assert sorted(writer.asked) == sorted(record.question for record in chosen)  # seeded: the dry run's sample too
     for part in ("phrasings", "encoder"):
         assert record["parts"][part] == {"kept": False, "rows": 0, "why": adaptation.NEEDS_LABELS}
     assert {p.origin for p in FaqIndex.load(index_dir).phrasings()} == {"adapt:answer"}
@@ -312,3 +320,27 @@ def test_a_benchmarks_development_queries_stand_for_a_users_labelled_ones():
     ]
     with pytest.raises(MedfaqError, match="no judged development queries"):
         labelled_dev(Benchmark("toy", [], queries[2:3], qrels))
+
+
+def test_answer_rows_are_the_answers_head_and_the_question_before_it(faq_records):
+    long = replace(faq_records[0], answer="one two three four five")
+    assert adaptation.answer_rows([long, faq_records[4]], words=3) == {
+        "f1": ["one two three", "Can I drink alcohol while taking amoxicillin? one two three"]
+    }
+    assert adaptation.answer_rows([long], words=3, with_question=False) == {"f1": ["one two three"]}
+
+
+def test_answer_rows_are_measured_without_a_writer_and_leave_the_index_as_it_was(index_dir, tmp_path):
+    from medfaq.eval.adaptation_gain import measure
+    from medfaq.eval.benchmarks import Benchmark
+    from tests.conftest import CONSUMER_QUESTIONS
+
+    queries = [{"_id": f"q{n}", "text": text} for n, (text, _) in enumerate(CONSUMER_QUESTIONS)]
+    qrels = {f"q{n}": {faq: 1} for n, (_, faq) in enumerate(CONSUMER_QUESTIONS)}
+    bench = Benchmark("toy", [], queries, qrels).save(tmp_path / "bench")
+    index_dir.rename(bench / "index")
+    before = index_files(bench / "index")
+    report = measure(bench, ["answer-rows", "answer-head-rows"], seed=0, questions=1, depth=1)
+    assert report["answer-rows"]["rows"] == 10 and report["answer-head-rows"]["rows"] == 5
+    assert report["answer-rows"]["applied"] == ["answers"] and 0 <= report["answer-rows"]["test"]["recall@1"] <= 100
+    assert index_files(bench / "index") == before
