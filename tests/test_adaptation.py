@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from medfaq.app.cli import app
-from medfaq.common.runtime import MedfaqError
+from medfaq.common.runtime import UNFINISHED_FILE, MedfaqError
 from medfaq.index.faq_index import MANIFEST, FaqIndex, read_manifest
 from medfaq.retriever import adaptation
 from medfaq.retriever.adaptation import DevQuery
@@ -232,6 +232,10 @@ def test_adapt_command_errors_are_one_line(index_dir, tmp_path):
     for writer in ("question-writer", str(tmp_path)):  # not set up; a directory that is no trained model
         result = runner.invoke(app, ["index", "adapt", str(index_dir), "--writer", writer, "--dry-run"])
         assert result.exit_code != 0 and "no question writer" in result.output and "medfaq setup" in result.output
+    (tmp_path / "train_config.json").write_text("{}")
+    (tmp_path / UNFINISHED_FILE).touch()  # a training run stopped before its first checkpoint
+    result = runner.invoke(app, ["index", "adapt", str(index_dir), "--writer", str(tmp_path), "--dry-run"])
+    assert result.exit_code != 0 and "stopped training before its end: run `medfaq setup`" in result.output
 
 
 def test_user_queries_are_a_development_set_of_their_own(index_dir, monkeypatch):
