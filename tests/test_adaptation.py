@@ -348,3 +348,11 @@ def test_answer_rows_are_measured_without_a_writer_and_leave_the_index_as_it_was
     assert report["answer-rows"]["rows"] == 10 and report["answer-head-rows"]["rows"] == 5
     assert report["answer-rows"]["applied"] == ["answers"] and 0 <= report["answer-rows"]["test"]["recall@1"] <= 100
     assert index_files(bench / "index") == before
+
+
+def test_dry_run_plans_to_write_only_for_the_development_sample_without_labels(index_dir, tiny_writer):
+    config = AdaptConfig(writer=str(tiny_writer), dev_faqs=2)
+    plan = adaptation.dry_run_plan(index_dir, config)
+    assert "6 FAQs; 2 to write for, 0 of them already written" in plan
+    assert "write 1 question(s) for each of 2 FAQs" in plan and "not tried: phrasings" in plan
+    assert "write 2 question(s) for each of 6 FAQs" in adaptation.dry_run_plan(index_dir, config, labelled=True)
