@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from medfaq.common.runtime import UNFINISHED_FILE, MedfaqError, resolve_model, resumable_run, utc_timestamp
+from medfaq.common.runtime import MedfaqError, resolve_model, utc_timestamp
 from medfaq.index.faq_index import MANIFEST, FaqIndex, is_index, read_manifest, write_lock
 from medfaq.index.records import FaqRecord
 from medfaq.retriever.adaptation_config import PARTS, AdaptConfig
@@ -71,9 +71,9 @@ def work_dir(directory: Path) -> Path:
 
 
 def writer_location(name: str) -> str:
-    """The question writer's directory; a missing one (or a directory that is no trained model) is a one-line error
-    saying how to make it."""
-    from medfaq.summarizer.modeling import TRAIN_CONFIG_FILE
+    """The question writer's directory; a missing one (or a directory that is no trained model, or whose training
+    stopped before its end) is a one-line error saying how to make it."""
+    from medfaq.summarizer.modeling import TRAIN_CONFIG_FILE, trained_summarizer
 
     try:
         location = resolve_model(name)
@@ -84,12 +84,7 @@ def writer_location(name: str) -> str:
             f"no question writer {name!r}: run `medfaq setup`, or train one with `medfaq train question-writer --out "
             "DIR` and pass --writer DIR"
         )
-    if (Path(location) / UNFINISHED_FILE).is_file():
-        resume = f", or `medfaq train question-writer --out {location} --resume`" if resumable_run(location) else ""
-        raise MedfaqError(
-            f"the question writer in {location} stopped training before its end: run `medfaq setup`, which "
-            f"finishes it{resume}"
-        )
+    trained_summarizer(location)  # a training run stopped before its end: how to finish it
     return location
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from medfaq.common.runtime import MedfaqError, make_once, models_dir, resolve_model
+from medfaq.common.runtime import UNFINISHED_FILE, MedfaqError, make_once, models_dir, resolve_model, resumable_run
 
 logger = logging.getLogger("medfaq")
 
@@ -40,7 +40,8 @@ TRAIN_CONFIG_FILE = "train_config.json"  # the training settings saved beside ev
 
 def trained_summarizer(model: str | Path) -> tuple[Path, dict]:
     """The directory of the trained summarizer `model` names (:func:`common.runtime.resolve_model`) and the
-    training settings saved beside it; a one-line error for a directory that is no trained summarizer."""
+    training settings saved beside it; a one-line error for a directory that is no trained summarizer, or whose
+    training stopped before its end."""
     import json
 
     path = Path(resolve_model(model))
@@ -49,7 +50,12 @@ def trained_summarizer(model: str | Path) -> tuple[Path, dict]:
         raise MedfaqError(
             f"{path} is not a trained summarizer (no {TRAIN_CONFIG_FILE}); train one with `medfaq train summarizer`"
         )
-    return path, json.loads(config_file.read_text(encoding="utf-8"))
+    saved = json.loads(config_file.read_text(encoding="utf-8"))
+    if (path / UNFINISHED_FILE).is_file():
+        command = "question-writer" if saved.get("direction") == "ask" else "summarizer"
+        resume = f", or `medfaq train {command} --out {path} --resume`" if resumable_run(path) else ""
+        raise MedfaqError(f"{path} stopped training before its end: run `medfaq setup`, which finishes it{resume}")
+    return path, saved
 
 
 def cache_argument(model) -> str:

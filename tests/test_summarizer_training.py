@@ -126,6 +126,10 @@ def test_a_run_is_marked_unfinished_until_it_ends_and_one_without_a_checkpoint_s
     SummarizerTrainer(tiny_config("mle", backbone=backbone, epochs=2, max_steps=3), out).train(PAIRS[:4], PAIRS[4:])
     # stopped in its second epoch: the first epoch's model is saved, yet the run is to be resumed, not used
     assert (out / "config.json").is_file() and resumable_run(out) and not model_ready(out)
+    with pytest.raises(
+        MedfaqError, match=r"stopped training before its end: .*`medfaq train summarizer --out .* --resume`"
+    ):
+        Summarizer.load(out)
     SummarizerTrainer(tiny_config("mle", backbone=backbone, epochs=2), out, resume=True).train(PAIRS[:4], PAIRS[4:])
     assert model_ready(out) and not (out / UNFINISHED_FILE).exists()
     stopped = tmp_path / "stopped"  # as a run killed before its first checkpoint leaves its directory
