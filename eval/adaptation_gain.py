@@ -65,7 +65,7 @@ def answer_rows_metrics(bench_dir: Path, benchmark: Benchmark, with_question: bo
     directory = bench_dir / "index"
     index = FaqIndex.load(directory)
     rows = adaptation.answer_rows(index.records(), AdaptConfig.answer_words, with_question)
-    keys = adaptation.add_rows(index, rows, adaptation.ORIGINS["answers"])
+    keys = adaptation.add_rows(index, rows, adaptation.ORIGINS["answers"], progress=True)
     index.save(directory)
     try:
         return {"test": test_metrics(bench_dir, benchmark), "applied": ["answers"] if keys else [], "rows": len(keys)}

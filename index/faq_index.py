@@ -406,10 +406,19 @@ class FaqIndex:
         """Search each of `texts` as FAQ `faq_id` from now on (see :meth:`add_phrasings_of`)."""
         return self.add_phrasings_of({faq_id: texts}, by, origin)
 
-    def add_phrasings_of(self, texts_by_faq: Mapping[str, list[str]], by: str = "", origin: str = "") -> list[Phrasing]:
+    def add_phrasings_of(
+        self,
+        texts_by_faq: Mapping[str, list[str]],
+        by: str = "",
+        origin: str = "",
+        progress: bool = False,
+        staging: Path | None = None,
+    ) -> list[Phrasing]:
         """Search each text as the FAQ it is listed under from now on: encoded as the FAQs' questions are (with the
-        concept lexicon's synonyms), one vector and one BM25 row each, all in one batch. Blank texts, the FAQ's own
-        question and wordings it already has are skipped. Returns the phrasings added."""
+        concept lexicon's synonyms), one vector and one BM25 row each. Blank texts, the FAQ's own question and
+        wordings it already has are skipped. Returns the phrasings added. Many texts: `progress` shows a bar, and
+        `staging` keeps the encoded chunks so that a repeated call after a failure encodes only the missing ones
+        (as :meth:`add` does)."""
         as_records: list[FaqRecord] = []
         for faq_id, texts in texts_by_faq.items():
             record = self.get(faq_id)
@@ -422,7 +431,19 @@ class FaqIndex:
             return []
         first = self.manifest.next_key
         new_texts = [record.question for record in as_records]
-        vectors = self._vectors(as_records, new_texts, self.encoder.encode)
+        vectors = self._vectors(
+            as_records,
+            new_texts,
+            lambda everything: encode_chunks(
+                self.encoder.encode,
+                everything,
+                self.manifest.dimension,
+                staging,
+                self._fingerprint(everything),
+                progress,
+                desc="encoding phrasings",
+            ),
+        )
         added = [
             Phrasing(first + number, record.id, record.question, _now(), by, origin)
             for number, record in enumerate(as_records)
@@ -478,6 +499,10 @@ class FaqIndex:
             rows = [row for row, _ in expanded]
             vectors[rows] = combined_vectors(vectors[rows], encoded[len(texts) :])
         return vectors
+
+    def phrasing_vectors(self, texts: list[str]) -> np.ndarray:
+        """The vectors `texts` would be searched with as phrasings (nothing is added; used to time an encoding)."""
+        return self._vectors([FaqRecord(id="", question=text) for text in texts], texts, self.encoder.encode)
 
     def _expanded(self, records: list[FaqRecord], texts: list[str]) -> list[tuple[int, str]]:
         """(row, text with its concepts' other names) for each record whose question names a concept."""

@@ -30,6 +30,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+import shutil
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
@@ -52,6 +53,8 @@ DEVELOPMENT_FILE = (
 )
 TRAINING_FILE = "training.jsonl"  # in the work directory: the questions that passed the round trip, as summary pairs
 SAMPLE_FAQS = 8  # FAQs whose questions a dry run writes to time the writer
+SAMPLE_ROWS = 32  # rows a dry run encodes to time the encoding of the answer rows
+ENCODING_SUFFIX = ".encoding"  # a part's rows encoded so far (`rows_staging`), removed when `adapt` ends
 
 
 class NothingToAdapt(MedfaqError):
@@ -309,12 +312,20 @@ def answer_rows(records: Sequence[FaqRecord], words: int, with_question: bool = 
     return {faq: [head, f"{question} {head}"] if with_question else [head] for faq, (question, head) in heads.items()}
 
 
-def add_rows(index: FaqIndex, rows: dict[str, list[str]], origin: str) -> list[int]:
-    """Add `rows` as phrasings of their FAQs; the keys added."""
-    keys = []
-    for faq_id, texts in rows.items():
-        keys += [p.key for p in index.add_phrasings(faq_id, texts, by=ADAPTED_BY, origin=origin)]
-    return keys
+def add_rows(
+    index: FaqIndex, rows: dict[str, list[str]], origin: str, progress: bool = False, staging: Path | None = None
+) -> list[int]:
+    """Add `rows` as phrasings of their FAQs, encoded in one pass (a bar with `progress`; resumable with `staging`,
+    see :meth:`FaqIndex.add_phrasings_of`); the keys added."""
+    added = index.add_phrasings_of(rows, by=ADAPTED_BY, origin=origin, progress=progress, staging=staging)
+    return [phrasing.key for phrasing in added]
+
+
+def rows_staging(directory: Path, index: FaqIndex, part: str, rows: dict[str, list[str]]) -> Path:
+    """Where a part's rows are encoded chunk by chunk, so an interrupted `adapt` encodes only the missing chunks
+    when run again: named by the encoder and the rows, so other rows or another encoder never reuse it."""
+    digest = hashlib.sha256(json.dumps([index.manifest.encoder_fingerprint, rows]).encode()).hexdigest()[:16]
+    return work_dir(directory) / f"{part}-{digest}{ENCODING_SUFFIX}"
 
 
 def remove_rows(index: FaqIndex, keys: list[int]) -> None:
@@ -375,7 +386,7 @@ def adapt(
     current = scores
     for part in (part for part in PARTS if part in config.parts and part not in skipped and part != "encoder"):
         rows = candidates[part]
-        keys = add_rows(index, rows, ORIGINS[part])
+        keys = add_rows(index, rows, ORIGINS[part], progress, rows_staging(directory, index, part, rows))
         if not keys:
             decisions[part] = {"kept": False, "rows": 0, "why": "nothing to add"}
             continue
@@ -410,6 +421,8 @@ def adapt(
     }
     index.manifest.adaptation = record
     index.save(directory)
+    for staging in work_dir(directory).glob(f"*{ENCODING_SUFFIX}"):
+        shutil.rmtree(staging, ignore_errors=True)
     return record
 
 
@@ -427,8 +440,6 @@ def adapt_encoder(
     """Train the adapted encoder on the kept questions, encode the bank again with it and score the development
     queries with the `searched` pipeline config: (the decision, the index to keep: the re-encoded one where the rule
     keeps it, else `index`). The model is saved beside the index under the generated questions' `key`."""
-    import shutil
-
     from medfaq.index.encoder import load_encoder
     from medfaq.retriever.model_cache import build_pipeline
     from medfaq.retriever.reranker.model import CrossEncoderReranker
@@ -564,11 +575,13 @@ def dry_run_plan(directory: Path, config: AdaptConfig, labelled: bool = False) -
     per_faq = (time.perf_counter() - start) / max(len(sample), 1)
     minutes = per_faq * len(todo) / 60
     tried = [part for part in config.parts if part not in skipped]
+    answers = answer_rows(records, config.answer_words, config.answer_with_question) if "answers" in tried else {}
     lines = [
         f"{len(records)} FAQs; {len(to_write)} to write for, {len(to_write) - len(todo)} of them already written in "
         f"{cache.parent}",
         f"write {k} question(s) for each of {len(todo)} FAQs: about {minutes:.1f} min "
         f"({per_faq:.2f} s per FAQ, measured on {len(sample)} here)",
+        *([encoding_plan(index, answers, config.seed)] if answers else []),
         f"hold back one question of up to {config.dev_faqs} FAQs; round trip: keep questions whose FAQ ranks in the "
         f"top {config.round_trip_depth}",
         f"try {', '.join(tried)}, each kept only where it does not lose R@1 on the development queries "
@@ -576,3 +589,17 @@ def dry_run_plan(directory: Path, config: AdaptConfig, labelled: bool = False) -
         *(f"not tried: {part}: {why}" for part, why in skipped.items()),
     ]
     return "\n".join(lines)
+
+
+def encoding_plan(index: FaqIndex, rows: dict[str, list[str]], seed: int) -> str:
+    """How long encoding the answer rows `rows` will take here, timed on a seeded sample of them."""
+    texts = [text for row_texts in rows.values() for text in row_texts]
+    sample = random.Random(seed).sample(texts, min(SAMPLE_ROWS, len(texts)))
+    index.phrasing_vectors(sample[:1])  # loads the encoder, untimed
+    start = time.perf_counter()
+    index.phrasing_vectors(sample)
+    per_row = (time.perf_counter() - start) / len(sample)
+    return (
+        f"encode {len(texts)} answer rows of {len(rows)} FAQs: about {per_row * len(texts) / 60:.1f} min "
+        f"({per_row * 1000:.0f} ms per row, measured on {len(sample)} here)"
+    )

@@ -125,6 +125,7 @@ def test_adapt_keeps_winning_parts_records_them_and_undo_restores_the_index(inde
     result = CliRunner().invoke(app, ["index", "adapt", str(index_dir), "--undo"])
     assert result.exit_code == 0 and f"removed {record['parts']['answers']['rows'] + 16} adapted rows" in result.output
     assert index_files(index_dir) == before
+    assert not list(adaptation.work_dir(index_dir).glob("*.encoding"))  # the rows' encoding is not kept after
 
 
 def test_an_index_never_adapted_has_no_training_pairs(index_dir):
@@ -356,3 +357,40 @@ def test_dry_run_plans_to_write_only_for_the_development_sample_without_labels(i
     assert "6 FAQs; 2 to write for, 0 of them already written" in plan
     assert "write 1 question(s) for each of 2 FAQs" in plan and "not tried: phrasings" in plan
     assert "write 2 question(s) for each of 6 FAQs" in adaptation.dry_run_plan(index_dir, config, labelled=True)
+    assert "encode 10 answer rows of 5 FAQs: about" in plan  # timed on a sample of them
+
+
+def test_answer_rows_interrupted_while_encoding_resume_where_they_stopped(index_dir, monkeypatch):
+    from medfaq.index import faq_index as faq_index_module
+
+    monkeypatch.setattr(faq_index_module, "ENCODE_CHUNK", 2)
+    index = FaqIndex.load(index_dir)
+    rows = adaptation.answer_rows(index.records(), AdaptConfig.answer_words)
+    staging = adaptation.rows_staging(index_dir, index, "answers", rows)
+    encode, calls = index.encoder.encode, []
+
+    def interrupted(texts, progress=False):
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        calls.append(len(texts))
+        return encode(texts)
+
+    monkeypatch.setattr(index.encoder, "encode", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        adaptation.add_rows(index, rows, "adapt:answer", staging=staging)
+    assert index.phrasings() == [] and len(list(staging.glob("chunk-*.npy"))) == 2
+    resumed = FaqIndex.load(index_dir)
+    encode_again, again = resumed.encoder.encode, []
+    monkeypatch.setattr(resumed.encoder, "encode", lambda texts, progress=False: again.append(1) or encode_again(texts))
+    keys = adaptation.add_rows(resumed, rows, "adapt:answer", staging=staging)
+    whole = FaqIndex.load(index_dir)
+    encode_whole, every = whole.encoder.encode, []
+    monkeypatch.setattr(whole.encoder, "encode", lambda texts, progress=False: every.append(1) or encode_whole(texts))
+    adaptation.add_rows(whole, rows, "adapt:answer")
+    assert len(keys) == 10 and len(again) == len(every) - 2 > 0  # only the chunks the interruption left
+    queries = whole.phrasing_vectors([text for texts in rows.values() for text in texts])  # each row finds itself
+    found, expected = resumed.search_vectors(queries, 6), whole.search_vectors(queries, 6)
+    assert [[hit for hit, _ in row] for row in found] == [[hit for hit, _ in row] for row in expected]
+    assert np.allclose(
+        [[score for _, score in row] for row in found], [[score for _, score in row] for row in expected]
+    )
