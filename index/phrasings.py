@@ -35,6 +35,7 @@ class PhrasingTable:
     def __init__(self, phrasings: Iterable[Phrasing] = ()) -> None:
         self._by_key: dict[int, Phrasing] = {}
         self._by_faq: dict[str, dict[int, Phrasing]] = {}
+        self._largest_first: list[int] | None = None  # the FAQs' phrasing counts, largest first (cached)
         self.add(phrasings)
 
     def __len__(self) -> int:
@@ -57,15 +58,23 @@ class PhrasingTable:
             raise MedfaqError(f"no phrasing with key(s) {', '.join(map(str, missing[:5]))} in the index")
         return [self._by_key[key] for key in keys]
 
+    def most_of(self, faqs: int) -> int:
+        """How many phrasings the `faqs` FAQs with the most phrasings hold together."""
+        if self._largest_first is None:
+            self._largest_first = sorted((len(group) for group in self._by_faq.values()), reverse=True)
+        return sum(self._largest_first[: max(faqs, 0)])
+
     def copy(self) -> PhrasingTable:
         return PhrasingTable(self._by_key.values())
 
     def add(self, phrasings: Iterable[Phrasing]) -> None:
+        self._largest_first = None
         for phrasing in phrasings:
             self._by_key[phrasing.key] = phrasing
             self._by_faq.setdefault(phrasing.faq_id, {})[phrasing.key] = phrasing
 
     def remove(self, keys: Iterable[int]) -> None:
+        self._largest_first = None
         for key in keys:
             phrasing = self._by_key.pop(key, None)
             if phrasing is not None:

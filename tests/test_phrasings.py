@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from medfaq.common.runtime import MedfaqError
@@ -79,3 +80,25 @@ def test_the_reranker_scores_an_faq_by_its_best_wording(saved_index, tiny_encode
     response = Pipeline(index, config, reranker=SharedWords()).run(ASKED[0])
     assert response.hits[0].id == "f4" and response.hits[0].stage_scores["rerank"] == 1.0
     assert all(hit.stage_scores["rerank"] == 0.0 for hit in response.hits[1:])
+
+
+def test_a_search_asks_only_for_the_rows_that_can_hide_k_faqs_and_still_finds_k(saved_index, tiny_encoder):
+    def add_many(index):
+        for n, faq_id in enumerate(["f1", "f2", "f3", "f4"]):
+            index.add_phrasings(faq_id, [f"{ASKED[0]} {word}" for word in ["a", "bb", "ccc", "dddd", "eeeee"][: n + 2]])
+
+    FaqIndex.edit(saved_index, add_many, encoder=tiny_encoder)
+    index = FaqIndex.load(saved_index, tiny_encoder)
+    phrasings = index.phrasings()
+    assert len(phrasings) == 2 + 3 + 4 + 5
+    from medfaq.index.phrasings import PhrasingTable
+
+    table = PhrasingTable(phrasings)
+    assert [table.most_of(n) for n in (0, 1, 2, 4, 9)] == [0, 5, 9, 14, 14]
+    for search in (index.search_dense, index.search_bm25):
+        every = search([ASKED[0]], 6)[0]  # BM25 finds only the 4 FAQs whose phrasings share its words
+        assert len({faq_id for faq_id, _ in every}) == len(every) >= 4
+        for k in range(1, len(every)):  # the rows of the k - 1 FAQs with most phrasings cannot hide the k-th FAQ
+            found = search([ASKED[0]], k)[0]
+            assert len({faq_id for faq_id, _ in found}) == k  # (tied scores may order FAQs differently)
+            assert np.allclose([score for _, score in found], [score for _, score in every[:k]])
