@@ -208,3 +208,30 @@ def assert_decision_kept_and_shown(directory: Path, record_file: str, *shown: st
     assert json.loads((directory / record_file).read_text())["on"]
     result = CliRunner().invoke(app, ["index", "info", str(directory)])
     assert result.exit_code == 0 and all(text in result.output for text in shown), result.output
+
+
+class CountingEncoder:
+    """Wraps an encoder; counts encode calls and raises after `fail_after` calls (a simulated kill)."""
+
+    def __init__(self, encoder, fail_after: int | None = None) -> None:
+        self.inner, self.fail_after, self.calls = encoder, fail_after, 0
+        self.name, self.dim, self.device, self.fingerprint = (
+            encoder.name,
+            encoder.dim,
+            encoder.device,
+            encoder.fingerprint,
+        )
+
+    def encode(self, texts: list[str]):
+        if self.fail_after is not None and self.calls >= self.fail_after:
+            raise KeyboardInterrupt
+        self.calls += 1
+        return self.inner.encode(texts)
+
+
+def assert_same_rankings(first, second) -> None:
+    """Two searches' results: the same FAQs in the same order, with the same scores."""
+    import numpy as np
+
+    assert [[faq_id for faq_id, _ in row] for row in first] == [[faq_id for faq_id, _ in row] for row in second]
+    assert np.allclose([[score for _, score in row] for row in first], [[score for _, score in row] for row in second])

@@ -19,7 +19,13 @@ from medfaq.retriever.adaptation_config import AdaptConfig
 from medfaq.summarizer.generation import Summarizer
 from medfaq.summarizer.question_writer import QuestionWriter, reversed_pairs, writer_input
 from medfaq.summarizer.training.trainer import train_summarizer
-from tests.conftest import SUMMARY_PAIRS, tiny_summarizer_config, write_jsonl
+from tests.conftest import (
+    SUMMARY_PAIRS,
+    CountingEncoder,
+    assert_same_rankings,
+    tiny_summarizer_config,
+    write_jsonl,
+)
 
 ROW_PARTS = ["answers", "phrasings"]
 USER_DEV = [DevQuery("alcohol and amoxicillin", frozenset({"f1"}))]
@@ -364,33 +370,17 @@ def test_answer_rows_interrupted_while_encoding_resume_where_they_stopped(index_
     from medfaq.index import faq_index as faq_index_module
 
     monkeypatch.setattr(faq_index_module, "ENCODE_CHUNK", 2)
-    index = FaqIndex.load(index_dir)
+    encoder = FaqIndex.load(index_dir).encoder
+    index = FaqIndex.load(index_dir, CountingEncoder(encoder, fail_after=2))
     rows = adaptation.answer_rows(index.records(), AdaptConfig.answer_words)
     staging = adaptation.rows_staging(index_dir, index, "answers", rows)
-    encode, calls = index.encoder.encode, []
-
-    def interrupted(texts, progress=False):
-        if len(calls) == 2:
-            raise KeyboardInterrupt
-        calls.append(len(texts))
-        return encode(texts)
-
-    monkeypatch.setattr(index.encoder, "encode", interrupted)
     with pytest.raises(KeyboardInterrupt):
         adaptation.add_rows(index, rows, "adapt:answer", staging=staging)
     assert index.phrasings() == [] and len(list(staging.glob("chunk-*.npy"))) == 2
-    resumed = FaqIndex.load(index_dir)
-    encode_again, again = resumed.encoder.encode, []
-    monkeypatch.setattr(resumed.encoder, "encode", lambda texts, progress=False: again.append(1) or encode_again(texts))
+    resumed_encoder, whole_encoder = CountingEncoder(encoder), CountingEncoder(encoder)
+    resumed, whole = FaqIndex.load(index_dir, resumed_encoder), FaqIndex.load(index_dir, whole_encoder)
     keys = adaptation.add_rows(resumed, rows, "adapt:answer", staging=staging)
-    whole = FaqIndex.load(index_dir)
-    encode_whole, every = whole.encoder.encode, []
-    monkeypatch.setattr(whole.encoder, "encode", lambda texts, progress=False: every.append(1) or encode_whole(texts))
     adaptation.add_rows(whole, rows, "adapt:answer")
-    assert len(keys) == 10 and len(again) == len(every) - 2 > 0  # only the chunks the interruption left
-    queries = whole.phrasing_vectors([text for texts in rows.values() for text in texts])  # each row finds itself
-    found, expected = resumed.search_vectors(queries, 6), whole.search_vectors(queries, 6)
-    assert [[hit for hit, _ in row] for row in found] == [[hit for hit, _ in row] for row in expected]
-    assert np.allclose(
-        [[score for _, score in row] for row in found], [[score for _, score in row] for row in expected]
-    )
+    assert len(keys) == 10 and resumed_encoder.calls == whole_encoder.calls - 2 > 0  # only the chunks left
+    queries = encoder.encode([text for texts in rows.values() for text in texts])  # each row finds itself
+    assert_same_rankings(resumed.search_vectors(queries, 6), whole.search_vectors(queries, 6))

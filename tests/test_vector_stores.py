@@ -17,6 +17,7 @@ from medfaq.index.faiss_store import FaissStore
 from medfaq.index.faq_index import FaqIndex, staging_dir
 from medfaq.index.records import FaqRecord
 from medfaq.index.vector_store import VectorStore, backend_class
+from tests.conftest import CountingEncoder, assert_same_rankings
 
 BACKENDS = ["faiss", "milvus"]
 DIM = 16
@@ -116,30 +117,6 @@ def test_rebuilding_a_milvus_index_replaces_its_collection(tmp_path, faq_records
     client = second.store.client
     assert not client.has_collection(first.store.collection) and client.has_collection(second.store.collection)
     assert len(FaqIndex.load(tmp_path / "idx")) == 3
-
-
-class CountingEncoder:
-    """Wraps an encoder; counts encode calls and raises after `fail_after` calls (a simulated kill)."""
-
-    def __init__(self, encoder, fail_after: int | None = None) -> None:
-        self.inner, self.fail_after, self.calls = encoder, fail_after, 0
-        self.name, self.dim, self.device, self.fingerprint = (
-            encoder.name,
-            encoder.dim,
-            encoder.device,
-            encoder.fingerprint,
-        )
-
-    def encode(self, texts: list[str]) -> np.ndarray:
-        if self.fail_after is not None and self.calls >= self.fail_after:
-            raise KeyboardInterrupt
-        self.calls += 1
-        return self.inner.encode(texts)
-
-
-def assert_same_rankings(first, second) -> None:
-    assert [[faq_id for faq_id, _ in row] for row in first] == [[faq_id for faq_id, _ in row] for row in second]
-    assert np.allclose([[score for _, score in row] for row in first], [[score for _, score in row] for row in second])
 
 
 def many_records(n: int) -> list[FaqRecord]:
