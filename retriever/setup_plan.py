@@ -121,7 +121,8 @@ MPNET_BIENCODER = ModelStep(
     commands=(("train", "biencoder", "--task", "faq", "--preset", "quick", "--init", "mpnet", "--out", "{out}"),),
     minutes=52,
     measured="48 min 25 s wall alone on 2 cores, bf16, 21.8 GB peak, its abstention threshold calibrated at the end "
-    "(docs/results.md, MPNet fine-tuned with the faq recipe)",
+    "(docs/results.md, MPNet fine-tuned with the faq recipe); 25 min 9 s on another AMX machine (docs/results.md, "
+    "a fresh set-up of the MPNet pipeline)",
     slow=True,
 )
 SUMMARIZER_ECL = ModelStep(
@@ -175,7 +176,8 @@ SUMMARIZER_GEMMA = ModelStep(
         ),
     ),
     minutes=45,
-    measured="34 min wall on 2 shared cores (2 epochs, 100 steps; docs/results.md, Gemma summarizer)",
+    measured="34 min wall on 2 shared cores (2 epochs, 100 steps; docs/results.md, Gemma summarizer); 7 min 42 s alone "
+    "in bf16 on an AMX machine (docs/results.md, a fresh set-up of the MPNet pipeline)",
     slow=True,
 )
 QUESTION_WRITER = ModelStep(
@@ -198,8 +200,9 @@ RANK_BENCHMARK_COMMANDS = (
 )
 RANK_SEEDS = (0, 1, 2)
 """The rank model is trained with three seeds and the per-index decision keeps the one whose chosen setting ranks
-first on the development questions: its gain over dense varied from +1.5 to +9.4 test R@1 with the seed alone
-(docs/results.md, the rank model over three seeds)."""
+first on the development questions: its gain over dense varied from +1.5 to +10.4 test R@1 with the seed alone (two
+set-ups), and the one kept gained +9.0 to +10.4 for every three of six seeds of one set-up (docs/results.md, the rank
+model over three seeds; a fresh set-up of the MPNet pipeline)."""
 SUMMARIZER_RANK = ModelStep(
     key="summarizer-rank",
     model="summarizer-gemma-rank",
@@ -255,7 +258,8 @@ class IndexBuild:
 FAQ_INDEX_BUILDS = {
     BIENCODER_MODEL: IndexBuild("medquad", 14),  # 13 min 59 s on one core beside a job
     # 11 min 32 s alone; synonyms lost development R@1 (69.8 -> 69.1); 10 min 32 s in bf16 on a slower day, when ONNX
-    # Runtime encoded a sample 3.0 times slower than bf16 (docs/results.md, the encoder in bf16)
+    # Runtime encoded a sample 3.0 times slower than bf16 (docs/results.md, the encoder in bf16); 2 min 40 s in bf16
+    # alone on another AMX machine (docs/results.md, a fresh set-up of the MPNet pipeline)
     MPNET_BIENCODER_MODEL: IndexBuild("none", 12, 11),
 }
 """The MedQuAD index's build per retrieval encoder (docs/results.md, index build speed, and "Set-up ships the
