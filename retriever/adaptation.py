@@ -18,7 +18,11 @@ each set separately), and it raises R@1 or MRR@10 on at least one of them. Added
 (docs/results.md, "Generated questions alone keep only the answer rows"): the parts learned from the generated
 questions (:data:`LEARNED_PARTS`) must raise R@1 or MRR@10 on the user's labelled queries; without labelled queries
 they are not tried. Held-back generated questions had kept them on three banks where the bank's real questions then
-lost, as they had turned on the likelihood stage (retriever/stage_choice.py). The decision and every number it was
+lost, as they had turned on the likelihood stage (retriever/stage_choice.py). Added after a sample of MedQuAD
+(docs/results.md, "Answer rows on a sample of MedQuAD"): a part that adds rows to some FAQs only is also judged on the
+held-back questions of the FAQs it gives no row (:data:`WITHOUT_ROWS`), which the rows can only push down; there the
+answer rows had gained on all held-back questions together while losing on those, and the bank's real questions,
+nearly all about FAQs without answers, lost. The decision and every number it was
 made with are recorded in the manifest (`IndexManifest.adaptation`); `undo` removes every adapted row and the record.
 
 Generated questions are cached beside the index (`work_dir`), one JSON line per FAQ as they are written, so an
@@ -55,6 +59,7 @@ TRAINING_FILE = "training.jsonl"  # in the work directory: the questions that pa
 SAMPLE_FAQS = 8  # FAQs whose questions a dry run writes to time the writer
 SAMPLE_ROWS = 32  # rows a dry run encodes to time the encoding of the answer rows
 ENCODING_SUFFIX = ".encoding"  # a part's rows encoded so far (`rows_staging`), removed when `adapt` ends
+WITHOUT_ROWS = "generated-without-rows"  # development set: held-back questions of the FAQs a part adds no row to
 
 
 class NothingToAdapt(MedfaqError):
@@ -267,6 +272,14 @@ def dev_scores(pipeline: Any, queries: Sequence[DevQuery]) -> dict[str, float]:
     }
 
 
+def without_rows(dev: Sequence[DevQuery], rows: dict[str, list[str]]) -> list[DevQuery]:
+    """The held-back questions written for FAQs that `rows` gives no row: adding the rows can only push these down,
+    so they are a development set of their own (none where every FAQ, or no FAQ, gets rows)."""
+    given = {faq_id for faq_id, texts in rows.items() if texts}
+    untouched = [query for query in dev if not query.golds & given]
+    return untouched if len(untouched) < len(dev) else []
+
+
 def part_kept(part: str, before: dict[str, dict], after: dict[str, dict]) -> bool:
     """The rule: no development set loses R@1, and at least one gains R@1 or MRR@10: the labelled one for a part
     learned from the generated questions."""
@@ -386,19 +399,23 @@ def adapt(
     current = scores
     for part in (part for part in PARTS if part in config.parts and part not in skipped and part != "encoder"):
         rows = candidates[part]
+        judged = dev_sets | ({WITHOUT_ROWS: untouched} if (untouched := without_rows(dev, rows)) else {})
+        before = current | {name: dev_scores(pipeline, judged[name]) for name in judged.keys() - current.keys()}
         keys = add_rows(index, rows, ORIGINS[part], progress, rows_staging(directory, index, part, rows))
         if not keys:
             decisions[part] = {"kept": False, "rows": 0, "why": "nothing to add"}
             continue
-        after = {name: dev_scores(pipeline, queries) for name, queries in dev_sets.items()}
-        keep = part_kept(part, current, after) or config.force
-        decisions[part] = {"kept": keep, "rows": len(keys), "dev": after}
+        after = {name: dev_scores(pipeline, queries) for name, queries in judged.items()}
+        keep = part_kept(part, before, after) or config.force
+        decisions[part] = {"kept": keep, "rows": len(keys), "dev": {name: after[name] for name in dev_sets}}
+        if untouched:
+            decisions[part][WITHOUT_ROWS] = {"before": before[WITHOUT_ROWS], "after": after[WITHOUT_ROWS]}
         log(
-            f"{part}: {len(keys)} rows; development {describe(current)} -> {describe(after)}: "
+            f"{part}: {len(keys)} rows; development {describe(before)} -> {describe(after)}: "
             f"{'kept' if keep else 'not kept'}"
         )
         if keep:
-            current = after
+            current = decisions[part]["dev"]
         else:
             remove_rows(index, keys)
     original_encoder = {"name": index.manifest.encoder, "backend": index.manifest.encoder_backend or "auto"}

@@ -198,6 +198,26 @@ def test_without_labelled_queries_only_the_answers_are_tried_from_one_question_p
     }
 
 
+def test_rows_are_refused_where_they_push_down_the_questions_of_faqs_they_give_no_row(index_dir, monkeypatch):
+    records = FaqIndex.load(index_dir).records()
+    dev = [DevQuery(f"about {record.id}", frozenset({record.id})) for record in records]
+    rows = adaptation.answer_rows(records, AdaptConfig.answer_words)
+    assert [query.golds for query in adaptation.without_rows(dev, rows)] == [{"f5"}]  # the FAQ with no answer
+    assert adaptation.without_rows(dev, {}) == [] and adaptation.without_rows(dev[:4], rows) == []
+    assert adaptation.without_rows(dev, {"f5": []} | rows) == adaptation.without_rows(dev, rows)  # empty: no row
+    # all six FAQs held back, so f5's question is one; scored: generated, its own set; then both after the rows
+    scripted_scores(monkeypatch, [50.0, 50.0, 60.0, 40.0])  # the rows gain overall and lose f5's question
+    config = AdaptConfig(dev_faqs=6, parts=["answers"])
+    record = adaptation.adapt(index_dir, config, writer=TemplateWriter(), progress=False, log=lambda _: None)
+    decision = record["parts"]["answers"]
+    assert record["applied"] == [] and decision["kept"] is False and decision["dev"]["generated"]["r@1"] == 60.0
+    assert decision[adaptation.WITHOUT_ROWS] == {
+        "before": {"r@1": 50.0, "mrr@10": 50.0, "queries": 1},
+        "after": {"r@1": 40.0, "mrr@10": 40.0, "queries": 1},
+    }
+    assert not FaqIndex.load(index_dir).phrasings()
+
+
 def test_an_interrupted_generation_resumes_where_it_stopped(index_dir, tmp_path):
     records = FaqIndex.load(index_dir).records()
     config = AdaptConfig(questions_per_faq=2, batch_size=1)  # chunks of 4 FAQs
