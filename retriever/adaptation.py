@@ -22,8 +22,8 @@ lost, as they had turned on the likelihood stage (retriever/stage_choice.py). Ad
 (docs/results.md, "Answer rows on a sample of MedQuAD"): a part that adds rows to some FAQs only is also judged on the
 held-back questions of the FAQs it gives no row (:data:`WITHOUT_ROWS`), which the rows can only push down; there the
 answer rows had gained on all held-back questions together while losing on those, and the bank's real questions,
-nearly all about FAQs without answers, lost. The decision and every number it was
-made with are recorded in the manifest (`IndexManifest.adaptation`); `undo` removes every adapted row and the record.
+nearly all about FAQs without answers, lost. The decision and every number it was made with are recorded in the
+manifest (`IndexManifest.adaptation`); `undo` removes every adapted row and the record.
 
 Generated questions are cached beside the index (`work_dir`), one JSON line per FAQ as they are written, so an
 interrupted run resumes where it stopped.
