@@ -87,7 +87,8 @@ def answer_examples(flags: StageFlags) -> None:
         FaqIndex.build(records, load_encoder(DEFAULT_ENCODER)).save(directory)
         inherit_threshold(directory, DEFAULT_ENCODER)  # stock MiniLM's shipped threshold, as `index build` gives
     stages_off = {"summarize": False, "rerank": False, "entities": False}  # the table shows the hits alone
-    config = flags.apply(read_config(directory).updated(top_k=DEMO_TOP_K), **stages_off)
+    # Canned examples are not consumers' questions: none goes to the experts' queue (as on the web page).
+    config = flags.apply(read_config(directory).updated(top_k=DEMO_TOP_K, log_unanswered=False), **stages_off)
     pipeline = build_pipeline(FaqIndex.load(directory), config)
     for question in EXAMPLE_QUESTIONS:
-        typer.echo(hits_table(pipeline.run(question)) + "\n")
+        typer.echo(hits_table(pipeline.run(question), logged=False) + "\n")

@@ -118,7 +118,11 @@ def search(
         answer_one_question()
         pipeline = open_pipeline(index, flags, shown_entities=as_json, log_unanswered=log_unanswered or None)
         response = pipeline.run(question)
-        text = json.dumps(response.to_dict(), indent=2, ensure_ascii=False) if as_json else hits_table(response)
+        text = (
+            json.dumps(response.to_dict(), indent=2, ensure_ascii=False)
+            if as_json
+            else hits_table(response, pipeline.config.log_unanswered)
+        )
         if output is None or is_stdio(output):
             typer.echo(text)
         else:

@@ -12,8 +12,9 @@ QUESTION_WIDTH = 70
 QUERY_SHOWN = 200
 
 
-def hits_table(response: SearchResponse) -> str:
-    """A ranked table: rank, score, FAQ id, question (wrapped), source."""
+def hits_table(response: SearchResponse, logged: bool = True) -> str:
+    """A ranked table: rank, score, FAQ id, question (wrapped), source; an abstention says whether the question
+    was `logged` for the experts' queue."""
     lines = [f"query: {textwrap.shorten(response.query, QUERY_SHOWN, placeholder=' ...')}"]
     if response.summary:
         lines.append(f"summary: {response.summary}")
@@ -29,5 +30,5 @@ def hits_table(response: SearchResponse) -> str:
         )
         lines += [f"{'':>4}  {'':>8}  {'':<{id_width}}  {more}" for more in wrapped[1:]]
     if response.abstained:
-        lines.append("no FAQ matches well enough: the question is logged for an expert")
+        lines.append("no FAQ matches well enough" + (": the question is logged for an expert" if logged else ""))
     return "\n".join(lines)

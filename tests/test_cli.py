@@ -12,6 +12,7 @@ from medfaq.app.cli import app
 from medfaq.app.options import NO_STAGE_FLAGS, STAGE_FLAGS, StageFlags, takes_stage_flags
 from medfaq.retriever.pipeline import PipelineConfig, pipeline_settings
 from medfaq.retriever.pipeline_file import read_config, store_threshold
+from medfaq.retriever.queue.unanswered import default_unanswered_path
 
 runner = CliRunner()
 
@@ -141,7 +142,12 @@ def test_demo_fetches_builds_once_and_answers(monkeypatch, tmp_path, tiny_encode
     assert first.exit_code == 0, first.output
     assert "building the MedQuAD index" in first.stderr
     assert first.stdout.count("query: ") == len(cmd_demo.EXAMPLE_QUESTIONS)
-    assert "building" not in medfaq("demo", "--cli", "--top-k", "1").stderr  # the index is reused
+    index_dir = cmd_demo.DemoSettings.from_env().index_dir
+    store_threshold(index_dir, read_config(index_dir), 1e9)  # every example is abstained on
+    again = medfaq("demo", "--cli", "--top-k", "1")
+    assert "building" not in again.stderr  # the index is reused
+    assert again.stdout.count("no FAQ matches well enough\n") == len(cmd_demo.EXAMPLE_QUESTIONS)
+    assert not default_unanswered_path().exists()  # canned examples are not consumers' questions
 
 
 def test_a_bad_top_k_names_only_that_option_before_anything_loads(monkeypatch):
