@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +17,8 @@ from medfaq.retriever.setup_plan import index_built
 
 APP_SCRIPT = Path(__file__).resolve().parent / "streamlit_app.py"
 THEME = {"primaryColor": "#0f766e", "backgroundColor": "#ffffff", "secondaryBackgroundColor": "#f1f5f9"}
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)  # passed on to the Streamlit server
+STOP_WAIT_S = 10  # how long a server told to stop may take before it is killed
 
 
 def streamlit_command(port: int = 8501, address: str = "localhost", script: Path = APP_SCRIPT) -> list[str]:
@@ -62,9 +65,30 @@ def demo(
         return
     env = {**os.environ, **({ENV_NO_TRAIN: "1"} if no_train else {})}
     typer.echo(f"medfaq demo: open http://{address}:{port} (Ctrl-C stops it)", err=True)
-    code = subprocess.run(streamlit_command(port, address), env=env).returncode
+    code = run_until_stopped(streamlit_command(port, address), env)
     if code != 0:
         raise typer.Exit(code)
+
+
+def run_until_stopped(command: list[str], env: dict[str, str]) -> int:
+    """Run `command` and return its exit status (128 + N when signal N ended it). SIGTERM and SIGHUP sent to this
+    process are passed on to it, and it is stopped when this process stops for another reason (Ctrl-C), so that
+    stopping the demo by its PID never leaves the server running."""
+    child = subprocess.Popen(command, env=env)
+    previous = {number: signal.signal(number, lambda number, _: child.send_signal(number)) for number in STOP_SIGNALS}
+    try:
+        code = child.wait()
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+        if child.poll() is None:
+            child.terminate()
+            try:
+                child.wait(STOP_WAIT_S)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+    return 128 - code if code < 0 else code
 
 
 def answer_examples(flags: StageFlags) -> None:

@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
+import signal
+import subprocess
+import sys
 import threading
+import time
 from pathlib import Path
 
 import demo_fakes
@@ -228,7 +234,7 @@ def test_a_mistyped_demo_index_is_an_error_not_a_build(demo_env, tmp_path, monke
     monkeypatch.setenv("MEDFAQ_DEMO_INDEX", str(typo))
     monkeypatch.setattr(SetupRunner, "start", lambda self: pytest.fail("set-up started"))
     monkeypatch.setattr(datasets, "fetch_dataset", lambda *_: pytest.fail("MedQuAD fetched"))
-    monkeypatch.setattr(cmd_demo.subprocess, "run", lambda *_, **__: pytest.fail("the demo served"))
+    monkeypatch.setattr(cmd_demo, "run_until_stopped", lambda *_: pytest.fail("the demo served"))
     app = AppTest.from_file(APP, default_timeout=TIMEOUT_S).run()
     assert not app.exception and app.error[0].value.startswith(f"error: MEDFAQ_DEMO_INDEX={typo} holds no built index")
     for args in (["demo"], ["demo", "--cli"], ["setup", "--dry-run"]):
@@ -336,7 +342,7 @@ def test_medfaq_demo_serves_streamlit_on_port_8501(monkeypatch):
     from medfaq.app.cli import app as cli
 
     calls = []
-    monkeypatch.setattr(cmd_demo.subprocess, "run", lambda command, env: calls.append((command, env)) or _Done())
+    monkeypatch.setattr(cmd_demo, "run_until_stopped", lambda command, env: calls.append((command, env)) or 0)
     result = CliRunner().invoke(cli, ["demo", "--no-train"])
     assert result.exit_code == 0, result.output
     [(command, env)] = calls
@@ -345,8 +351,35 @@ def test_medfaq_demo_serves_streamlit_on_port_8501(monkeypatch):
     assert env["MEDFAQ_DEMO_NO_TRAIN"] == "1"
 
 
-class _Done:
-    returncode = 0
+SERVER = """
+import os, pathlib, signal, sys, time
+signal.signal(signal.SIGTERM, lambda *_: (pathlib.Path(sys.argv[1]).write_text("stopped"), sys.exit(0)))
+pathlib.Path(sys.argv[2]).write_text(str(os.getpid()))
+time.sleep(60)
+"""
+DEMO = """
+import sys
+from medfaq.app import cmd_demo
+from medfaq.app.cli import app
+cmd_demo.streamlit_command = lambda *_: [sys.executable, "-c", *sys.argv[1:]]
+app(["demo"])
+"""
+
+
+def test_stopping_medfaq_demo_by_its_pid_stops_the_server(tmp_path):
+    stopped, serving = tmp_path / "stopped", tmp_path / "serving"
+    demo = subprocess.Popen([sys.executable, "-c", DEMO, SERVER, stopped, serving], stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + TIMEOUT_S
+    while not serving.is_file() or not serving.read_text():
+        assert demo.poll() is None and time.monotonic() < deadline, "the stand-in server never started"
+        time.sleep(0.05)
+    try:
+        demo.terminate()
+        assert demo.wait(TIMEOUT_S) == 0
+        assert stopped.read_text() == "stopped"  # the server was told to stop, and did, before the demo ended
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(serving.read_text()), signal.SIGKILL)
 
 
 def test_adapt_page_starts_a_background_run_and_reports_it(demo_env, monkeypatch):
