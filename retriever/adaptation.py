@@ -571,7 +571,8 @@ def describe_adaptation(record: dict[str, Any], faqs_now: int) -> str:
 
 def dry_run_plan(directory: Path, config: AdaptConfig, labelled: bool = False) -> str:
     """What `adapt` would do and how long it would take here (`labelled`: with the user's labelled development
-    queries): the writer is timed on a few FAQs (nothing is written or saved)."""
+    queries): the writer is timed on a few FAQs (nothing is written or saved). A bank with nothing to adapt is a
+    plan too: it says why, at once."""
     from medfaq.summarizer.question_writer import QuestionWriter
 
     directory = Path(directory).expanduser()
@@ -579,7 +580,10 @@ def dry_run_plan(directory: Path, config: AdaptConfig, labelled: bool = False) -
     if index.manifest.adaptation:
         raise MedfaqError(f"index {directory} is already adapted; run `medfaq index adapt {directory} --undo` first")
     records = index.records()
-    skipped = parts_to_try(config, records, labelled)
+    try:
+        skipped = parts_to_try(config, records, labelled)
+    except NothingToAdapt as nothing:
+        return f"{len(records)} FAQs; {nothing}"
     written_config, to_write = writing_plan(config, skipped, records)
     k = written_config.questions_per_faq
     writer = QuestionWriter.load(writer_location(config.writer), quantize=config.writer_int8)

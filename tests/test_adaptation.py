@@ -20,6 +20,7 @@ from medfaq.summarizer.generation import Summarizer
 from medfaq.summarizer.question_writer import QuestionWriter, reversed_pairs, writer_input
 from medfaq.summarizer.training.trainer import train_summarizer
 from tests.conftest import (
+    FAQ_ROWS,
     SUMMARY_PAIRS,
     CountingEncoder,
     assert_same_rankings,
@@ -384,6 +385,18 @@ def test_dry_run_plans_to_write_only_for_the_development_sample_without_labels(i
     assert "write 1 question(s) for each of 2 FAQs" in plan and "not tried: phrasings" in plan
     assert "write 2 question(s) for each of 6 FAQs" in adaptation.dry_run_plan(index_dir, config, labelled=True)
     assert "encode 10 answer rows of 5 FAQs: about" in plan  # timed on a sample of them
+
+
+def test_a_dry_run_on_a_bank_without_answers_says_there_is_nothing_to_adapt_and_succeeds(tmp_path, tiny_encoder_dir):
+    faqs = write_jsonl(tmp_path / "faqs.jsonl", [{**row, "answer": ""} for row in FAQ_ROWS])
+    runner = CliRunner()
+    build = ["index", "build", str(faqs), "--out", str(tmp_path / "idx"), "--encoder", str(tiny_encoder_dir)]
+    assert runner.invoke(app, build).exit_code == 0
+    result = runner.invoke(app, ["index", "adapt", str(tmp_path / "idx"), "--dry-run"])  # no question writer needed
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith("6 FAQs; nothing to adapt: answers: no FAQ of the bank has an answer")
+    result = runner.invoke(app, ["index", "adapt", str(tmp_path / "idx")])  # the run itself is refused
+    assert result.exit_code == 2 and result.stderr.startswith("error: nothing to adapt")
 
 
 def test_answer_rows_interrupted_while_encoding_resume_where_they_stopped(index_dir, monkeypatch):
