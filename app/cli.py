@@ -9,6 +9,7 @@ import typer
 from typer.core import TyperGroup
 
 from medfaq.common.runtime import MedfaqError, configure_logging, one_line
+from medfaq.retriever.setup_plan import ModelNotTrained
 
 try:  # typer >= 0.26 carries its own copy of click
     from typer._click import exceptions as click_errors
@@ -25,6 +26,8 @@ class OneLineErrors(TyperGroup):
         try:
             return super().invoke(ctx)
         except MedfaqError as error:
+            if not_trained(error):  # `main` offers to train it and runs the command again
+                raise
             typer.echo(f"error: {one_line(str(error))}", err=True)
             raise typer.Exit(2) from None
         except KeyboardInterrupt:
@@ -33,7 +36,17 @@ class OneLineErrors(TyperGroup):
 
     def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
         try:
-            result = super().main(*args, standalone_mode=False, **kwargs)
+            try:
+                result = super().main(*args, standalone_mode=False, **kwargs)
+            except MedfaqError as error:
+                missing = not_trained(error)
+                if missing is None:
+                    raise
+                cmd_setup.train_on_first_need(missing, GLOBAL_OPTIONS["yes"])  # then the command runs again
+                result = super().main(*args, standalone_mode=False, **kwargs)
+        except MedfaqError as error:
+            typer.echo(f"error: {one_line(str(error))}", err=True)
+            result = 2
         except getattr(click_errors, "NoArgsIsHelpError", ()) as error:
             error.show()
             result = error.exit_code
@@ -51,6 +64,13 @@ class OneLineErrors(TyperGroup):
         if not standalone_mode:
             return code
         sys.exit(code)
+
+
+def not_trained(error: BaseException | None) -> ModelNotTrained | None:
+    """The set-up model missing behind `error` (a stage's load wraps it), if that is what it is."""
+    while error is not None and not isinstance(error, ModelNotTrained):
+        error = error.__cause__
+    return error
 
 
 app = typer.Typer(
@@ -127,11 +147,21 @@ queue_app.command("merge")(cmd_queue.merge)
 queue_app.command("undo")(cmd_queue.undo)
 
 
+GLOBAL_OPTIONS = {"yes": False}
+
+
 @app.callback()
 def _global_options(
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log progress details to stderr."),
+    yes: bool = typer.Option(
+        False,
+        "--yes",
+        "-y",
+        help="Train a model the command needs and `medfaq setup` left out without asking (for scripts).",
+    ),
 ) -> None:
     configure_logging(verbose)
+    GLOBAL_OPTIONS["yes"] = yes
 
 
 def main() -> None:

@@ -1,4 +1,4 @@
-"""`medfaq setup`: fetch the data and train every model the default pipeline and the demo use, skipping those present.
+"""`medfaq setup`: fetch the data and train the models the default pipeline uses, skipping those present.
 
 The steps come from :mod:`retriever.setup_plan` (through :func:`app.setup_state.default_steps`, which the demo's
 first-run set-up runs too); each command runs as ``medfaq ...`` with its own progress bars.
@@ -13,10 +13,13 @@ import time
 import typer
 
 from medfaq.app.setup_state import REPO_ROOT, DemoSettings, SetupStep, default_steps
+from medfaq.common.runtime import MedfaqError
+from medfaq.retriever.setup_plan import MODEL_STEPS, ModelNotTrained, left_out
 
 
-def plan_lines(steps: list[SetupStep]) -> list[str]:
-    """One line per step: its state, measured time and commands; then the total time of what will run."""
+def plan_lines(steps: list[SetupStep], fast: bool = False, everything: bool = False) -> list[str]:
+    """One line per step: its state, measured time and commands; then the total time of what will run, and the
+    models this set-up leaves to the commands that need them."""
     lines = []
     for number, step in enumerate(steps, 1):
         if step.status == "pending":
@@ -30,21 +33,42 @@ def plan_lines(steps: list[SetupStep]) -> list[str]:
         if pending
         else "everything is ready"
     )
+    later = left_out(fast, everything)
+    if later:
+        names = ", ".join(step.model for step in later)
+        lines.append(f"left to the commands that need them (or `medfaq setup --all`): {names}")
     return lines
 
 
 def setup(
-    fast: bool = typer.Option(False, "--fast", help="Leave out the slow Gemma summarizer (MiniLM ECL only)."),
+    fast: bool = typer.Option(
+        False,
+        "--fast",
+        help="Fine-tune MiniLM instead of MPNet as the retrieval encoder (lower R@1 on every real FAQ bank); with "
+        "--all, also leave out MPNet, the Gemma summarizers, the rank models and the question writer.",
+    ),
+    everything: bool = typer.Option(
+        False,
+        "--all",
+        help="Also train every model the default pipeline leaves off (summarizers, reranker, question writer, rank "
+        "models) and make the MedQuAD index's stage decisions, instead of on first need.",
+    ),
     dry_run: bool = typer.Option(False, "--dry-run", help="List the steps and their times; run nothing."),
 ) -> None:
-    """Prepare every model the default pipeline and the demo use: the MedQuAD index, the question summarizer(s)
-    and the FAQ reranker, trained with their quick presets into $MEDFAQ_HOME/models (present ones are skipped)."""
-    steps = default_steps(DemoSettings.from_env(fast=fast))
-    for line in plan_lines(steps):  # the plan is the command's output (`medfaq setup --dry-run > plan.txt`)
+    """Prepare the models the default pipeline uses: the MedQuAD index and the fine-tuned retrieval encoder that
+    encodes it, trained with its quick preset into $MEDFAQ_HOME/models (present ones are skipped). Every other model
+    is trained by the command that needs it, which says so first."""
+    steps = default_steps(DemoSettings.from_env(fast=fast, everything=everything))
+    # the plan is the command's output (`medfaq setup --dry-run > plan.txt`)
+    for line in plan_lines(steps, fast, everything):
         typer.echo(line)
     if dry_run:
         return
-    pending = [step for step in steps if step.status == "pending"]
+    run_steps([step for step in steps if step.status == "pending"])
+
+
+def run_steps(pending: list[SetupStep]) -> None:
+    """Run each step's ``medfaq`` commands in turn, with their own progress bars; a failed command ends the run."""
     for number, step in enumerate(pending, 1):
         typer.echo(f"==> ({number}/{len(pending)}) {step.title} (about {step.minutes:g} min)", err=True)
         start = time.monotonic()
@@ -59,3 +83,30 @@ def setup(
         typer.echo(f"    done in {(time.monotonic() - start) / 60:.1f} min", err=True)
     if pending:
         typer.echo("set-up complete", err=True)
+
+
+def train_on_first_need(missing: ModelNotTrained, yes: bool) -> None:
+    """Train the set-up model a command found missing (and the models it starts from), after saying what that
+    trains and how long it takes: at once with `yes`, else after a yes at a terminal; elsewhere it is the one-line
+    error, naming ``--yes`` and the time."""
+    steps = {step.key: step for step in default_steps(DemoSettings.from_env(everything=True))}
+    wanted: list[SetupStep] = []
+
+    def add(key: str) -> None:
+        plan = next(plan for plan in MODEL_STEPS if plan.key == key)
+        for need in plan.needs:
+            add(need)
+        if steps[key].status == "pending" and steps[key] not in wanted:
+            wanted.append(steps[key])
+
+    add(missing.step.key)
+    if not wanted:
+        raise missing
+    minutes = sum(step.minutes for step in wanted)
+    if not yes and not sys.stdin.isatty():
+        raise MedfaqError(f"{missing}; training it takes about {minutes:g} min") from missing
+    titles = "; ".join(step.title for step in wanted)
+    typer.echo(f"{missing.step.model} is not trained yet: {titles} (about {minutes:g} min)", err=True)
+    if not yes and not typer.confirm("Train it now?", err=True):
+        raise missing
+    run_steps(wanted)

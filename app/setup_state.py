@@ -71,14 +71,16 @@ class DemoSettings:
     train: bool
     shared_data: Path | None
     fast: bool = False
+    everything: bool = False  # train every set-up model (`medfaq setup --all`), not only the default pipeline's
 
     @classmethod
-    def from_env(cls, fast: bool = False) -> DemoSettings:
+    def from_env(cls, fast: bool = False, everything: bool = False) -> DemoSettings:
         """`MEDFAQ_DEMO_INDEX` (a directory), `MEDFAQ_DEMO_SUMMARIZER` / `MEDFAQ_DEMO_RERANKER` (a model directory,
         a name under ``models_dir()``, or ``none``; default: the set-up models), `MEDFAQ_DEMO_NO_TRAIN=1`,
-        `MEDFAQ_DEMO_DATA` (a copy of the shared data, default ``../shared/data`` when present). `fast`: leave
-        the slow set-up models (the Gemma summarizer) out. Only the default index is built on first run: a
-        `MEDFAQ_DEMO_INDEX` that holds no built index (a typo, say) is an error, not a 47,441-FAQ build."""
+        `MEDFAQ_DEMO_DATA` (a copy of the shared data, default ``../shared/data`` when present). `fast`: the
+        fine-tuned MiniLM instead of MPNet (and, with `everything`, no slow model). Only the default index is built
+        on first run: a `MEDFAQ_DEMO_INDEX` that holds no built index (a typo, say) is an error, not a 47,441-FAQ
+        build."""
         data = os.environ.get(ENV_DATA)
         shared = Path(data).expanduser() if data else SHARED_DATA
         chosen = os.environ.get(ENV_SUMMARIZER)
@@ -88,7 +90,8 @@ class DemoSettings:
                 f"{ENV_INDEX}={custom} holds no built index: build it first (`medfaq index build COLLECTION --out "
                 f"{custom}`), or unset {ENV_INDEX} for the default index, which the demo builds itself"
             )
-        names = [chosen] if chosen is not None else [s.model for s in steps_for(fast) if s.stage == "rewrite"]
+        rewriters = [step.model for step in steps_for(fast, everything=True) if step.stage == "rewrite"]
+        names = [chosen] if chosen is not None else rewriters
         summarizers = sorted(filter(None, map(_model_path, names)), key=_summarizer_rank)
         return cls(
             index_dirs=(Path(custom).expanduser(),) if custom else set_up_index_dirs(),
@@ -97,6 +100,7 @@ class DemoSettings:
             train=os.environ.get(ENV_NO_TRAIN, "0").strip().lower() in OFF_VALUES,
             shared_data=shared if shared.is_dir() else None,
             fast=fast,
+            everything=everything,
         )
 
     @property
@@ -165,7 +169,7 @@ def model_targets(settings: DemoSettings) -> list[tuple[ModelStep, Path | None]]
     """Each set-up model step with the directory it must fill (None: switched off): summarizers by name, a
     summarizer directory of another name filled by the first summarizer step; the reranker wherever it is set; the
     question writer under its name."""
-    plans = steps_for(settings.fast)
+    plans = steps_for(settings.fast, settings.everything)
     by_name = {path.name: path for path in settings.summarizers}
     rewrite = [plan for plan in plans if plan.stage == "rewrite"]
     custom = settings.summarizers[0] if settings.summarizers and not set(by_name) & set(SUMMARIZERS) else None

@@ -45,6 +45,7 @@ class ModelStep:
     measured: str
     slow: bool = False  # left out by ``medfaq setup --fast``
     seeds: tuple[int, ...] = ()  # the commands holding ``{seed}`` run once per seed, each into its `outputs` entry
+    needs: tuple[str, ...] = ()  # the keys of the steps whose models its commands start from
 
     def outputs(self, out: Path | None = None) -> list[Path]:
         """The model directories the step fills: `out` (default: its name under the models directory), and with
@@ -149,6 +150,7 @@ RERANKER = ModelStep(
         ),
     ),
     minutes=108,
+    needs=("biencoder",),
     measured="108 min wall as a correction of fine-tuned MPNet beside other jobs on 2 cores: 26 min training, 82 min "
     "calibrating its threshold through the MPNet prior; 21 min as a correction of the MiniLM one (--fast) "
     "(docs/results.md, the reranker follows the encoder)",
@@ -225,6 +227,7 @@ SUMMARIZER_RANK = ModelStep(
         ),
     ),
     seeds=RANK_SEEDS,
+    needs=("summarizer-gemma",),
     minutes=13,
     measured="11 min 23 s, 11 min 41 s and 11 min 39 s wall per seed for the training on 2 cores (AMX, bf16), "
     "alone, since the candidates are scored in one packed pass (docs/results.md, the rank model over three seeds); "
@@ -406,9 +409,26 @@ def trained(name: str, models: Path | None = None) -> bool:
     return model_ready((models or models_dir()) / name)
 
 
-def steps_for(fast: bool = False) -> list[ModelStep]:
-    """The model steps of ``medfaq setup`` (without the slow ones when `fast`)."""
-    return [step for step in MODEL_STEPS if not (fast and step.slow)]
+DEFAULT_PIPELINE_MODELS = (MPNET_BIENCODER_MODEL,)
+"""What the default pipeline uses, decided on real FAQ banks (docs/results.md): dense search with fine-tuned MPNet,
+no summarizer, no reranker, no likelihood stage. ``medfaq setup`` trains these and nothing else; every other model
+is trained by the command that needs it (`setup --all` trains them all up front)."""
+FAST_PIPELINE_MODELS = (BIENCODER_MODEL,)  # ``medfaq setup --fast``: the fine-tuned MiniLM instead of MPNet
+
+
+def steps_for(fast: bool = False, everything: bool = False) -> list[ModelStep]:
+    """The model steps of ``medfaq setup``: the default pipeline's models (`fast`: the fine-tuned MiniLM instead of
+    MPNet); with `everything`, every model the commands can use (without the slow ones when `fast`)."""
+    if everything:
+        return [step for step in MODEL_STEPS if not (fast and step.slow)]
+    wanted = FAST_PIPELINE_MODELS if fast else DEFAULT_PIPELINE_MODELS
+    return [step for step in MODEL_STEPS if step.model in wanted]
+
+
+def left_out(fast: bool = False, everything: bool = False) -> list[ModelStep]:
+    """The model steps `steps_for` leaves out: trained by the commands that need them, on first need."""
+    kept = steps_for(fast, everything)
+    return [step for step in MODEL_STEPS if step not in kept]
 
 
 def best_summarizer(models: Path | None = None) -> str | None:
@@ -418,7 +438,29 @@ def best_summarizer(models: Path | None = None) -> str | None:
 
 
 def missing_model_hint(model: str) -> str:
-    """What to run to get `model`: ``medfaq setup``, and the exact train command when the model is a set-up one."""
-    step = next((s for s in MODEL_STEPS if s.model == model), None)
-    exact = f" (or `{step.shown()}`)" if step else ""
-    return f"run `medfaq setup`{exact}"
+    """What to run to get `model`: the command again with ``--yes``, ``medfaq setup --all``, or the exact train
+    command when the model is a set-up one."""
+    step = step_of(model)
+    exact = f", or `{step.shown()}`" if step else ""
+    return f"run the command again as `medfaq --yes ...` to train it now, or `medfaq setup --all`{exact}"
+
+
+def step_of(model: str) -> ModelStep | None:
+    """The set-up step that trains the model named `model` (None: not a set-up model)."""
+    return next((step for step in MODEL_STEPS if model == step.model), None)
+
+
+class ModelNotTrained(MedfaqError):
+    """A set-up model a command needs is not trained yet (`step` trains it): the command line offers to train it
+    there and then, and to run the command again (`app.cmd_setup.train_on_first_need`)."""
+
+    def __init__(self, step: ModelStep, kind: str) -> None:
+        self.step = step
+        super().__init__(f"no {kind} model {step.model!r} is trained yet: {missing_model_hint(step.model)}")
+
+
+def require_trained(name: str, kind: str) -> None:
+    """Raise :class:`ModelNotTrained` where `name` is a set-up model (by name) not saved yet."""
+    step = step_of(name)
+    if step is not None and not trained(name):
+        raise ModelNotTrained(step, kind)

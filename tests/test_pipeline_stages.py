@@ -385,7 +385,7 @@ def test_a_missing_set_up_model_names_the_fix(index):
         with pytest.raises(MedfaqError) as error:
             build_pipeline(index, config)
         message = str(error.value)
-        assert "\n" not in message and model in message and "`medfaq setup`" in message
+        assert "\n" not in message and model in message and "`medfaq setup --all`" in message
         assert "medfaq train " in message and f"--out {models_dir() / model}" in message
 
 

@@ -1,5 +1,6 @@
-"""`medfaq setup --dry-run`: every step of the default pipeline and the demo with its measured time and command;
-models already on disk are skipped, `--fast` leaves out the Gemma summarizer."""
+"""`medfaq setup --dry-run`: every step of the default pipeline with its measured time and command (`--all`: of every
+set-up model); models already on disk are skipped, `--fast` fine-tunes MiniLM instead of MPNet (with `--all`, leaves
+out the slow models); a command that needs a model set-up left out trains it on first need."""
 
 from __future__ import annotations
 
@@ -18,8 +19,8 @@ def dry_run(*flags: str) -> str:
     return result.stdout
 
 
-def test_dry_run_lists_every_step_with_time_and_command():
-    output = dry_run()
+def test_dry_run_all_lists_every_step_with_time_and_command():
+    output = dry_run("--all")
     assert "11 step(s) to run" in output
     commands = ("index build medquad", "train biencoder --task faq", "train summarizer --preset quick")
     assert "train question-writer --out " + str(models_dir() / "question-writer") in output
@@ -48,13 +49,14 @@ def test_dry_run_lists_every_step_with_time_and_command():
     assert output.rindex("index rerank ") > output.rindex("index likelihood ")
 
 
-def test_present_models_are_skipped_and_fast_leaves_out_gemma():
+def test_present_models_are_skipped_and_fast_all_leaves_out_gemma():
     trained = models_dir() / "summarizer-ecl-quick"
     trained.mkdir(parents=True)
     (trained / "config.json").write_text("{}", encoding="utf-8")
-    output = dry_run("--fast")
+    output, left = dry_run("--all", "--fast").split("left to the commands that need them")
     assert "5 step(s) to run" in output  # the reranker's decision among them
     assert "gemma" not in output.lower() and "mpnet" not in output
+    assert "summarizer-gemma-quick" in left and "question-writer" in left
     minilm = str(models_dir() / "biencoder-faq-quick")
     assert f"--negatives-encoder {minilm} --init {minilm}" in output  # the reranker corrects the MiniLM index
     assert "train summarizer --preset quick" not in output
@@ -109,9 +111,9 @@ def test_the_reranker_is_trained_again_when_it_corrects_another_encoder_than_the
     minilm = models_dir() / "biencoder-faq-quick"
     EncoderTrainConfig(task="faq", prior_scale=20, negatives_encoder=str(minilm)).save(reranker)
     title = "Train the FAQ reranker as a correction of the index's bi-encoder (MiniLM cross-encoder, listwise)"
-    assert f"{title}: about" in dry_run()  # it corrects the MiniLM bi-encoder: trained again for MPNet's index
+    assert f"{title}: about" in dry_run("--all")  # it corrects the MiniLM bi-encoder: trained again for MPNet's index
     EncoderTrainConfig(task="faq", prior_scale=20, negatives_encoder=str(mpnet)).save(reranker)
-    output = dry_run()
+    output = dry_run("--all")
     assert f"{title}: ready" in output
     # not yet decided for this index and reranker: the decision is the last step
     assert output.rstrip().splitlines()[-2].startswith("    medfaq data fetch medquad")
@@ -153,7 +155,7 @@ def test_an_interrupted_training_is_resumed_and_a_saved_seed_is_kept():
     seed0, seed1, seed2 = SUMMARIZER_RANK.outputs()
     _saved(seed0)
     _saved(seed2, unfinished=True)  # stopped before its first checkpoint: it starts again
-    output = dry_run()
+    output = dry_run("--all")
     assert f"--variant mle --preset quick --save-every-steps 5 --out {gemma} --resume" in output
     assert f"--out {seed0} --seed 0" not in output  # a seed already trained is kept
     assert f"--out {seed1} --seed 1" in output
@@ -161,4 +163,34 @@ def test_an_interrupted_training_is_resumed_and_a_saved_seed_is_kept():
     assert "three seeds): about 26 min" in output
     _saved(seed1)
     (seed2 / UNFINISHED_FILE).unlink()
-    assert "three seeds): ready" in dry_run()
+    assert "three seeds): ready" in dry_run("--all")
+
+
+def test_set_up_trains_only_what_the_default_pipeline_uses():
+    output = dry_run()
+    assert "3 step(s) to run" in output  # the stock index, fine-tuned MPNet, the MedQuAD index it encodes
+    assert "--init mpnet" in output and "summarizer" not in output.split("left to the commands")[0]
+    assert "train crossencoder" not in output and "question-writer --out" not in output
+    assert "index likelihood" not in output and "index rerank" not in output
+    left = output.rstrip().splitlines()[-1]
+    assert left.startswith("left to the commands that need them (or `medfaq setup --all`): biencoder-faq-quick")
+    fast = dry_run("--fast")
+    assert "mpnet" not in fast.split("left to the commands")[0] and "train biencoder --task faq" in fast
+
+
+def test_a_command_trains_a_missing_model_on_first_need_after_saying_so(index_dir, monkeypatch):
+    import medfaq.app.cmd_setup as cmd_setup
+
+    ran: list[list[str]] = []
+    monkeypatch.setattr(cmd_setup, "run_steps", lambda steps: ran.append([step.key for step in steps]))
+    search = ["search", "--index", str(index_dir), "--rerank", "how is achalasia treated"]
+    refused = CliRunner().invoke(app, search)  # no terminal to ask at, no --yes: the one-line error, nothing trained
+    assert refused.exit_code == 2 and not ran
+    assert refused.stderr.startswith("error: no reranker model 'reranker-correction-quick' is trained yet")
+    assert "`medfaq --yes ...`" in refused.stderr and refused.stderr.rstrip().endswith("takes about 156 min")
+    assert len(refused.stderr.splitlines()) == 1
+    agreed = CliRunner().invoke(app, ["--yes", *search])
+    assert ran == [["biencoder", "reranker"]]  # the reranker starts from the fine-tuned MiniLM: trained first
+    # the command ran again after the (faked) training, which saved nothing: the first error was not printed
+    assert agreed.exit_code == 2 and agreed.stderr.count("error: no reranker model") == 1
+    assert "reranker-correction-quick is not trained yet: Fine-tune the MiniLM bi-encoder" in agreed.stderr
