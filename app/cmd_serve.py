@@ -6,12 +6,14 @@ import errno
 import os
 import socket
 from pathlib import Path
+from typing import Any
 
 import typer
 
 from medfaq.app.batching import BatchSettings
 from medfaq.app.options import INDEX
 from medfaq.common.runtime import MedfaqError
+from medfaq.retriever.runs import check_output, write_text_atomic
 from medfaq.retriever.setup_plan import set_up_index
 
 SERVE_THREADS = 1
@@ -40,6 +42,27 @@ def listening_socket(host: str, port: int) -> socket.socket:
             raise MedfaqError(f"port {port} on {host} is in use") from None
         raise MedfaqError(f"cannot listen on {host}:{port}: {error.strerror}") from None
     return sock
+
+
+def run_server(app: Any, sock: socket.socket, url: str, ready_file: Path | None) -> None:
+    """Serve `app` on `sock` until stopped. Once it accepts connections it says ``ready on URL`` on stderr and
+    writes `url` to `ready_file`, which it removes again when it stops."""
+    import uvicorn
+
+    class AnnouncingServer(uvicorn.Server):
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets)
+            if self.started:
+                typer.echo(f"ready on {url}", err=True)
+                if ready_file is not None:
+                    write_text_atomic(ready_file, [url + "\n"])
+
+        async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+            if ready_file is not None:
+                ready_file.unlink(missing_ok=True)
+            await super().shutdown(sockets)
+
+    AnnouncingServer(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
 
 
 def serve(
@@ -85,15 +108,23 @@ def serve(
         help="Without MEDFAQ_API_KEY, serve the experts' queue (consumers' questions: GET /unanswered and GET /queue) "
         "to any client, not loopback only.",
     ),
+    ready_file: Path | None = typer.Option(
+        None,
+        "--ready-file",
+        help="Write the server's URL to this file once it accepts connections (removed when it stops); a script "
+        "waits for it (the line 'ready on URL' on stderr says the same).",
+    ),
 ) -> None:
-    """Serve search, feedback and the experts' queue over HTTP (OpenAPI page at /docs). Loads the pipeline once."""
-    import uvicorn
-
+    """Serve search, feedback and the experts' queue over HTTP (OpenAPI page at /docs). Loads the pipeline once (a
+    few seconds), then says 'ready on URL' on stderr."""
     from medfaq.app.server import ServerLimits, access_rules, create_app
     from medfaq.app.service import SearchService
 
     if allow_public_writes and not allow_writes:
         raise MedfaqError("--allow-public-writes opens the writes of --allow-writes: give both")
+    if ready_file is not None:
+        check_output(ready_file)
+        ready_file.unlink(missing_ok=True)  # an earlier run's: the file appears only once this server is ready
     index = index or set_up_index()
     os.environ["OMP_NUM_THREADS"] = str(threads)  # read by ONNX Runtime, faiss and torch when they load
     sock = listening_socket(host, port)
@@ -106,4 +137,4 @@ def serve(
     typer.echo(f"serving {index} ({len(service.index)} FAQs) on http://{host}:{port} (OpenAPI: /docs)", err=True)
     for rule in access_rules(**access):
         typer.echo(f"access: {rule}", err=True)
-    uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
+    run_server(app, sock, f"http://{host}:{port}", ready_file)

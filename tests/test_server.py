@@ -3,6 +3,11 @@ restarts, and a bounded concurrent load on a real uvicorn server (loopback) answ
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import time
+import urllib.request
+
 import pytest
 from fastapi.testclient import TestClient
 
@@ -12,7 +17,7 @@ from medfaq.eval.load_test import run_load, serial_answers
 from medfaq.index.faq_index import FaqIndex
 from medfaq.index.records import FaqRecord
 from tests.conftest import FAQ_ROWS
-from tests.servers import serving
+from tests.servers import free_port, serving
 
 QUESTIONS = ["can i drink alcohol on amoxicillin", "what are diabetes symptoms", "is parkinson inherited"]
 
@@ -308,3 +313,24 @@ def test_the_access_rules_name_who_may_do_what(monkeypatch):
     assert "any client (--allow-public-writes)" in access_rules(True, False, True)[3]
     monkeypatch.setenv("MEDFAQ_API_KEY", "s3cret")
     assert all("with the API key" in rule for rule in access_rules(True, True, True)[1:])
+
+
+def test_serve_says_it_is_ready_once_it_accepts_connections(index_dir, tmp_path):
+    ready = tmp_path / "ready"
+    ready.write_text("an earlier run's")
+    port = free_port()
+    command = [sys.executable, "-m", "medfaq.app", "serve", "--index", str(index_dir), "--port", str(port)]
+    server = subprocess.Popen([*command, "--ready-file", str(ready)], stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while not ready.is_file() or ready.read_text() != url + "\n":
+            assert server.poll() is None and time.monotonic() < deadline, "the server never said it was ready"
+            time.sleep(0.05)
+        with urllib.request.urlopen(f"{url}/health", timeout=30) as health:  # at once: no retry, no wait
+            assert health.status == 200
+    finally:
+        server.terminate()
+        _, stderr = server.communicate(timeout=60)
+    assert f"ready on {url}" in stderr.splitlines()
+    assert not ready.exists()  # a stopped server is not ready
