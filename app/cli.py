@@ -91,8 +91,13 @@ app.add_typer(train_app, name="train")
 queue_app = typer.Typer(
     help="The experts' queue: the questions medfaq abstained on, grouped; answer each group once.", no_args_is_help=True
 )
+models_app = typer.Typer(
+    help="The trained models in one file: export them where they were trained, import them where they serve.",
+    no_args_is_help=True,
+)
 app.add_typer(eval_app, name="eval")
 app.add_typer(queue_app, name="queue")
+app.add_typer(models_app, name="models")
 
 
 from medfaq.app import (  # noqa: E402  (after the sub-apps they join)
@@ -100,6 +105,7 @@ from medfaq.app import (  # noqa: E402  (after the sub-apps they join)
     cmd_demo,
     cmd_eval,
     cmd_index,
+    cmd_models,
     cmd_queue,
     cmd_search,
     cmd_serve,
@@ -145,6 +151,9 @@ queue_app.command("answer")(cmd_queue.answer)
 queue_app.command("split")(cmd_queue.split)
 queue_app.command("merge")(cmd_queue.merge)
 queue_app.command("undo")(cmd_queue.undo)
+models_app.command("export")(cmd_models.export)
+models_app.command("import")(cmd_models.import_file)
+models_app.command("list")(cmd_models.list_models)
 
 
 GLOBAL_OPTIONS = {"yes": False}

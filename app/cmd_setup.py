@@ -9,6 +9,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import typer
 
@@ -54,10 +55,21 @@ def setup(
         "models) and make the MedQuAD index's stage decisions, instead of on first need.",
     ),
     dry_run: bool = typer.Option(False, "--dry-run", help="List the steps and their times; run nothing."),
+    source: Path | None = typer.Option(
+        None,
+        "--from",
+        help="Install the models a `medfaq models export` file holds instead of training them (`medfaq models import "
+        "FILE`; with --dry-run: verify it and say what would change).",
+    ),
 ) -> None:
     """Prepare the models the default pipeline uses: the MedQuAD index and the fine-tuned retrieval encoder that
     encodes it, trained with its quick preset into $MEDFAQ_HOME/models (present ones are skipped). Every other model
     is trained by the command that needs it, which says so first."""
+    if source is not None:
+        from medfaq.app.cmd_models import import_file
+
+        import_file(source, force=False, dry_run=dry_run)
+        return
     steps = default_steps(DemoSettings.from_env(fast=fast, everything=everything))
     # the plan is the command's output (`medfaq setup --dry-run > plan.txt`)
     for line in plan_lines(steps, fast, everything):

@@ -661,7 +661,7 @@ class FaqIndex:
             text = json.dumps(self.manifest.to_dict(), indent=2) + "\n"
             (staging / MANIFEST).write_text(text, encoding="utf-8")
             replaced = _replaced_backend(target, self.manifest.backend)
-            _swap_in(staging, target)
+            swap_in(staging, target)
             self._origin, self._version = target, _version_of(text.encode("utf-8"))
             if replaced:
                 backend_class(replaced["name"]).discard(replaced, self.manifest.backend)
@@ -1107,8 +1107,9 @@ def _backup_name(target: Path) -> Path:
     return target.parent / f".{target.name}.previous"
 
 
-def _swap_in(staging: Path, target: Path) -> None:
-    """Replace `target` by `staging` with two renames; the old version is kept aside until the new one is in."""
+def swap_in(staging: Path, target: Path) -> None:
+    """Replace `target` by `staging` with two renames; the old version is kept aside until the new one is in (a load
+    puts it back where a swap stopped between the two)."""
     backup = _backup_name(target)
     if backup.exists():
         shutil.rmtree(backup)

@@ -431,6 +431,12 @@ def left_out(fast: bool = False, everything: bool = False) -> list[ModelStep]:
     return [step for step in MODEL_STEPS if step not in kept]
 
 
+def saved_models() -> list[Path]:
+    """The model directories of every set-up step (each seed) that are saved, in the order the set-up trains them:
+    the models the default pipeline, `index adapt` and the MedQuAD index's decisions use (`medfaq models export`)."""
+    return [path for step in MODEL_STEPS for path in step.outputs() if model_ready(path)]
+
+
 def best_summarizer(models: Path | None = None) -> str | None:
     """The best summarizer trained under the models directory, or None."""
     where = models or models_dir()
