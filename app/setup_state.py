@@ -18,7 +18,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TextIO
 
-from medfaq.common.runtime import DEFAULT_ENCODER, MedfaqError, medfaq_home, models_dir
+from medfaq.common.runtime import MedfaqError, medfaq_home, models_dir
+from medfaq.retriever.encoder_rule import stock_encoder
 from medfaq.retriever.setup_plan import (
     DECISION_DATA,
     FAQ_INDEX_BUILDS,
@@ -198,9 +199,10 @@ def default_steps(settings: DemoSettings) -> list[SetupStep]:
     def fetch(*names: str) -> tuple[tuple[str, ...], ...]:
         return tuple(("data", "fetch", name, *source) for name in names)
 
-    # stock MiniLM by name: `--encoder auto` would take the fine-tuned bi-encoder once one is saved
+    # the stock encoder the rule chooses for a first start, by name: `--encoder auto` would take the fine-tuned
+    # bi-encoder once one is saved
     stock = ("index", "build", "medquad", "--synonyms", "none", "--out", str(settings.index_dirs[-1]))
-    stock += ("--encoder", DEFAULT_ENCODER)
+    stock += ("--encoder", stock_encoder(first_run=True))
     index = SetupStep(
         "index",
         "Fetch MedQuAD and build the FAQ index",

@@ -1,7 +1,8 @@
 """The default retrieval encoder, chosen by a rule written before any candidate was measured.
 
-The rule (:class:`EncoderRule`): among the candidates (an encoder on a backend) whose median time to encode one long
-consumer question (more than 60 words) is at most 200 ms and whose cold ``medfaq search`` (a new process searching a
+The rule (:class:`retriever.encoder_rule.EncoderRule`, which `--encoder auto` applies too): among the candidates
+(an encoder on a backend) whose median time to encode one long consumer question (more than 60 words) is at most
+200 ms and whose cold ``medfaq search`` (a new process searching a
 small index once) takes at most 1.5 s of wall time on 2 CPU cores, the default is the one with the best development
 quality; quality is the mean Recall@1 of dense search over the development queries (RQE's validation CHQs, Quebec's
 development half), never a test set. Candidates within 0.5 R@1 of the best count as equal, and the fastest of them
@@ -27,76 +28,17 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from medfaq.common.runtime import MedfaqError
 from medfaq.eval.script_args import print_report
+from medfaq.retriever.encoder_rule import Candidate, EncoderRule, choose
 
 LONG_WORDS = 60  # a long consumer question: more than this many words
 LONG_QUESTIONS = 50  # MeQSum training CHQs timed per candidate
 COLD_RUNS = 3  # cold searches per candidate per round
-
-
-@dataclass(frozen=True)
-class EncoderRule:
-    """The bounds a default encoder must meet, and how close in quality two candidates count as equal."""
-
-    max_long_p50_ms: float = 200.0
-    max_cold_search_s: float = 1.5
-    quality_tie: float = 0.5
-
-
-@dataclass
-class Candidate:
-    """One encoder on one backend, with what the rule reads."""
-
-    model: str
-    backend: str
-    dev_recall_at_1: float
-    long_p50_ms: float = float("nan")
-    cold_search_s: float = float("nan")
-    per_set: dict[str, float] = field(default_factory=dict)
-    long_p50_rounds: list[float] = field(default_factory=list)
-    cold_search_runs: list[float] = field(default_factory=list)
-
-    @property
-    def label(self) -> str:
-        return f"{self.model}:{self.backend}"
-
-    def add_round(self, long_p50_ms: float, cold_search_runs: Sequence[float]) -> None:
-        """Record one round's timings; the times the rule reads become the medians over the rounds so far."""
-        self.long_p50_rounds.append(long_p50_ms)
-        self.cold_search_runs.extend(cold_search_runs)
-        self.long_p50_ms = statistics.median(self.long_p50_rounds)
-        self.cold_search_s = statistics.median(self.cold_search_runs)
-
-
-def choose(candidates: Sequence[Candidate], rule: EncoderRule = EncoderRule()) -> tuple[Candidate, dict[str, str]]:
-    """The default by `rule`, and why each candidate was or was not chosen."""
-    reasons: dict[str, str] = {}
-    eligible = []
-    for candidate in candidates:
-        if candidate.long_p50_ms > rule.max_long_p50_ms:
-            reasons[candidate.label] = f"long question p50 {candidate.long_p50_ms:.0f} ms > {rule.max_long_p50_ms:.0f}"
-        elif candidate.cold_search_s > rule.max_cold_search_s:
-            reasons[candidate.label] = f"cold search {candidate.cold_search_s:.2f} s > {rule.max_cold_search_s}"
-        else:
-            eligible.append(candidate)
-    if not eligible:
-        raise MedfaqError("no candidate meets the speed bounds: " + "; ".join(f"{k}: {v}" for k, v in reasons.items()))
-    best = max(candidate.dev_recall_at_1 for candidate in eligible)
-    tied = [candidate for candidate in eligible if candidate.dev_recall_at_1 >= best - rule.quality_tie]
-    chosen = min(tied, key=lambda candidate: candidate.long_p50_ms)
-    for candidate in eligible:
-        if candidate is chosen:
-            reasons[candidate.label] = "chosen"
-        elif candidate in tied:
-            reasons[candidate.label] = f"as good (within {rule.quality_tie} R@1) but slower"
-        else:
-            reasons[candidate.label] = f"dev R@1 {candidate.dev_recall_at_1:.1f} < {best:.1f}"
-    return chosen, reasons
 
 
 def development_recall(encoder: Any, benchmark: Any) -> float:

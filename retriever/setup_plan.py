@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from medfaq.common.runtime import (
-    DEFAULT_ENCODER,
     UNFINISHED_FILE,
     MedfaqError,
     indexes_dir,
@@ -21,6 +20,7 @@ from medfaq.common.runtime import (
     resumable_run,
 )
 from medfaq.index.datasets import FAQ_TRAINING_DATA
+from medfaq.retriever.encoder_rule import stock_encoder
 
 FAQ_INDEX = "medquad-faq"  # the MedQuAD index encoded by the fine-tuned retrieval bi-encoder (under indexes_dir())
 STOCK_INDEX = "medquad-minilm"  # the MedQuAD index encoded by stock MiniLM: search works before any training
@@ -365,12 +365,12 @@ def model_ready(path: Path | None) -> bool:
 
 def choose_encoder(name: str) -> str:
     """The encoder `--encoder NAME` means: for ``auto``, the best fine-tuned retrieval bi-encoder ``medfaq setup``
-    saved (`RETRIEVAL_ENCODERS`: its directory), else stock MiniLM; any other name as given."""
+    saved (`RETRIEVAL_ENCODERS`: its directory), else the stock encoder the encoder rule chooses from the installed
+    ones' shipped measurements (`retriever.encoder_rule.stock_encoder`); any other name as given."""
     if name != AUTO_ENCODER:
         return name
-    return next(
-        (str(path) for path in map(models_dir().joinpath, RETRIEVAL_ENCODERS) if model_ready(path)), DEFAULT_ENCODER
-    )
+    saved = (str(path) for path in map(models_dir().joinpath, RETRIEVAL_ENCODERS) if model_ready(path))
+    return next(saved, None) or stock_encoder()
 
 
 def set_up_reranker() -> Path | None:

@@ -70,3 +70,16 @@ def test_the_rule_reads_the_median_of_the_rounds():
     assert candidate.long_p50_ms == 150.0 and candidate.long_p50_rounds == [98.0, 271.0, 150.0]
     assert candidate.cold_search_s == pytest.approx(1.3) and len(candidate.cold_search_runs) == 6
     assert choose([candidate])[0] is candidate  # one slow round does not decide
+
+
+def test_auto_without_set_up_applies_the_rule_to_the_stock_encoders_measurements():
+    """Stock MPNet leads the development R@1 within the speed bounds; the first-run index's build bound keeps the
+    demo's first MedQuAD index on MiniLM (MPNet's whole build measured at 11.5 min against the 10-minute bound)."""
+    from medfaq.retriever.encoder_rule import stock_encoder, stock_record
+
+    assert {row["model"] for row in stock_record()["candidates"]} == {"minilm", "mpnet"}
+    assert stock_encoder() == "mpnet" and stock_encoder(first_run=True) == "minilm"
+    slow = Candidate("mpnet", "onnx", 80.0, long_p50_ms=101, cold_search_s=1.1, build_minutes=11.5)
+    fast = Candidate("minilm", "onnx", 70.0, long_p50_ms=15, cold_search_s=0.6, build_minutes=4.7)
+    chosen, reasons = choose([slow, fast], EncoderRule(max_build_minutes=10))
+    assert chosen is fast and reasons["mpnet:onnx"] == "MedQuAD build 11.5 min, bound 10"
