@@ -23,7 +23,8 @@ lost, as they had turned on the likelihood stage (retriever/stage_choice.py). Ad
 held-back questions of the FAQs it gives no row (:data:`WITHOUT_ROWS`), which the rows can only push down; there the
 answer rows had gained on all held-back questions together while losing on those, and the bank's real questions,
 nearly all about FAQs without answers, lost. The decision and every number it was made with are recorded in the
-manifest (`IndexManifest.adaptation`); `undo` removes every adapted row and the record.
+manifest (`IndexManifest.adaptation`); the index's files from before are kept beside it, and `undo` puts them back
+(or, where the index was saved since, removes every adapted row and the record).
 
 Generated questions are cached beside the index (`work_dir`), one JSON line per FAQ as they are written, so an
 interrupted run resumes where it stopped.
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import random
 import shutil
 import time
@@ -42,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from medfaq.common.runtime import MedfaqError, resolve_model, utc_timestamp
-from medfaq.index.faq_index import MANIFEST, FaqIndex, is_index, read_manifest, write_lock
+from medfaq.index.faq_index import MANIFEST, FaqIndex, disk_version, is_index, read_manifest, write_lock
 from medfaq.index.records import FaqRecord
 from medfaq.retriever.adaptation_config import PARTS, AdaptConfig
 
@@ -60,6 +62,8 @@ SAMPLE_FAQS = 8  # FAQs whose questions a dry run writes to time the writer
 SAMPLE_ROWS = 32  # rows a dry run encodes to time the encoding of the answer rows
 ENCODING_SUFFIX = ".encoding"  # a part's rows encoded so far (`rows_staging`), removed when `adapt` ends
 WITHOUT_ROWS = "generated-without-rows"  # development set: held-back questions of the FAQs a part adds no row to
+BEFORE_DIR = "before"  # in the work directory: the index's files as they were before the adaptation (`keep_before`)
+BEFORE_VERSION_FILE = "before.version"  # in the work directory: the index's version the adaptation saved
 
 
 class NothingToAdapt(MedfaqError):
@@ -437,7 +441,15 @@ def adapt(
         "seconds": round(time.perf_counter() - started, 1),
     }
     index.manifest.adaptation = record
-    index.save(directory)
+    with write_lock(directory):
+        before = keep_before(directory)
+        try:
+            index.save(directory)
+        except BaseException:
+            discard_before(directory)
+            raise
+        if before is not None:
+            (work_dir(directory) / BEFORE_VERSION_FILE).write_text(str(disk_version(directory)), encoding="utf-8")
     for staging in work_dir(directory).glob(f"*{ENCODING_SUFFIX}"):
         shutil.rmtree(staging, ignore_errors=True)
     return record
@@ -518,27 +530,73 @@ def describe(scores: dict[str, dict]) -> str:
     return ", ".join(f"{name} R@1 {s['r@1']:.1f} MRR@10 {s['mrr@10']:.1f}" for name, s in scores.items())
 
 
-def undo(directory: Path) -> int:
-    """Remove every row the adaptation added and its record, and encode the bank again with its original encoder
-    where the adaptation replaced it; the number of rows removed."""
+def keep_before(directory: Path) -> Path | None:
+    """Keep the index's files as they are on disk, before the adaptation's save replaces them, in the work directory
+    (hard links where the file system allows: a save never changes a file in place); None for an index whose vectors
+    live outside its files (Milvus). Call it under the index's write lock."""
+    before = work_dir(directory) / BEFORE_DIR
+    discard_before(directory)
+    if read_manifest(directory).backend.get("name", "faiss") != "faiss":
+        return None
+
+    def link(source: str, target: str) -> None:
+        try:
+            os.link(source, target)
+        except OSError:
+            shutil.copy2(source, target)
+
+    shutil.copytree(directory, before, copy_function=link)
+    return before
+
+
+def kept_before(directory: Path) -> Path | None:
+    """The index's files from before its adaptation, where they were kept and the index has not been saved since
+    the adaptation (no `index add` or `delete`); else None."""
+    version = work_dir(directory) / BEFORE_VERSION_FILE
+    if not version.is_file() or version.read_text(encoding="utf-8") != disk_version(directory):
+        return None
+    return work_dir(directory) / BEFORE_DIR
+
+
+def discard_before(directory: Path) -> None:
+    (work_dir(directory) / BEFORE_VERSION_FILE).unlink(missing_ok=True)
+    shutil.rmtree(work_dir(directory) / BEFORE_DIR, ignore_errors=True)
+
+
+def original_encoder(record: dict[str, Any]) -> Any:
+    """The encoder the adaptation replaced (loaded), or None where it kept the index's own."""
     from medfaq.index.encoder import load_encoder
 
+    original = record.get("original_encoder") if "encoder" in record.get("applied", []) else None
+    return load_encoder(original["name"], original["backend"]) if original else None
+
+
+def undo(directory: Path) -> int:
+    """Put back the index's files as they were before the adaptation (kept by `adapt`; the manifest's save counter
+    moves on). Where they were not kept or the index was saved since (`index add`, `delete`), remove every row the
+    adaptation added and its record instead, and encode the bank again with its original encoder where the
+    adaptation replaced it. Returns the number of adapted rows removed."""
     directory = Path(directory).expanduser()
     record = read_manifest(directory).adaptation
-    original = record.get("original_encoder") if "encoder" in record.get("applied", []) else None
-    encoder = load_encoder(original["name"], original["backend"]) if original else None  # before the write lock
-
+    before = kept_before(directory)
+    encoder = None if before else original_encoder(record)  # loaded before the write lock
     with write_lock(directory):
         index = FaqIndex.load(directory)
         keys = adapted_keys(index)
         if not keys and not index.manifest.adaptation:
             raise MedfaqError(f"index {directory} is not adapted; nothing to undo")
-        if keys:
-            remove_rows(index, keys)
-        index.manifest.adaptation = {}
-        if encoder is not None:
-            index = index.reencoded(encoder, progress=False)
-        index.save(directory)
+        if before is not None and kept_before(directory) != before:  # saved meanwhile: the rows are removed instead
+            before, encoder = None, original_encoder(record)
+        if before is not None:
+            FaqIndex.load(before).save(directory)
+        else:
+            if keys:
+                remove_rows(index, keys)
+            index.manifest.adaptation = {}
+            if encoder is not None:
+                index = index.reencoded(encoder, progress=False)
+            index.save(directory)
+        discard_before(directory)
     return len(keys)
 
 

@@ -135,6 +135,36 @@ def test_adapt_keeps_winning_parts_records_them_and_undo_restores_the_index(inde
     assert not list(adaptation.work_dir(index_dir).glob("*.encoding"))  # the rows' encoding is not kept after
 
 
+def test_undo_puts_back_the_files_from_before_the_adaptation_byte_for_byte(index_dir, monkeypatch):
+    FaqIndex.delete_from(index_dir, ["f6"])  # a row BM25 keeps as deleted, which a rebuild would drop
+    files = {str(p.relative_to(index_dir)): p.read_bytes() for p in sorted(index_dir.rglob("*")) if p.is_file()}
+    manifest = json.loads(files.pop(MANIFEST))
+    scripted_scores(monkeypatch, [50.0, 60.0])
+    config = AdaptConfig(round_trip_depth=6, dev_faqs=1, parts=["answers"])
+    record = adaptation.adapt(index_dir, config, writer=TemplateWriter(), progress=False, log=lambda _: None)
+    assert record["applied"] == ["answers"]
+    result = CliRunner().invoke(app, ["index", "adapt", str(index_dir), "--undo"])
+    assert result.exit_code == 0 and "removed 8 adapted rows" in result.output
+    undone = {str(p.relative_to(index_dir)): p.read_bytes() for p in sorted(index_dir.rglob("*")) if p.is_file()}
+    restored = json.loads(undone.pop(MANIFEST))
+    assert undone == files  # byte for byte
+    assert restored.pop("generation") > manifest.pop("generation") and restored == manifest  # the save counter moves on
+    assert not adaptation.work_dir(index_dir).joinpath(adaptation.BEFORE_DIR).exists()
+
+
+def test_undo_after_an_index_add_removes_the_rows_and_keeps_the_new_faq(index_dir, tmp_path, monkeypatch):
+    scripted_scores(monkeypatch, [50.0, 60.0])
+    config = AdaptConfig(round_trip_depth=6, dev_faqs=1, parts=["answers"])
+    adaptation.adapt(index_dir, config, writer=TemplateWriter(), progress=False, log=lambda _: None)
+    new = write_jsonl(tmp_path / "new.jsonl", [{"id": "f7", "question": "Is flu contagious?", "answer": "Yes."}])
+    assert CliRunner().invoke(app, ["index", "add", str(index_dir), str(new)]).exit_code == 0
+    assert adaptation.kept_before(index_dir) is None  # the files from before would lose f7
+    adaptation.undo(index_dir)
+    index = FaqIndex.load(index_dir)
+    assert "f7" in index and index.phrasings() == [] and not index.manifest.adaptation
+    assert not adaptation.work_dir(index_dir).joinpath(adaptation.BEFORE_DIR).exists()
+
+
 def test_an_index_never_adapted_has_no_training_pairs(index_dir):
     from medfaq.eval.summarization_data import load_pairs
 
