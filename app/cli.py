@@ -81,7 +81,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
-data_app = typer.Typer(help="Fetch datasets, find duplicates, make benchmarks.", no_args_is_help=True)
+data_app = typer.Typer(help="Fetch datasets, find duplicates, make and audit benchmarks.", no_args_is_help=True)
 index_app = typer.Typer(help="Build and maintain FAQ indexes.", no_args_is_help=True)
 train_app = typer.Typer(help="Train the summarizer and the encoders.", no_args_is_help=True)
 eval_app = typer.Typer(help="Evaluate the summarizer, the duplicate detector and retrieval.", no_args_is_help=True)
@@ -127,6 +127,7 @@ data_app.command("list")(cmd_data.list_datasets)
 data_app.command("dedup")(cmd_data.dedup)
 data_app.command("make-benchmark")(cmd_data.make_benchmark)
 data_app.command("split-benchmark")(cmd_data.split_benchmark)
+data_app.command("audit")(cmd_data.audit)
 index_app.command("build")(cmd_index.build)
 index_app.command("add")(cmd_index.add)
 index_app.command("delete")(cmd_index.delete)

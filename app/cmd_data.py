@@ -1,4 +1,5 @@
-"""`medfaq data fetch|list|dedup|make-benchmark`: datasets, their duplicates and retrieval benchmarks."""
+"""`medfaq data fetch|list|dedup|make-benchmark|split-benchmark|audit`: datasets, their duplicates, retrieval
+benchmarks and their contamination by training data."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import typer
 from medfaq.app.cmd_index import inherit_threshold, open_encoder
 from medfaq.app.options import ENCODER_OPTION, SYNONYMS_OPTION
 from medfaq.common.runtime import MedfaqError, indexes_dir
+from medfaq.eval.contamination import NEAR
 from medfaq.index.datasets import BENCHMARKS, SUMMARIZATION_DATASETS
 
 
@@ -96,12 +98,15 @@ def make_benchmark(
     build_index: bool = typer.Option(True, "--index/--no-index", help="Also index the corpus into OUT/index."),
     encoder: str = ENCODER_OPTION,
     bank: Path | None = typer.Option(
-        None, "--bank", help="medquad-chq: the MedQuAD index to add the gold FAQs to (default: indexes/medquad-minilm)."
+        None,
+        "--bank",
+        help="medquad-chq, medquad-rqe: the MedQuAD index whose copy indexes the corpus (medquad-chq: its records are "
+        "the bank; default: indexes/medquad-minilm).",
     ),
     synonyms: str = SYNONYMS_OPTION,
 ) -> None:
     """Write a retrieval benchmark in the BEIR layout (plus TREC qrels, ood.txt, dev.txt) and index its corpus."""
-    from medfaq.eval.benchmarks import BANK_INDEX, CORPUS_FIELDS, index_over_bank
+    from medfaq.eval.benchmarks import BANK_INDEX, CORPUS_FIELDS, OVER_BANK, index_over_bank
     from medfaq.eval.benchmarks import make_benchmark as build
     from medfaq.index.collections import load_collection, read_records
     from medfaq.index.concepts import concept_lexicon
@@ -109,16 +114,18 @@ def make_benchmark(
 
     if build_index:
         check_index_target(out / "index")
-    concepts = concept_lexicon(synonyms) if build_index and name != "medquad-chq" else None
+    over_bank = name in OVER_BANK
+    concepts = concept_lexicon(synonyms) if build_index and not over_bank else None
     bank = bank or indexes_dir() / BANK_INDEX
-    if name == "medquad-chq" and not is_index(bank):
+    needs_bank = name == "medquad-chq" or (build_index and over_bank)
+    if needs_bank and not is_index(bank):
         raise MedfaqError(f"no MedQuAD index at {bank}; build it with `medfaq index build medquad --out {bank}`")
     benchmark = build(name, data_from, read_records(bank / RECORDS) if name == "medquad-chq" else None)
     benchmark.save(out)
     counts = ", ".join(f"{value} {key.replace('_', ' ')}" for key, value in benchmark.counts().items())
     typer.echo(f"{name}: {counts} -> {out}")
-    if build_index and name == "medquad-chq":
-        encoded = index_over_bank(benchmark, out / "index", bank)
+    if build_index and over_bank:
+        encoded = index_over_bank(benchmark, out / "index", bank, additions=name == "medquad-chq")
         typer.echo(f"copied the index {bank} and added {encoded} FAQs into {out / 'index'}")
     elif build_index:
         records, _ = load_collection(out / "corpus.jsonl", "jsonl", CORPUS_FIELDS)
@@ -126,3 +133,37 @@ def make_benchmark(
         FaqIndex.build(records, sentence_encoder, concepts=concepts).save(out / "index")
         inherit_threshold(out / "index", sentence_encoder.name)
         typer.echo(f"indexed {len(records)} FAQs into {out / 'index'}")
+
+
+def audit(
+    names: list[str] | None = typer.Argument(
+        None, help=f"Benchmarks to audit (default: all; {', '.join(BENCHMARKS)})."
+    ),
+    data_from: Path | None = typer.Option(
+        None, "--from", help="Read the datasets from DIR (the shared/data layout) instead of `medfaq data fetch`."
+    ),
+    sources: str | None = typer.Option(
+        None, "--sources", help="Only these training sources, comma-separated (default: all, e.g. meqsum:train)."
+    ),
+    near: float = typer.Option(
+        NEAR, "--near", min=0.0, max=1.0, help="Jaccard similarity of character 5-grams that makes a near-duplicate."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print the audit as one JSON object, every overlap with it."),
+    clean_ids: Path | None = typer.Option(
+        None, "--clean-ids", help="Write DIR/<benchmark>.txt: the ids of its questions no training source holds."
+    ),
+) -> None:
+    """Find the benchmarks' dev and test questions that a training source holds, exactly (normalised text) or as a
+    near-duplicate; real FAQ banks first. `medfaq eval retrieval --query-ids DIR/<benchmark>.txt` scores the others."""
+    from medfaq.eval.contamination import SHINGLE, audit_benchmarks, format_audit, write_clean_ids
+
+    wanted = [source.strip() for source in sources.split(",")] if sources else None
+    audits = audit_benchmarks(names, data_from, near, wanted)
+    written = write_clean_ids(audits, clean_ids) if clean_ids is not None else {}
+    if as_json:
+        payload = {"near": near, "shingle": SHINGLE, "benchmarks": [bench.to_dict() for bench in audits]}
+        typer.echo(json.dumps(payload | {"clean_ids": {k: str(v) for k, v in written.items()}}, ensure_ascii=False))
+        return
+    typer.echo(format_audit(audits), nl=False)
+    if written:
+        typer.echo(f"clean question ids: {', '.join(str(path) for path in written.values())}")

@@ -7,7 +7,7 @@ import re
 import sys
 import time
 from collections.abc import Mapping
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -229,9 +229,19 @@ def eval_duplicates(
 
 @takes_stage_flags(without=("top_k",))  # the metrics read the top 10
 def eval_retrieval(
-    index: Path = typer.Option(..., "--index", help="Index directory (of the benchmark's corpus)."),
-    queries: Path = typer.Option(..., "--queries", help="queries.jsonl (BEIR, or medfaq id/question lines)."),
-    qrels: Path = typer.Option(..., "--qrels", help="qrels.tsv (BEIR) or TREC qrels."),
+    index: Path | None = typer.Option(
+        None,
+        "--index",
+        help="Index directory (of the benchmark's corpus); with one --benchmark DIR: default DIR/index.",
+    ),
+    queries: Path | None = typer.Option(None, "--queries", help="queries.jsonl (BEIR, or medfaq id/question lines)."),
+    qrels: Path | None = typer.Option(None, "--qrels", help="qrels.tsv (BEIR) or TREC qrels."),
+    benchmarks: list[Path] | None = typer.Option(
+        None,
+        "--benchmark",
+        help="A benchmark directory (`medfaq data make-benchmark`): its queries.jsonl, qrels.tsv and index, instead of "
+        "--index/--queries/--qrels; repeatable: the results are reported by kind, real FAQ banks first.",
+    ),
     compare: bool = typer.Option(False, "--compare", help="Evaluate BM25/dense/hybrid/rerank/summary variants."),
     systems: str | None = typer.Option(
         None, "--systems", help="With --compare: only these, comma-separated (e.g. bm25,summary-hybrid+rerank)."
@@ -248,20 +258,128 @@ def eval_retrieval(
     summaries: Path | None = typer.Option(
         None, "--summaries", help="With --compare: JSONL of questions and their 'summary' (`medfaq summarize --input`)."
     ),
+    query_ids: Path | None = typer.Option(
+        None,
+        "--query-ids",
+        help="Also report each system on only the questions listed in FILE (ids one a line, e.g. the clean ones of "
+        "`medfaq data audit --clean-ids DIR`); with --benchmark, a DIR holds each benchmark's <name>.txt.",
+    ),
 ) -> None:
     """Recall@1/5/10, MRR@10, nDCG@10, P@5 on the judged test queries; with out-of-scope queries also abstention
-    AUROC and accuracy at the threshold calibrated on the dev queries. `--compare` puts the variants side by side."""
-    from medfaq.eval.benchmarks import read_beir_queries, read_qrels
-    from medfaq.eval.retrieval import RetrievalEvaluator, compare_variants, format_table, run_pipeline, stages_needed
-    from medfaq.index.faq_index import FaqIndex
+    AUROC and accuracy at the threshold calibrated on the dev queries. `--compare` puts the variants side by side.
+    Benchmarks of a declared kind are reported under its heading, real FAQ banks (the evidence for defaults) first."""
+    from medfaq.eval.benchmarks import by_kind, kind_heading
+    from medfaq.eval.retrieval import format_table
 
     if compare and (run_out is not None or save_threshold):
         raise MedfaqError("--run-out and --save-threshold evaluate one configuration; leave out --compare")
     if summaries is not None and not compare:
         raise MedfaqError("--summaries is for --compare")
+    targets = _retrieval_targets(index, queries, qrels, benchmarks or [])
+    if len(targets) > 1 and (run_out is not None or save_threshold or index is not None):
+        raise MedfaqError("--index, --run-out and --save-threshold are for one benchmark; give one --benchmark")
     known = read_summaries(summaries) if summaries is not None else None
+    listed = {t.name: _listed_ids(query_ids, t.name, len(targets) > 1) for t in targets} if query_ids else {}
+    results = {
+        target.name: _evaluate_retrieval(
+            target, flags, compare, systems, as_json, run_out, save_threshold, min_words, known, listed.get(target.name)
+        )
+        for target in targets
+    }
+    kinds = by_kind(results)
+    grouped = bool(benchmarks) or kinds[0][0] != ""
+    if as_json:
+        ordered = [{"benchmark": name, **results[name]} for _, names in kinds for name in names]
+        typer.echo(json.dumps({"benchmarks": ordered} if benchmarks else ordered[0], indent=2))
+        return
+    for kind, names in kinds:
+        if grouped:
+            typer.echo(f"== {kind_heading(kind)} ==")
+        for name in names:
+            result = results[name]
+            if grouped:
+                typer.echo(f"{name}: {result['judged_test']} judged test questions")
+            typer.echo(format_table([(row["system"], row) for row in _rows_with_listed(result["rows"])]))
+            if result.get("skipped"):
+                typer.echo(f"skipped (stage missing): {', '.join(result['skipped'])}")
+                for reason in result["missing_stages"]:
+                    typer.echo(f"  {reason}")
+            if "saved" in result:
+                threshold = result["rows"][0]["threshold"]
+                typer.echo(f"threshold {threshold:.4f} of {result['threshold_key']} saved to {result['saved']}")
+
+
+@dataclass(frozen=True)
+class RetrievalTarget:
+    """One benchmark to evaluate: its `name` (from its benchmark.json, else its directory's), index, queries and
+    qrels."""
+
+    name: str
+    index: Path
+    queries: Path
+    qrels: Path
+
+
+def _retrieval_targets(
+    index: Path | None, queries: Path | None, qrels: Path | None, benchmarks: list[Path]
+) -> list[RetrievalTarget]:
+    """The benchmarks `medfaq eval retrieval` evaluates: each --benchmark DIR, or --index with --queries and --qrels."""
+    if benchmarks:
+        if queries is not None or qrels is not None:
+            raise MedfaqError("--benchmark DIR reads DIR/queries.jsonl and DIR/qrels.tsv; leave out --queries/--qrels")
+        targets = [
+            RetrievalTarget(_benchmark_name(path), index or path / "index", path / "queries.jsonl", path / "qrels.tsv")
+            for path in benchmarks
+        ]
+        names = [target.name for target in targets]
+        if len(set(names)) < len(names):
+            raise MedfaqError(f"--benchmark: two directories hold the same benchmark ({', '.join(names)})")
+        return targets
+    for value, option in ((index, "--index"), (queries, "--queries"), (qrels, "--qrels")):
+        if value is None:
+            raise MedfaqError(f"Missing option '{option}' (or give --benchmark DIR)")
+    return [RetrievalTarget(_benchmark_name(queries.parent), index, queries, qrels)]
+
+
+def _benchmark_name(directory: Path) -> str:
+    """The name in `directory`'s benchmark.json, else the directory's own name."""
+    info = directory / "benchmark.json"
+    try:
+        return json.loads(info.read_text(encoding="utf-8")).get("name") or directory.name
+    except (OSError, ValueError, AttributeError):
+        return directory.name
+
+
+def _listed_ids(query_ids: Path, name: str, several: bool) -> set[str]:
+    """The ids `--query-ids` lists for benchmark `name`: the file, or in a directory `<name>.txt`."""
+    path = query_ids / f"{name}.txt" if query_ids.is_dir() else query_ids
+    if several and not query_ids.is_dir():
+        raise MedfaqError(f"--query-ids {query_ids}: with several benchmarks, give a directory of <benchmark>.txt")
+    if not path.is_file():
+        raise MedfaqError(f"--query-ids: {path} not found")
+    return set(path.read_text(encoding="utf-8").split())
+
+
+def _evaluate_retrieval(
+    target: RetrievalTarget,
+    flags: StageFlags,
+    compare: bool,
+    systems: str | None,
+    as_json: bool,
+    run_out: Path | None,
+    save_threshold: bool,
+    min_words: int,
+    known: dict[str, str] | None,
+    listed: set[str] | None,
+) -> dict[str, Any]:
+    """Evaluate one benchmark as `medfaq eval retrieval` asks: its result (``rows`` of metrics, one per system)."""
+    from medfaq.eval.benchmarks import benchmark_kind, read_beir_queries, read_qrels
+    from medfaq.eval.retrieval import RetrievalEvaluator, compare_variants, run_pipeline, stages_needed
+    from medfaq.index.faq_index import FaqIndex
+
+    index, queries, qrels = target.index, target.queries, target.qrels
     if run_out is not None:
-        check_not_an_input(run_out, queries, qrels, summaries, *search_inputs(index, flags), option="--run-out")
+        check_not_an_input(run_out, queries, qrels, *search_inputs(index, flags), option="--run-out")
         check_output(run_out)
     rows = read_beir_queries(queries)
     judgements = read_qrels(qrels)
@@ -280,9 +398,15 @@ def eval_retrieval(
         ood_ids={r["_id"] for r in rows if r["metadata"].get("ood")},
         dev_ids={r["_id"] for r in rows if r["metadata"].get("split") == "dev"},
     )
+    result: dict[str, Any] = {"kind": benchmark_kind(target.name)} if benchmark_kind(target.name) else {}
+    result |= {"queries": len(texts), "judged_test": len(evaluator.test_qrels())}
+    if listed is not None:
+        if not listed & set(texts):
+            raise MedfaqError(f"--query-ids: none of the ids listed for {target.name} is a question of {queries}")
+        evaluator.listed = evaluator.restricted(listed)
+        result |= {"listed": len(listed & set(texts)), "listed_judged_test": len(evaluator.listed.test_qrels())}
     config = flags.apply(read_config(index), top_k=10)
     faq_index = FaqIndex.load(index)
-    result: dict[str, Any] = {"queries": len(texts), "judged_test": len(evaluator.test_qrels())}
     if compare:
         config = config.updated(entities=False)
         wanted = [name.strip() for name in systems.split(",")] if systems else None
@@ -290,30 +414,30 @@ def eval_retrieval(
         table, skipped = compare_variants(
             faq_index, texts, evaluator, config, **stages, progress=not as_json, systems=wanted, summaries=known
         )
-        result |= {"rows": [{"system": n, **m} for n, m in table], "skipped": skipped, "missing_stages": missing}
-    else:
-        config = config.updated(entities=config.key_terms, abstain=False, log_unanswered=False)
-        pipeline = build_pipeline(faq_index, config)
-        run, confidences, responses = run_pipeline(pipeline, texts, progress=not as_json)
-        table = [(_describe(config), evaluator(run, confidences))]
-        result |= {"rows": [{"system": table[0][0], **table[0][1]}], "config": config.to_dict()}
-        if run_out is not None:
-            write_run(run_out, list(texts), responses, "trec", "medfaq")
-        if save_threshold:
-            if "threshold" not in table[0][1]:
-                raise MedfaqError("--save-threshold needs out-of-scope and dev queries to calibrate on")
-            result["saved"] = str(store_threshold(index, config, table[0][1]["threshold"]))
-            result["threshold_key"] = config.threshold_key
-    if as_json:
-        typer.echo(json.dumps(result, indent=2))
-        return
-    typer.echo(format_table(table))
-    if result.get("skipped"):
-        typer.echo(f"skipped (stage missing): {', '.join(result['skipped'])}")
-        for reason in result["missing_stages"]:
-            typer.echo(f"  {reason}")
-    if "saved" in result:
-        typer.echo(f"threshold {table[0][1]['threshold']:.4f} of {result['threshold_key']} saved to {result['saved']}")
+        return result | {"rows": [{"system": n, **m} for n, m in table], "skipped": skipped, "missing_stages": missing}
+    config = config.updated(entities=config.key_terms, abstain=False, log_unanswered=False)
+    pipeline = build_pipeline(faq_index, config)
+    run, confidences, responses = run_pipeline(pipeline, texts, progress=not as_json)
+    metrics = evaluator(run, confidences)
+    result |= {"rows": [{"system": _describe(config), **metrics}], "config": config.to_dict()}
+    if run_out is not None:
+        write_run(run_out, list(texts), responses, "trec", "medfaq")
+    if save_threshold:
+        if "threshold" not in metrics:
+            raise MedfaqError("--save-threshold needs out-of-scope and dev queries to calibrate on")
+        result["saved"] = str(store_threshold(index, config, metrics["threshold"]))
+        result["threshold_key"] = config.threshold_key
+    return result
+
+
+def _rows_with_listed(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each system's row, followed by its row on the listed questions (`--query-ids`) where there is one."""
+    out = []
+    for row in rows:
+        out.append(row)
+        if "listed" in row:
+            out.append({**row["listed"], "system": f"{row['system']} [listed ids]"})
+    return out
 
 
 def read_summaries(path: Path) -> dict[str, str]:

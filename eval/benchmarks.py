@@ -1,7 +1,10 @@
 """Retrieval benchmarks in the BEIR layout, made from our datasets, and the standard files around them.
 
-The benchmarks are declared with their datasets (index/datasets.py, `BenchmarkSpec`); those with a query split are
-made by :func:`_pair_benchmark`, ``quebec`` and ``medquad-chq`` by their own functions here.
+The benchmarks are declared with their datasets (index/datasets.py, `BenchmarkSpec`), each with its kind: a real FAQ
+bank (``covid-q``, ``quebec``, ``medquad-rqe``: FAQs that exist apart from the questions, which consumers wrote; the
+evidence for defaults) or a summary-matching set (the others: the corpus is made of, or seeded with, the test
+questions' own reference summaries). Those with a query split are made by :func:`_pair_benchmark`, the others by their
+own functions here.
 
 A benchmark directory holds ``corpus.jsonl`` (``{"_id", "title", "text", "metadata"}``; `text` = the FAQ question),
 ``queries.jsonl`` (``{"_id", "text", "metadata": {"split", "ood"}}``), ``qrels.tsv`` (BEIR: ``query-id corpus-id
@@ -16,6 +19,11 @@ score`` with a header), the same judgements as TREC qrels (``qrels.trec``: ``qid
   (:func:`retriever.training.pair_data.quebec_query_split`), halved by a second hash into ``dev`` (threshold
   calibration) and ``test``; the HealthTap questions among them are out of scope (``ood``: no qrels; they test
   abstention).
+* ``covid-q``: the first question of each COVID-Q class is its FAQ, the class's other questions are test queries.
+* ``medquad-rqe``: the CHQs of RQE test and valid whose entailed FAQ is a MedQuAD question (:func:`question_key`),
+  searched against all of MedQuAD as it is (nothing added; judged on every MedQuAD record with that question), halved
+  by the same second hash as ``quebec`` into ``dev`` and ``test``. Made from the MedQuAD dataset; evaluated on a copy
+  of a MedQuAD index (:func:`index_over_bank`, nothing to encode).
 
 * ``medquad-chq``: long consumer questions against a bank of ~47k FAQs: the test CHQs of ``meqsum``,
   ``rqe-test`` and ``mediqa2021``, their gold FAQs added to the full MedQuAD collection (the bank index, default
@@ -29,21 +37,25 @@ counts as a miss. Query ids and corpus ids are stable across runs.
 from __future__ import annotations
 
 import json
+import string
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from medfaq.common.runtime import MedfaqError
 from medfaq.index.collections import iter_jsonl, load_collection
-from medfaq.index.datasets import BENCHMARKS
+from medfaq.index.datasets import BENCHMARK_KINDS, BENCHMARKS
 from medfaq.index.records import FaqRecord
 
 CHQ_PARTS = ("meqsum", "rqe-test", "mediqa2021")  # the CHQ sets of ``medquad-chq``
 BANK_INDEX = "medquad-minilm"  # under indexes_dir(): the bank ``medquad-chq`` adds its gold FAQs to
+OVER_BANK = ("medquad-chq", "medquad-rqe")  # indexed as a copy of the MedQuAD index (`index_over_bank`)
+MEDQUAD_RQE_SPLITS = ("test", "valid")  # the RQE splits whose CHQs ``medquad-rqe`` asks
 CORPUS_FIELDS = {"id": "_id", "question": "text", "answer": "answer"}
 """How `medfaq index build` reads a benchmark corpus: ``--field id=_id --field question=text --field answer=answer``
 (every corpus row has an ``answer`` beside BEIR's fields: the FAQ's answer where its bank has one, else "")."""
-QUEBEC_DEV_SEED = 1  # second hash that halves the Quebec held-out queries into dev and test
+DEV_SEED = 1  # second hash that halves a real bank's queries (Quebec's held-out ones, medquad-rqe's) into dev and test
 
 Qrels = dict[str, dict[str, int]]
 Run = dict[str, dict[str, float]]
@@ -194,6 +206,8 @@ def make_benchmark(name: str, data_root: Path | None = None, bank: list[FaqRecor
         return _quebec(data_root)
     if name == "covid-q":
         return _covid_q(data_root)
+    if name == "medquad-rqe":
+        return _medquad_rqe(data_root)
     if name == "medquad-chq":
         if not bank:
             raise MedfaqError("medquad-chq needs the MedQuAD index (build it with `medfaq index build medquad`)")
@@ -208,6 +222,36 @@ def make_benchmark(name: str, data_root: Path | None = None, bank: list[FaqRecor
 
 def _normalise(text: str) -> str:
     return " ".join(text.lower().split())
+
+
+def question_key(text: str) -> str:
+    """A question's text as compared across datasets: lower-case, spaces collapsed, trailing punctuation stripped."""
+    return _normalise(text).rstrip(string.punctuation + " ")
+
+
+def dev_or_test(text: str) -> str:
+    """The half of a real bank's questions a question falls in, by a seeded hash of its text (`DEV_SEED`)."""
+    from medfaq.retriever.training.pair_data import is_heldout
+
+    return "dev" if is_heldout(text, seed=DEV_SEED, fraction=0.5) else "test"
+
+
+def benchmark_kind(name: str) -> str:
+    """The declared kind of benchmark `name` (index/datasets.py); "" for a benchmark the registry does not know."""
+    return BENCHMARKS[name][1].kind if name in BENCHMARKS else ""
+
+
+def by_kind(names: Iterable[str]) -> list[tuple[str, list[str]]]:
+    """`names` grouped by their kind in report order, real FAQ banks first (`BENCHMARK_KINDS`), undeclared ones
+    ("") last; each group keeps the given order."""
+    names = list(names)
+    order = [*BENCHMARK_KINDS, ""]
+    return [(kind, members) for kind in order if (members := [name for name in names if benchmark_kind(name) == kind])]
+
+
+def kind_heading(kind: str) -> str:
+    """The heading results of `kind` are reported under."""
+    return BENCHMARK_KINDS.get(kind, "Benchmarks of no declared kind")
 
 
 def _pair_benchmark(name: str, query_pairs: list[Any], corpus_pairs: list[Any], description: str) -> Benchmark:
@@ -236,10 +280,8 @@ def _pair_benchmark(name: str, query_pairs: list[Any], corpus_pairs: list[Any], 
 def with_distractors(name: str, parts: list[Benchmark], bank: list[FaqRecord]) -> Benchmark:
     """The judged queries of `parts` searched against `bank` plus their gold FAQs: corpus = the bank's records
     (ids kept) and the gold FAQs not already in it (``<part>:<id>``); query ids become ``<part>:<id>``."""
-    corpus = [{"_id": r.id, "title": "", "text": r.question, "metadata": {"source": r.source}} for r in bank]
-    in_bank: dict[str, list[str]] = {}
-    for record in bank:
-        in_bank.setdefault(_normalise(record.question), []).append(record.id)
+    corpus = bank_corpus(bank)
+    in_bank = ids_by_text(bank, _normalise)
     added: dict[str, str] = {}
     queries: list[dict[str, Any]] = []
     qrels: Qrels = {}
@@ -268,13 +310,59 @@ def with_distractors(name: str, parts: list[Benchmark], bank: list[FaqRecord]) -
     return Benchmark(name, corpus, queries, qrels, description, {"bank_size": len(bank), "added_gold": len(added)})
 
 
-def index_over_bank(benchmark: Benchmark, out: Path, bank_index: Path) -> int:
+def bank_corpus(bank: list[FaqRecord]) -> list[dict[str, Any]]:
+    """A bank's records as corpus rows, their ids kept."""
+    return [{"_id": r.id, "title": "", "text": r.question, "metadata": {"source": r.source}} for r in bank]
+
+
+def ids_by_text(bank: list[FaqRecord], key: Callable[[str], str]) -> dict[str, list[str]]:
+    """The ids of the bank's records by the `key` of their question."""
+    found: dict[str, list[str]] = {}
+    for record in bank:
+        found.setdefault(key(record.question), []).append(record.id)
+    return found
+
+
+def _medquad_rqe(data_root: Path | None) -> Benchmark:
+    """The CHQs of `MEDQUAD_RQE_SPLITS` whose entailed FAQ (label 1) is a MedQuAD question by :func:`question_key`,
+    against every MedQuAD record as it is; a CHQ is judged relevant to every record with an entailed FAQ's question."""
+    from medfaq.index.pair_sources import dataset_file, load_jsonl_rows
+
+    bank, _ = load_collection(dataset_file("medquad", "medquad.jsonl", data_root), format="medquad")
+    in_bank = ids_by_text(bank, question_key)
+    queries: dict[str, dict[str, Any]] = {}
+    qrels: Qrels = {}
+    for split in MEDQUAD_RQE_SPLITS:
+        for row in load_jsonl_rows("rqe", f"{split}.jsonl", data_root):
+            targets = in_bank.get(question_key(row["faq"]), []) if int(row["label"]) == 1 else []
+            if not targets:
+                continue
+            text = row["chq"].strip()
+            metadata = {"split": dev_or_test(text), "ood": False, "rqe_split": split, "words": len(text.split())}
+            query = {"_id": f"q-{split}-{row['pid']}", "text": text, "metadata": metadata}
+            query = queries.setdefault(question_key(text), query)
+            qrels.setdefault(query["_id"], {}).update(dict.fromkeys(targets, 1))
+    description = (
+        f"RQE {'+'.join(MEDQUAD_RQE_SPLITS)} CHQs whose entailed FAQ is a MedQuAD question -> all {len(bank)} MedQuAD "
+        f"records, nothing added; gold = every record with that question; halved into dev/test (seed {DEV_SEED})"
+    )
+    info = {"bank_size": len(bank)}
+    return Benchmark("medquad-rqe", bank_corpus(bank), list(queries.values()), qrels, description, info)
+
+
+def index_over_bank(benchmark: Benchmark, out: Path, bank_index: Path, additions: bool = True) -> int:
     """Index a corpus made of a bank and a few additions into `out`: copy the bank's index (`bank_index`) and
-    encode only the corpus entries it lacks. Returns how many were encoded."""
+    encode only the corpus entries it lacks (without `additions`, a corpus entry it lacks is an error). Returns how
+    many were encoded."""
     from medfaq.index.faq_index import FaqIndex
 
     index = FaqIndex.load(bank_index)
     rows = [row for row in benchmark.corpus if row["_id"] not in index]
+    if rows and not additions:
+        raise MedfaqError(
+            f"the index {bank_index} lacks {len(rows)} of {benchmark.name}'s {len(benchmark.corpus)} FAQs (e.g. "
+            f"{rows[0]['_id']!r}): give --bank an index of the same collection (`medfaq index build medquad`)"
+        )
     index.add([FaqRecord(row["_id"], row["text"], metadata=row["metadata"]) for row in rows])
     index.save(out)
     return len(rows)
@@ -282,7 +370,7 @@ def index_over_bank(benchmark: Benchmark, out: Path, bank_index: Path) -> int:
 
 def _quebec(data_root: Path | None) -> Benchmark:
     from medfaq.index.pair_sources import dataset_file
-    from medfaq.retriever.training.pair_data import is_heldout, quebec_query_split
+    from medfaq.retriever.training.pair_data import quebec_query_split
 
     records, _ = load_collection(dataset_file("quebec", "faqs.jsonl", data_root), format="quebec")
     corpus = [
@@ -300,13 +388,13 @@ def _quebec(data_root: Path | None) -> Benchmark:
         seen.add(key)
         query_id = f"q-{row['id']}"
         ood = bool(row["is_ood"]) or str(row["passage_id"]) not in known
-        split = "dev" if is_heldout(row["question"], seed=QUEBEC_DEV_SEED, fraction=0.5) else "test"
+        split = dev_or_test(row["question"])
         queries.append({"_id": query_id, "text": row["question"].strip(), "metadata": {"split": split, "ood": ood}})
         if not ood:
             qrels[query_id] = {str(row["passage_id"]): 1}
     description = (
         "Quebec COVID FAQ (313): held-out train queries (retriever.training.pair_data.quebec_query_split, seed 0), "
-        f"halved into dev/test by a second hash (seed {QUEBEC_DEV_SEED}); HealthTap questions are out of scope "
+        f"halved into dev/test by a second hash (seed {DEV_SEED}); HealthTap questions are out of scope "
         "(no qrels)"
     )
     return Benchmark("quebec", corpus, queries, qrels, description)

@@ -1,4 +1,6 @@
-"""The figure of the summary at the top of docs/results.md, drawn from the numbers in docs/results/summary.json.
+"""The figure of the summary at the top of docs/results.md, drawn from the numbers in docs/results/summary.json, and
+the default pipeline's numbers as text. Both report the benchmarks by kind (index/datasets.py): the real FAQ banks,
+the evidence for defaults, first; the summary-matching sets apart, after them.
 
 ``python -m medfaq.eval.results_summary docs/results/summary.json --out docs/figures/results_summary.png``
 """
@@ -13,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from medfaq.common.runtime import MedfaqError
+from medfaq.eval.benchmarks import by_kind, kind_heading
 from medfaq.eval.plots import pyplot, save_figure
 
 
@@ -33,13 +36,43 @@ def _bars(ax, labels: Sequence[str], series: dict[str, Sequence[float | None]], 
     ax.margins(y=0.18)
 
 
-def results_summary_plot(summary_file: Path, out_png: Path) -> Path:
-    """Left: the default pipeline's R@1 and MRR@10 per benchmark; then each learned stage's R@1 change per benchmark."""
+def _mark_kinds(ax, groups: list[tuple[str, list[str]]]) -> None:
+    """A dashed line between the groups of bars of each benchmark kind, and the kind's name above its group."""
+    start = 0
+    for i, (kind, names) in enumerate(groups):
+        if i:
+            ax.axvline(start - 0.5, color="grey", linestyle="--", linewidth=0.8)
+        transform = ax.get_xaxis_transform()
+        ax.text(start + (len(names) - 1) / 2, 1.01, kind or "other", transform=transform, ha="center", fontsize=7)
+        start += len(names)
+
+
+def read_summary(summary_file: Path) -> dict:
     if not Path(summary_file).is_file():
         raise MedfaqError(f"summary file {summary_file} not found")
-    summary = json.loads(Path(summary_file).read_text(encoding="utf-8"))
+    return json.loads(Path(summary_file).read_text(encoding="utf-8"))
+
+
+def format_summary(summary_file: Path) -> str:
+    """The default pipeline's R@1 and MRR@10 per benchmark, under the heading of each kind, real FAQ banks first."""
+    benchmarks = read_summary(summary_file)["default_pipeline"]["benchmarks"]
+    lines = []
+    for kind, names in by_kind(benchmarks):
+        lines.append(f"== {kind_heading(kind)} ==")
+        lines.append(f"{'benchmark':<14} {'questions':>9} {'R@1':>6} {'MRR@10':>7}")
+        for name in names:
+            row = benchmarks[name]
+            lines.append(f"{name:<14} {row['questions']:>9} {row['R@1']:>6.1f} {row['MRR@10']:>7.1f}")
+    return "\n".join(lines) + "\n"
+
+
+def results_summary_plot(summary_file: Path, out_png: Path) -> Path:
+    """Left: the default pipeline's R@1 and MRR@10 per benchmark; then each learned stage's R@1 change per benchmark;
+    in every panel the real FAQ banks first, apart from the summary-matching sets."""
+    summary = read_summary(summary_file)
     benchmarks = summary["default_pipeline"]["benchmarks"]
-    names = list(benchmarks)
+    groups = by_kind(benchmarks)
+    names = [name for _, members in groups for name in members]
     stages = summary["stage_gains"]["stages"]
     plt = pyplot()
     fig, axes = plt.subplots(2, 2, figsize=(10, 6.4), dpi=150)
@@ -50,7 +83,7 @@ def results_summary_plot(summary_file: Path, out_png: Path) -> Path:
         {metric: [benchmarks[name][metric] for name in names] for metric in ("R@1", "MRR@10")},
         ".1f",
     )
-    default_ax.set_title("The default pipeline (dense, fine-tuned MPNet), %", fontsize=9)
+    default_ax.set_title("The default pipeline (dense, fine-tuned MPNet), %", fontsize=9, pad=12)
     default_ax.set_ylim(0, 122)
     default_ax.legend(fontsize=7, loc="upper center", ncol=2)
     panels = [
@@ -64,9 +97,12 @@ def results_summary_plot(summary_file: Path, out_png: Path) -> Path:
     ]
     for ax, stage_names, title in panels:
         _bars(ax, names, {stage: [stages[stage]["delta"][name] for name in names] for stage in stage_names}, "+.1f")
-        ax.set_title(f"{title}: R@1 change, points", fontsize=9)
+        ax.set_title(f"{title}: R@1 change, points", fontsize=9, pad=12)
         if len(stage_names) > 1:
             ax.legend(fontsize=7, loc="upper left" if ax is encoder_ax else "lower left")
+    for ax in axes.flat:
+        _mark_kinds(ax, groups)
+    fig.suptitle("; ".join(kind_heading(kind) for kind, _ in groups), fontsize=8)
     return save_figure(fig, out_png)
 
 
@@ -78,6 +114,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, required=True, help="PNG to write")
     args = parser.parse_args(argv)
     try:
+        print(format_summary(args.summary), end="")
         print(results_summary_plot(args.summary, args.out))
     except MedfaqError as error:
         parser.exit(2, f"error: {error}\n")

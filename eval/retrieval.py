@@ -109,11 +109,18 @@ class RetrievalEvaluator:
     ood_ids: set[str]
     dev_ids: set[str]
     name: str = ""
+    listed: RetrievalEvaluator | None = None  # also scores the run on some of the questions (their metrics: "listed")
 
     def test_qrels(self) -> Qrels:
         return {q: docs for q, docs in self.qrels.items() if q not in self.dev_ids and q not in self.ood_ids}
 
-    def __call__(self, run: Run, confidences: dict[str, float | None] | None = None) -> dict[str, float]:
+    def restricted(self, ids: set[str]) -> RetrievalEvaluator:
+        """The same evaluation on the questions in `ids` only (dev calibration included)."""
+        qrels = {q: docs for q, docs in self.qrels.items() if q in ids}
+        return RetrievalEvaluator(qrels, self.ood_ids & ids, self.dev_ids & ids, self.name)
+
+    def __call__(self, run: Run, confidences: dict[str, float | None] | None = None) -> dict[str, Any]:
+        metrics: dict[str, Any]
         metrics, _ = ranking_metrics(run, self.test_qrels())
         if self.ood_ids and confidences is not None:
             scoped = [q for q in confidences if q in self.qrels or q in self.ood_ids]
@@ -128,6 +135,8 @@ class RetrievalEvaluator:
             top = truncate_run({q: run.get(q, {}) for q in test}, 1)
             correct = [any(doc in self.qrels.get(q, {}) for doc in top[q]) for q in test]
             metrics.update(abstention_metrics(*labelled(test), *labelled(part(True)), correct))
+        if self.listed is not None:
+            metrics["listed"] = self.listed(run, confidences)
         return metrics
 
 

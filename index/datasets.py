@@ -4,9 +4,10 @@ Each dataset declares itself once, in the table at the end of this module: a :cl
 original public sources (pinned commits), the files it puts under ``data_dir()/<subdir>`` (the same layout as a
 local copy such as ``../shared/data``), its license note, a `build` function that turns the downloaded sources into
 those files, and what it is used for: an FAQ bank (`collection`), summarization pairs (`summary_splits`), retrieval
-benchmarks (`benchmarks`), a source of query -> FAQ training pairs (`training_source`), evaluation splits training
-keeps out (`held_out`), the development split abstention thresholds are calibrated on (`calibration`). The lists
-other packages read (`SUMMARIZATION_DATASETS`, `BENCHMARKS`, `FAQ_SOURCES`, ...) are derived from that table.
+benchmarks (`benchmarks`, each of one kind: a real FAQ bank or a summary-matching set), a source of query -> FAQ
+training pairs (`training_source`), evaluation splits training keeps out (`held_out`), the development split
+abstention thresholds are calibrated on (`calibration`). The lists other packages read (`SUMMARIZATION_DATASETS`,
+`BENCHMARKS`, `FAQ_SOURCES`, `TRAINING_SPLITS`, ...) are derived from that table.
 """
 
 from __future__ import annotations
@@ -51,16 +52,34 @@ class DatasetSpec:
     calibration: bool = False  # its valid split calibrates the abstention thresholds (retriever/abstention.py)
 
 
+REAL_BANK = "real-bank"
+SUMMARY_MATCHING = "summary-matching"
+BENCHMARK_KINDS = {
+    REAL_BANK: "Real FAQ banks: the evidence for defaults",
+    SUMMARY_MATCHING: "Summary-matching sets (the corpus is the questions' own reference summaries): not evidence "
+    "for defaults",
+}
+"""Benchmark kind -> the heading its results are reported under, in report order. A real FAQ bank holds FAQs that
+exist independently of its questions, which consumers wrote, and its judgements point into the bank; in a
+summary-matching set the corpus is made of (or seeded with) the test questions' own reference summaries."""
+
+
 @dataclass(frozen=True)
 class BenchmarkSpec:
-    """A retrieval benchmark made from a dataset. With a `query_split`: the distinct CHQs of that split of the
-    dataset's summarization pairs searched against the distinct FAQs of its `corpus_splits`, gold = the FAQs each
-    CHQ is paired with; without: built by its own function in eval/benchmarks.py."""
+    """A retrieval benchmark made from a dataset, of `kind` `REAL_BANK` or `SUMMARY_MATCHING`. With a
+    `query_split`: the distinct CHQs of that split of the dataset's summarization pairs searched against the distinct
+    FAQs of its `corpus_splits`, gold = the FAQs each CHQ is paired with; without: built by its own function in
+    eval/benchmarks.py."""
 
     name: str
     query_split: str = ""
     corpus_splits: tuple[str, ...] = ()
     description: str = ""
+    kind: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in BENCHMARK_KINDS:
+            raise ValueError(f"benchmark {self.name!r}: kind {self.kind!r} is not one of {', '.join(BENCHMARK_KINDS)}")
 
 
 DATASETS: dict[str, DatasetSpec] = {}
@@ -517,6 +536,7 @@ register(
                 "test",
                 ("train", "valid", "test"),
                 "MeQSum test CHQs -> all MeQSum FAQs; gold = the CHQ's own FAQ",
+                SUMMARY_MATCHING,
             ),
         ),
         training_source="default",
@@ -547,6 +567,7 @@ register(
                 "test",
                 ("valid", "test"),
                 "MEDIQA 2021 test CHQs -> all MEDIQA 2021 FAQs (valid+test); gold = the CHQ's own FAQ",
+                SUMMARY_MATCHING,
             ),
         ),
         held_out=("valid", "test"),
@@ -594,6 +615,7 @@ register(
                 split,
                 ("valid", "test"),
                 f"RQE {split} CHQs -> all entailed FAQs of RQE valid+test; gold = the FAQs the CHQ entails",
+                SUMMARY_MATCHING,
             )
             for split in ("valid", "test")
         ),
@@ -630,7 +652,7 @@ register(
         ),
         build=build_quebec,
         collection="faqs.jsonl",
-        benchmarks=(BenchmarkSpec("quebec"),),
+        benchmarks=(BenchmarkSpec("quebec", kind=REAL_BANK),),
         training_source="default",
     )
 )
@@ -645,7 +667,15 @@ register(
         urls=(f"https://github.com/abachaa/MedQuAD/archive/{MEDQUAD_COMMIT}.zip",),
         build=build_medquad,
         collection="medquad.jsonl",
-        benchmarks=(BenchmarkSpec("medquad-chq"),),
+        benchmarks=(
+            BenchmarkSpec("medquad-chq", kind=SUMMARY_MATCHING),
+            BenchmarkSpec(
+                "medquad-rqe",
+                description="RQE valid+test CHQs whose entailed FAQ is a MedQuAD question -> all of MedQuAD; gold = "
+                "every MedQuAD record with that question",
+                kind=REAL_BANK,
+            ),
+        ),
         training_source="optional",
     )
 )
@@ -679,7 +709,7 @@ register(
             "73dfa475e8a03c5c74223c2c37d85b87fae7dca7/data/final_master_dataset.csv",
         ),
         build=copy_as("final_master_dataset.csv"),
-        benchmarks=(BenchmarkSpec("covid-q"),),
+        benchmarks=(BenchmarkSpec("covid-q", kind=REAL_BANK),),
     )
 )
 
@@ -697,3 +727,12 @@ FAQ_TRAINING_DATA = tuple(dict.fromkeys([*FAQ_SOURCES, *(name for name, _ in HEL
 """The datasets query -> FAQ training reads: its default sources and the evaluation splits it keeps out."""
 CALIBRATION_SOURCES = tuple(name for name, spec in DATASETS.items() if spec.calibration)
 """The datasets whose development split calibrates the abstention thresholds."""
+TRAINING_SPLITS = (
+    *((name, "train") for name in (*FAQ_SOURCES, *OPTIONAL_FAQ_SOURCES)),
+    *((name, "valid") for name in CALIBRATION_SOURCES),
+)
+"""(dataset, split) of every split whose questions a model medfaq trains learns from or is tuned on: the training
+split of each query -> FAQ source (`train`: a summarization set's train split, RQE train, all of MQP, the training part
+of the Quebec queries, all of MedQuAD; the summarizer and the question writer train on the same CHQs, the distilled
+student on these texts and MedQuAD's questions) and the development split the abstention thresholds are calibrated on.
+The contamination audit (eval/contamination.py) checks every benchmark's questions against them."""

@@ -235,3 +235,107 @@ def assert_same_rankings(first, second) -> None:
 
     assert [[faq_id for faq_id, _ in row] for row in first] == [[faq_id for faq_id, _ in row] for row in second]
     assert np.allclose([[score for _, score in row] for row in first], [[score for _, score in row] for row in second])
+
+
+GOUT_CHQ = "My father has gout in his big toe since Monday and the pain is awful at night. What treatment helps him?"
+SHINGLES_CHQ = "I had chickenpox as a child and my neighbour now has shingles. How can I avoid getting shingles too?"
+ACHALASIA_CHQ = (
+    "My sister was told she has achalasia after months of trouble swallowing food and water. What is achalasia and "
+    "does it get worse over the years?"
+)
+COVID_MQP_QUESTION = "Can my cat give me the coronavirus?"
+
+
+@pytest.fixture(scope="session")
+def fake_data(tmp_path_factory) -> Path:
+    """Every dataset the benchmarks and the training sources read, a few rows each, in the shared/data layout. RQE
+    test and valid hold consumer questions whose entailed FAQ is a MedQuAD question (`GOUT_CHQ`: two MedQuAD records
+    with one normalised text, and a second entailed one; `SHINGLES_CHQ`; `ACHALASIA_CHQ`, in valid), and some training
+    sources hold copies of them: MeQSum train `SHINGLES_CHQ` in other case, spacing and final punctuation,
+    HealthCareMagic valid `ACHALASIA_CHQ` with one letter changed, MQP a COVID-Q question (`COVID_MQP_QUESTION`)."""
+    root = tmp_path_factory.mktemp("fake_data")
+    medquad = [
+        {"id": "m1", "question": "What is gout ?", "source": "GARD"},
+        {"id": "m2", "question": "What is gout?", "source": "MPlus"},
+        {"id": "m3", "question": "What are the treatments for gout ?", "source": "GARD"},
+        {"id": "m4", "question": "How to prevent shingles ?", "source": "NINDS"},
+        {"id": "m5", "question": "What is achalasia ?", "source": "GHR"},
+        {"id": "m6", "question": "What causes migraine ?", "source": "NINDS"},
+    ]
+    _put(root / "medquad" / "medquad.jsonl", medquad)
+    rqe = root / "mediqa2019_rqe"
+    _put(
+        rqe / "test.jsonl",
+        [
+            {"pid": "1", "chq": GOUT_CHQ, "faq": "what is  gout", "label": 1},
+            {"pid": "2", "chq": GOUT_CHQ, "faq": "What are the treatments for gout?", "label": 1},
+            {"pid": "3", "chq": "Is gout passed on in families? My grandfather had it.", "faq": "Is gout inherited?",
+             "label": 1},
+            {"pid": "4", "chq": "Shingles at work, should I stay home?", "faq": "How to prevent shingles?", "label": 0},
+            {"pid": "5", "chq": SHINGLES_CHQ, "faq": "How to prevent shingles ?", "label": 1},
+        ],
+    )  # fmt: skip
+    _put(
+        rqe / "valid.jsonl",
+        [
+            {"pid": "1", "chq": ACHALASIA_CHQ, "faq": "What is achalasia?", "label": 1},
+            {"pid": "2", "chq": "Migraine every week, is it my diet?", "faq": "What causes migraine?", "label": 0},
+            {"pid": "3", "chq": GOUT_CHQ, "faq": "What is gout?", "label": 1},
+        ],
+    )
+    _put(
+        rqe / "train.jsonl",
+        [{"pid": "1", "chq": "Does aspirin thin the blood?", "faq": "Is aspirin a blood thinner?", "label": 1}],
+    )
+    summaries = {
+        "meqsum": {
+            "train": [(SHINGLES_CHQ.lower().replace(" ", "  ").rstrip("?") + " ?!", "How to avoid shingles?")],
+            "valid": [("Is ibuprofen bad for my stomach? I take it daily.", "Can ibuprofen hurt the stomach?")],
+            "test": [("My child has asthma and a cold, is albuterol safe?", "Is albuterol safe for children?")],
+        },
+        "healthcaremagic": {
+            "train": [("Metformin made me lose weight, is that normal?", "Does metformin cause weight loss?")],
+            "valid": [(ACHALASIA_CHQ.replace("swallowing", "swalowing"), "What is achalasia?")],
+        },
+        "chq_summ": {
+            "train": [("Where are leukemia trials in Texas?", "Where are clinical trials for leukemia?")],
+            "valid": [("Is migraine inherited? My mother has it.", "Is migraine inherited?")],
+        },
+        "mediqa2021_qs": {
+            "valid": [("What dose of amoxicillin for an ear infection?", "What is the dose of amoxicillin?")],
+            "test": [
+                ("Does measles vaccine last for life? I had it in 1980.", "How long does the measles vaccine last?")
+            ],
+        },
+    }
+    for subdir, splits in summaries.items():
+        for split, pairs in splits.items():
+            _put(root / subdir / f"{split}.jsonl", [{"id": i, "chq": c, "faq": f} for i, (c, f) in enumerate(pairs)])
+    (root / "mqp").mkdir()
+    (root / "mqp" / "mqp.csv").write_text(
+        f"1,{COVID_MQP_QUESTION},Can pets spread the coronavirus?,1\n1,{COVID_MQP_QUESTION},Is my cat sick?,0\n",
+        encoding="utf-8",
+    )
+    quebec = root / "covid_faq" / "quebec_mila"
+    _put(quebec / "faqs.jsonl", [{"passage_id": 0, "faq_question": "Must I wear a mask on the bus?"}])
+    _put(
+        quebec / "train.jsonl",
+        [{"id": i, "question": f"bus mask rule number {i}?", "passage_id": 0, "is_ood": False} for i in range(12)],
+    )
+    covid_q = root / "covid_faq" / "covid_q"
+    covid_q.mkdir(parents=True)
+    (covid_q / "final_master_dataset.csv").write_text(
+        "Category,Question ID,Question,Source,Answers\n"
+        "Transmission,1,Can pets spread COVID-19?,faq,Not likely.\n"
+        f"Transmission,1,{COVID_MQP_QUESTION},forum,\n"
+        "Transmission,1,do dogs carry covid,search,\n"
+        "Symptoms,2,What are the symptoms of COVID-19?,faq,Fever and cough.\n"
+        "Symptoms,2,covid symptoms list,search,\n",
+        encoding="utf-8",
+    )
+    return root
+
+
+def _put(path: Path, rows: list[dict]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return write_jsonl(path, rows)

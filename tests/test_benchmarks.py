@@ -9,11 +9,22 @@ from typer.testing import CliRunner
 
 from medfaq.app.cli import app
 from medfaq.common.runtime import MedfaqError
-from medfaq.eval.benchmarks import BENCHMARKS, Benchmark, make_benchmark, read_beir_queries, read_qrels
+from medfaq.eval.benchmarks import (
+    BENCHMARKS,
+    OVER_BANK,
+    Benchmark,
+    by_kind,
+    dev_or_test,
+    make_benchmark,
+    read_beir_queries,
+    read_qrels,
+)
 from medfaq.index.collections import load_collection
+from medfaq.index.datasets import BenchmarkSpec
+from tests.conftest import ACHALASIA_CHQ, GOUT_CHQ, SHINGLES_CHQ
 
 
-@pytest.mark.parametrize("name", [name for name in BENCHMARKS if name != "medquad-chq"])
+@pytest.mark.parametrize("name", [name for name in BENCHMARKS if name not in OVER_BANK])
 def test_benchmark_files_are_beir(name, shared_data, tmp_path):
     benchmark = make_benchmark(name, shared_data)
     out = benchmark.save(tmp_path / name)
@@ -148,3 +159,55 @@ def test_split_benchmark_writes_seeded_disjoint_parts_with_training_pairs(shared
     assert len(pairs) == len(ids[0]) + 50 and pairs[-1].source == "mediqa2021:valid"
     bad = runner.invoke(app, ["data", "split-benchmark", str(bench), "--fractions", "0.5,0.5"])
     assert bad.exit_code != 0 and "three positive fractions" in bad.output
+
+
+def test_every_benchmark_declares_its_kind_and_real_banks_come_first():
+    kinds = {name: spec.kind for name, (_, spec) in BENCHMARKS.items()}
+    assert {name for name, kind in kinds.items() if kind == "real-bank"} == {"covid-q", "quebec", "medquad-rqe"}
+    assert {name for name, kind in kinds.items() if kind == "summary-matching"} == {
+        "meqsum", "mediqa2021", "rqe-valid", "rqe-test", "medquad-chq"
+    }  # fmt: skip
+    assert by_kind(["meqsum", "own", "covid-q", "rqe-test", "quebec"]) == [
+        ("real-bank", ["covid-q", "quebec"]),
+        ("summary-matching", ["meqsum", "rqe-test"]),
+        ("", ["own"]),
+    ]
+    with pytest.raises(ValueError, match="kind '' is not one of real-bank, summary-matching"):
+        BenchmarkSpec("undeclared")
+
+
+def test_medquad_rqe_asks_rqe_questions_whose_entailed_faq_is_a_medquad_question(fake_data, tmp_path, tiny_encoder):
+    from medfaq.index.faq_index import FaqIndex
+
+    benchmark = make_benchmark("medquad-rqe", fake_data)
+    assert [row["_id"] for row in benchmark.corpus] == ["m1", "m2", "m3", "m4", "m5", "m6"]  # all of it, nothing added
+    texts = {query["_id"]: query["text"] for query in benchmark.queries}
+    assert texts == {"q-test-1": GOUT_CHQ, "q-test-5": SHINGLES_CHQ, "q-valid-1": ACHALASIA_CHQ}
+    # "what is  gout" is two records; an entailed FAQ MedQuAD lacks and a pair labelled 0 judge nothing
+    assert benchmark.qrels == {"q-test-1": {"m1": 1, "m2": 1, "m3": 1}, "q-test-5": {"m4": 1}, "q-valid-1": {"m5": 1}}
+    assert all(query["metadata"]["split"] == dev_or_test(query["text"]) for query in benchmark.queries)
+    assert benchmark.dev_ids == {q for q, text in texts.items() if dev_or_test(text) == "dev"}
+    runner = CliRunner()
+    made = ["data", "make-benchmark", "medquad-rqe", "--from", str(fake_data)]
+    assert runner.invoke(app, [*made, "--out", str(tmp_path / "files"), "--no-index"]).exit_code == 0  # no bank needed
+    missing = runner.invoke(app, [*made, "--out", str(tmp_path / "b0"), "--bank", str(tmp_path / "none")])
+    assert missing.exit_code == 2 and "no MedQuAD index at" in missing.stderr
+    records, _ = load_collection(fake_data / "medquad" / "medquad.jsonl", format="medquad")
+    FaqIndex.build(records, tiny_encoder, progress=False).save(tmp_path / "bank")
+    result = runner.invoke(app, [*made, "--out", str(tmp_path / "b1"), "--bank", str(tmp_path / "bank")])
+    assert result.exit_code == 0, result.output
+    assert "added 0 FAQs" in result.stdout and len(FaqIndex.load(tmp_path / "b1" / "index", tiny_encoder)) == 6
+    FaqIndex.build(records[:5], tiny_encoder, progress=False).save(tmp_path / "part")
+    other = runner.invoke(app, [*made, "--out", str(tmp_path / "b2"), "--bank", str(tmp_path / "part")])
+    assert other.exit_code == 2 and "lacks 1 of medquad-rqe's 6 FAQs (e.g. 'm6')" in other.stderr
+
+
+@pytest.mark.integration
+def test_medquad_rqe_on_the_real_data(shared_data):
+    benchmark = make_benchmark("medquad-rqe", shared_data)
+    assert len(benchmark.corpus) == 47441 and len(benchmark.queries) == len(benchmark.qrels) == 48
+    by_split = [query["metadata"]["rqe_split"] for query in benchmark.queries]
+    assert by_split.count("test") == 45 and by_split.count("valid") == 3
+    assert len(benchmark.dev_ids) == 24
+    corpus_ids = {row["_id"] for row in benchmark.corpus}
+    assert all(set(docs) <= corpus_ids for docs in benchmark.qrels.values())

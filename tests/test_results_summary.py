@@ -1,4 +1,5 @@
-"""The summary at the top of docs/results.md: its numbers file is complete and its figure is drawn from it."""
+"""The summary at the top of docs/results.md: its numbers file is complete, its figure is drawn from it, and both
+report the real FAQ banks first, apart from the summary-matching sets."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from medfaq.common.runtime import MedfaqError
-from medfaq.eval.results_summary import results_summary_plot
+from medfaq.eval.results_summary import format_summary, results_summary_plot
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 SUMMARY = DOCS / "results" / "summary.json"
@@ -36,3 +37,9 @@ def test_the_figure_is_drawn_from_the_summary(tmp_path):
     assert out.read_bytes().startswith(b"\x89PNG")
     with pytest.raises(MedfaqError, match="not found"):
         results_summary_plot(tmp_path / "missing.json", tmp_path / "x.png")
+
+
+def test_the_summary_reports_real_banks_first_under_the_heading_of_their_kind():
+    text = format_summary(SUMMARY)
+    real, summary = text.index("== Real FAQ banks: the evidence for defaults =="), text.index("== Summary-matching")
+    assert real < text.index("\nquebec ") < summary < text.index("\nmeqsum ") and "not evidence for defaults" in text

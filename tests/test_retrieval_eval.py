@@ -272,6 +272,40 @@ def test_eval_retrieval_one_line_errors(bench_dir, tmp_path):
     assert too_long.exit_code == 2 and "no judged question has 6 words" in too_long.stderr
 
 
+def test_eval_retrieval_reports_real_banks_first_and_the_listed_questions_apart(bench_dir, tmp_path):
+    import shutil
+
+    for name in ("meqsum", "quebec"):  # the tiny benchmark under the names of a summary-matching set and a real bank
+        shutil.copytree(bench_dir, tmp_path / name)
+        info = json.loads((tmp_path / name / "benchmark.json").read_text())
+        (tmp_path / name / "benchmark.json").write_text(json.dumps({**info, "name": name}))
+    both = ["--benchmark", tmp_path / "meqsum", "--benchmark", tmp_path / "quebec", "--mode", "bm25"]
+    text = medfaq("eval", "retrieval", *both)
+    assert text.exit_code == 0, text.output
+    out = text.stdout
+    real, summary = out.index("== Real FAQ banks: the evidence for defaults =="), out.index("== Summary-matching")
+    assert real < out.index("quebec: 2 judged test questions") < summary < out.index("meqsum: 2 judged")
+    clean = tmp_path / "clean"
+    clean.mkdir()
+    (clean / "quebec.txt").write_text("q1\nq3\no1\no2\n")  # q2 left out
+    (clean / "meqsum.txt").write_text("q2\n")
+    data = json.loads(medfaq("eval", "retrieval", *both, "--json", "--query-ids", clean).stdout)
+    quebec, meqsum = data["benchmarks"]
+    assert (quebec["benchmark"], quebec["kind"], meqsum["benchmark"], meqsum["kind"]) == (
+        "quebec", "real-bank", "meqsum", "summary-matching"
+    )  # fmt: skip
+    assert (quebec["listed"], quebec["listed_judged_test"], meqsum["listed_judged_test"]) == (4, 1, 1)
+    assert quebec["rows"][0]["listed"]["recall@1"] == 100.0 and "auroc" in quebec["rows"][0]["listed"]
+    single = medfaq("eval", "retrieval", *bench_args(bench_dir), "--mode", "bm25", "--query-ids", clean / "quebec.txt")
+    assert single.exit_code == 0 and "bm25 [listed ids]" in single.stdout and "==" not in single.stdout
+    one_file = medfaq("eval", "retrieval", *both, "--query-ids", clean / "quebec.txt")
+    assert one_file.exit_code == 2 and "give a directory of <benchmark>.txt" in one_file.stderr
+    mixed = medfaq("eval", "retrieval", *both, "--queries", bench_dir / "queries.jsonl")
+    assert mixed.exit_code == 2 and "leave out --queries/--qrels" in mixed.stderr
+    run = medfaq("eval", "retrieval", *both, "--run-out", tmp_path / "run.trec")
+    assert run.exit_code == 2 and "give one --benchmark" in run.stderr
+
+
 def test_search_uses_pipeline_json_and_flags_override(bench_dir, monkeypatch):
     import medfaq.retriever.model_cache as model_cache
 
