@@ -95,6 +95,22 @@ def test_without_a_detector_the_cosine_decides(tmp_path, tiny_encoder):
     assert queue.add("what is zorp fever").group_id != first.group_id
 
 
+@pytest.mark.parametrize("titler", [FirstWords(), None])
+def test_after_a_split_each_group_is_titled_from_its_own_questions(index_dir, tiny_encoder, titler):
+    def title(text: str) -> str:
+        return titler.rewrite([text])[0] if titler else text
+
+    queue = QuestionQueue(
+        index_dir.parent / "q.sqlite3", tiny_encoder, SharedWords(), titler, GROUP_BY_DETECTOR, index_dir=index_dir
+    )
+    alcohol = queue.group(fill(queue)["alcohol"])
+    assert alcohol.title == title(ASKED["alcohol"][0])
+    moved = queue.split(alcohol.id, [alcohol.questions[0].id])  # the question the group was titled from
+    assert moved.title == title(ASKED["alcohol"][0])
+    stayed = queue.group(alcohol.id)
+    assert stayed.title == title(stayed.questions[0].text) == title(ASKED["alcohol"][1])
+
+
 def test_split_and_merge(queue):
     groups = fill(queue)
     alcohol = queue.group(groups["alcohol"])

@@ -4,10 +4,11 @@ an expert once, and answered once for everyone who asks it next.
 A new question joins a waiting group or opens one, without regrouping the rest: the bi-encoder proposes the
 nearest waiting questions (`GroupingSettings.candidates`, cosine at least `floor`), and the duplicate-question
 detector (a cross-encoder) decides "same question" at its threshold; without a detector the cosine decides
-(`same_cosine`). Each group gets one title from the summarizer (else its first question). An expert can split and
-merge groups, then either links a group to an existing FAQ (its questions become that FAQ's phrasings in the index,
-index/phrasings.py) or answers it with a new FAQ (added to the index, with the group's questions as its phrasings);
-both are recorded (who, when, which index version) and undoable. Undo takes back only what the group added.
+(`same_cosine`). Each group gets one title from the summarizer (else its first question), made again for both groups
+when an expert splits one. An expert can split and merge groups, then either links a group to an existing FAQ (its
+questions become that FAQ's phrasings in the index, index/phrasings.py) or answers it with a new FAQ (added to the
+index, with the group's questions as its phrasings); both are recorded (who, when, which index version) and
+undoable. Undo takes back only what the group added.
 
 A queue belongs to one index: its groups record the index directory (resolved path: a copy of an index is another
 index, with a queue of its own), and a :class:`QuestionQueue` lists, changes and answers only its index's groups;
@@ -410,7 +411,8 @@ class QuestionQueue:
     # ---- an expert's edits ----------------------------------------------------------------------------------------
 
     def split(self, group_id: int, question_ids: list[int]) -> QuestionGroup:
-        """Move `question_ids` of waiting group `group_id` into a new group (titled from its first question)."""
+        """Move `question_ids` of waiting group `group_id` into a new group. Each of the two is titled again from its
+        first question: the old title may have been made from a question that moved."""
         with self._guard, self._connection(write=True) as db:
             group = self._waiting_group(db, group_id)
             moving = [q for q in group.questions if q.id in set(question_ids)]
@@ -419,10 +421,13 @@ class QuestionQueue:
                     f"split needs some, not all, of group {group_id}'s question ids "
                     f"({', '.join(str(q.id) for q in group.questions)})"
                 )
+            staying = next(q for q in group.questions if q not in moving)
             new_id = self._open_group(db, moving[0].text, _now())
             db.executemany("UPDATE questions SET group_id = ? WHERE id = ?", [(new_id, q.id) for q in moving])
+            db.execute("UPDATE groups SET title = ? WHERE id = ?", (staying.text[:TITLE_CHARS], group_id))
             self._changed(db)
         self._summarized_title(new_id, moving[0].text)
+        self._summarized_title(group_id, staying.text)
         return self.group(new_id)
 
     def merge(self, group_ids: list[int]) -> QuestionGroup:
