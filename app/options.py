@@ -77,10 +77,12 @@ DEVICE = typer.Option(None, "--device", help="cpu | cuda (default: cuda when ava
 
 @dataclass(frozen=True)
 class SharedOption:
-    """One option of a group several commands take together: the type of its value and its typer option."""
+    """One option of a group several commands take together: the type of its value, its typer option and `aliases`:
+    hidden typer options that stand for it (older spellings), read when it is not given."""
 
     kind: Any
     option: Any
+    aliases: tuple[Any, ...] = ()
 
 
 Command = TypeVar("Command", bound=Callable[..., Any])
@@ -90,9 +92,10 @@ def takes_group(
     group: dict[str, SharedOption], parameter: str, collect: Callable[..., Any], without: tuple[str, ...] = ()
 ) -> Callable[[Command], Command]:
     """Decorator of a command with a `parameter` parameter: typer sees the group's options (all but `without`, in the
-    group's order) in that parameter's place, and the command gets ``collect(**values given)`` there. The command's
-    annotations must resolve in its module (typer reads them)."""
+    group's order, each followed by its aliases) in that parameter's place, and the command gets
+    ``collect(**values given)`` there. The command's annotations must resolve in its module (typer reads them)."""
     names = [name for name in group if name not in without]
+    aliases = {name: [f"{name}_alias{n}" for n in range(len(group[name].aliases))] for name in names}
 
     def decorate(command: Command) -> Command:
         hints = get_type_hints(command)
@@ -103,11 +106,16 @@ def takes_group(
                 continue
             for name in names:
                 option = group[name]
-                parameters.append(inspect.Parameter(name, declared.kind, default=option.option, annotation=option.kind))
+                for key, default in zip([name, *aliases[name]], [option.option, *option.aliases], strict=True):
+                    parameters.append(inspect.Parameter(key, declared.kind, default=default, annotation=option.kind))
+
+        def value(given: dict[str, Any], name: str) -> Any:
+            spellings = [given.pop(key) for key in (name, *aliases[name])]
+            return next((spelled for spelled in spellings if spelled is not None), None)
 
         @functools.wraps(command)
         def run(**given: Any) -> Any:
-            values = collect(**{name: given.pop(name) for name in names})
+            values = collect(**{name: value(given, name) for name in names})
             return command(**given, **{parameter: values})
 
         run.__signature__ = inspect.Signature(parameters, return_annotation=hints.get("return"))  # type: ignore[attr-defined]
@@ -197,7 +205,8 @@ def takes_training_overrides() -> Callable[[Command], Command]:
 
 def stage_flag(declared: Declared) -> SharedOption:
     """The option of a :class:`PipelineConfig` field that declares a flag (None: not given), built from its declaration:
-    a bool is ``--x/--no-x``; a value the declaration refuses is a one-line usage error."""
+    named as the field (a bool is ``--x/--no-x``), its aliases hidden; a value the declaration refuses is a one-line
+    usage error."""
 
     def checked(value: Any) -> Any:
         if value is None:  # not given
@@ -208,17 +217,18 @@ def stage_flag(declared: Declared) -> SharedOption:
             raise typer.BadParameter(str(error)) from None
         return value
 
-    flag = declared.setting.flag
+    flag = declared.flag
     switch = f"{flag}/--no-{flag.removeprefix('--')}" if declared.kind is bool else flag
     option = typer.Option(None, switch, callback=checked, help=declared.describe())
-    return SharedOption(declared.kind | None, option)
+    aliases = tuple(typer.Option(None, alias, callback=checked, hidden=True) for alias in declared.setting.aliases)
+    return SharedOption(declared.kind | None, option, aliases)
 
 
 # `search`, `bench`, `eval retrieval` and `demo --cli`: the pipeline flags (None: the index's pipeline.json), built from
 # the PipelineConfig fields that declare a flag and named as those fields; a command takes them with
 # @takes_stage_flags() where its `flags` parameter stands, as the `PipelineConfig.with_flags` keywords they are.
 STAGE_FLAGS: dict[str, SharedOption] = {
-    name: stage_flag(declared) for name, declared in pipeline_settings().items() if declared.setting.flag
+    name: stage_flag(declared) for name, declared in pipeline_settings().items() if declared.flag
 }
 
 

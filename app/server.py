@@ -2,24 +2,28 @@
 ``allow_writes``, ``POST /index/add``, ``POST /index/delete`` and ``POST /index/adapt`` (started in the background;
 ``GET /index/adapt`` says how it went); the OpenAPI page is at ``/docs``.
 
-Bad input is a 4xx with a one-line ``detail``, never a 500: request bodies are validated by pydantic (unknown fields
-included), bodies over `max_body_bytes` get 413 however they are framed, and a
-:class:`~common.runtime.MedfaqError` raised by the pipeline becomes 400. A fault of the server's own (a stage model
-that cannot load) is a 503, never a 4xx. When the environment variable ``MEDFAQ_API_KEY`` is set, the write
-endpoints and the experts' queue need it in the ``X-API-Key`` header; without it the queue, which holds consumers'
-health questions, is served to loopback clients only unless `allow_public_queue`, and the index and queue changes
-(`allow_writes`) are accepted from loopback clients only unless `allow_public_writes`. :func:`access_rules` says
-who may do what.
+Bad input is a 4xx with a one-line ``detail``, never a 500: request bodies are validated by pydantic, strictly
+(unknown fields and values of another type included; a body that is not UTF-8 JSON is a 422 too), bodies over
+`max_body_bytes` get 413 however they are framed, a :class:`~common.runtime.NotFound` (a queue group, an FAQ) is a 404
+and a :class:`~common.runtime.MedfaqError` raised by the pipeline becomes 400. A fault of the server's own (a stage
+model that cannot load, its index damaged on disk: :class:`~common.runtime.IndexCorrupt`) is a 503, never a 4xx.
+When the environment variable ``MEDFAQ_API_KEY`` is set, the write endpoints and the experts' queue need it in the
+``X-API-Key`` header; without it the queue, which holds consumers' health questions, is served to loopback clients
+only unless `allow_public_queue`, and the index and queue changes (`allow_writes`) are accepted from loopback clients
+only unless `allow_public_writes`. :func:`access_rules` says who may do what.
 
 The stage settings a search request may set are those :class:`~retriever.pipeline.PipelineConfig` declares
-`request` for, typed strictly from their declarations (:func:`setting_field`); a request that sets one declared
-`needs_key` (the threshold, abstention: what gets queued) sends its abstained questions to the experts' queue only
-with the API key.
+`request` for, typed strictly from their declarations, bounds and choices included (:func:`setting_field`), and a
+value they refuse is refused in :func:`~common.settings.check_setting`'s words, as on the command line; the other
+flags name a model, or are read when a stage's model loads, so that each value would load another copy
+(docs/http-api.md). A request that sets one declared `needs_key` (the threshold, abstention: what gets queued) sends
+its abstained questions to the experts' queue only with the API key.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
 from dataclasses import dataclass
 from functools import partial
@@ -30,6 +34,7 @@ from fastapi import Depends, FastAPI, Header, HTTPException, Request
 from fastapi import Path as PathParameter
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -45,8 +50,8 @@ from pydantic import (
 
 from medfaq.app.adaptation_job import AdaptationRunning
 from medfaq.app.service import SearchService, ServiceStatus, ServiceUnavailable
-from medfaq.common.runtime import MedfaqError, NotFound
-from medfaq.common.settings import Declared
+from medfaq.common.runtime import IndexCorrupt, MedfaqError, NotFound
+from medfaq.common.settings import Declared, check_setting
 from medfaq.index.records import FaqRecord, record_problem
 from medfaq.retriever.adaptation_config import PARTS, AdaptConfig
 from medfaq.retriever.pipeline import pipeline_settings
@@ -59,14 +64,14 @@ API_KEY_ENV = "MEDFAQ_API_KEY"
 class ServerLimits:
     max_body_bytes: int = 1_000_000
     max_batch: int = 64
-    max_top_k: int = 100
     workers: int = 4  # threads running pipeline calls at once (single questions: batched, see SearchService)
 
 
 class StrictModel(BaseModel):
-    """A request body: a field it does not know is a 422 naming it, so a typo never silently changes behaviour."""
+    """A request body: a field it does not know, or a value of another type (``0`` or ``"off"`` for a bool, ``"3"`` for
+    a number), is a 422 naming it, so a typo never silently changes behaviour."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 def _utf8(value: str | None) -> str | None:
@@ -95,9 +100,9 @@ def setting_field(declared: Declared) -> tuple[Any, Any]:
     elif declared.kind is bool:
         kind = StrictBool
     elif declared.kind is int:
-        kind = Annotated[StrictInt, Field(ge=rule.ge, gt=rule.gt)]
+        kind = Annotated[StrictInt, Field(ge=rule.ge, gt=rule.gt, le=rule.le)]
     elif declared.kind is float:
-        kind = Annotated[float, Field(strict=True, allow_inf_nan=False, ge=rule.ge, gt=rule.gt)]
+        kind = Annotated[float, Field(strict=True, allow_inf_nan=False, ge=rule.ge, gt=rule.gt, le=rule.le)]
     else:
         kind = StrictStr
     return kind | None, Field(None, description=declared.describe())
@@ -145,8 +150,21 @@ SearchRequest = create_model(
 NOT_JSON = "the request body must be a JSON object, sent with the header Content-Type: application/json"
 
 
+def _setting_refusal(where: str, value: Any) -> str | None:
+    """The words of :func:`~common.settings.check_setting` for a request setting's refused `value` (the command line
+    refuses it with the same), None where `where` is no request setting."""
+    declared = REQUEST_SETTINGS.get(where)
+    try:
+        if declared is not None:
+            check_setting(declared, value)
+    except MedfaqError as refusal:
+        return str(refusal)
+    return None
+
+
 def _one_line(error: RequestValidationError) -> str:
-    """Where and what, without echoing the input (it may hold NaN or lone surrogates JSON cannot carry)."""
+    """Where and what, without echoing the input (it may hold NaN or lone surrogates JSON cannot carry) except in a
+    request setting's refusal, which shows its repr."""
     parts = []
     for item in error.errors():
         where = ".".join(str(part) for part in item.get("loc", ()) if part != "body")
@@ -155,13 +173,45 @@ def _one_line(error: RequestValidationError) -> str:
             message = "unknown field"
         if item.get("type") == "model_attributes_type" and not where:  # no JSON object: a form, text, no type
             message = NOT_JSON
+        if item.get("type") == "json_invalid":
+            where, message = "", f"the request body is not valid JSON ({item.get('ctx', {}).get('error')}, at {where})"
+        message = _setting_refusal(where, item.get("input")) or message
         parts.append(f"{where}: {message}" if where else message)
     return "; ".join(parts) or "invalid request"
 
 
+class Utf8Request(Request):
+    """A request whose JSON body is read as UTF-8 alone (RFC 8259): other bytes are the JSON error FastAPI answers
+    with a 422, not a 400."""
+
+    async def json(self) -> Any:
+        if not hasattr(self, "_json"):
+            body = await self.body()
+            try:
+                text = body.decode("utf-8")
+            except UnicodeDecodeError as error:
+                raise json.JSONDecodeError(f"not UTF-8: {error.reason}", "", error.start) from None
+            self._json = json.loads(text)
+        return self._json
+
+
+class Utf8Route(APIRoute):
+    """Every endpoint reads its body as :class:`Utf8Request`."""
+
+    def get_route_handler(self) -> Any:
+        handle = super().get_route_handler()
+
+        async def handle_utf8(request: Request) -> Any:
+            return await handle(Utf8Request(request.scope, request.receive))
+
+        return handle_utf8
+
+
 class FeedbackRequest(StrictModel):
-    question: str = Field(min_length=1)
-    faq_id: str = Field(min_length=1)
+    """Whether the FAQ `faq_id` of the served index answered `question`."""
+
+    question: NonBlank
+    faq_id: NonBlank
     helpful: bool
     comment: str | None = None
 
@@ -331,7 +381,7 @@ def errors(*codes: int) -> dict[int | str, dict[str, Any]]:
         400: "refused by the pipeline",
         401: "missing or wrong API key",
         403: "not allowed on this server",
-        404: "no such group in this index's queue",
+        404: "no such group in this index's queue, or FAQ in the index",
         409: "an adaptation of this index is running",
         413: "request body or batch too large",
         422: "invalid request",
@@ -432,6 +482,7 @@ def create_app(
 ) -> FastAPI:
     limits = limits or ServerLimits()
     app = FastAPI(title="medfaq", description="Medical FAQ retrieval for consumer health questions.")
+    app.router.route_class = Utf8Route
     app.add_middleware(BodyLimit, max_bytes=limits.max_body_bytes)
     threads = anyio.CapacityLimiter(limits.workers)
     # single questions wait in the service's batcher: threads for one batch running and the next one filling
@@ -457,7 +508,8 @@ def create_app(
         return JSONResponse({"detail": str(error)}, status_code=404)
 
     @app.exception_handler(ServiceUnavailable)
-    async def server_fault(_request: Request, error: ServiceUnavailable) -> JSONResponse:
+    @app.exception_handler(IndexCorrupt)
+    async def server_fault(_request: Request, error: MedfaqError) -> JSONResponse:
         return JSONResponse({"detail": str(error)}, status_code=503)
 
     def require_key(x_api_key: str | None = Header(None)) -> None:
@@ -499,8 +551,6 @@ def create_app(
         questions = [body.question] if body.question is not None else body.questions
         if len(questions) > limits.max_batch:
             raise HTTPException(413, f"at most {limits.max_batch} questions per request")
-        if body.top_k is not None and body.top_k > limits.max_top_k:
-            raise HTTPException(422, f"top_k must be at most {limits.max_top_k}")
         overrides = body.overrides()
         expected = os.environ.get(API_KEY_ENV)
         if body.sets_queue_settings() and not (expected and x_api_key == expected):
@@ -514,7 +564,7 @@ def create_app(
         status_code=201,
         dependencies=[Depends(require_key)],
         response_model=FeedbackOut,
-        responses=errors(400, 401, 413, 422),
+        responses=errors(400, 401, 404, 413, 422, 503),
     )
     async def feedback(body: FeedbackRequest):
         row = await run_in_threadpool(service.add_feedback, body.question, body.faq_id, body.helpful, body.comment)

@@ -5,7 +5,9 @@ feedback store and the experts' queue. `medfaq serve` puts it behind HTTP.
 
 A newer index or an edited ``pipeline.json`` on disk that cannot be loaded (corrupted files, a half-copied
 directory, an invalid setting) never takes the service down: what is loaded goes on serving and the fault is
-reported in :meth:`SearchService.status` and the log."""
+reported in :meth:`SearchService.status` and the log. The served index damaged in place (a file of it overwritten:
+its records are read from disk) is reported the same way, and its searches are refused as the server's fault
+(:class:`ServiceUnavailable`) until its files match their checksums again or a new version is saved."""
 
 from __future__ import annotations
 
@@ -17,8 +19,9 @@ from typing import Any, Literal
 
 from medfaq.app.adaptation_job import AdaptationJob
 from medfaq.app.batching import BatchSettings, MicroBatcher
-from medfaq.common.runtime import MedfaqError
-from medfaq.index.faq_index import FaqIndex, disk_version
+from medfaq.common.runtime import MedfaqError, NotFound
+from medfaq.index import verified
+from medfaq.index.faq_index import FaqIndex, disk_version, verify_checksums
 from medfaq.index.records import FaqRecord
 from medfaq.retriever import likelihood_choice, reranker_choice
 from medfaq.retriever.model_cache import StageError, shared_cache, wanted_stages
@@ -32,15 +35,17 @@ logger = logging.getLogger("medfaq.service")
 
 
 class ServiceUnavailable(MedfaqError):
-    """A fault of the server's own, not of the request (a stage model that cannot be loaded): HTTP 503."""
+    """A fault of the server's own, not of the request (a stage model that cannot be loaded, the served index damaged
+    on disk): HTTP 503."""
 
 
 @dataclass
 class ServiceStatus:
     """What ``GET /health`` answers: `status` is ``ok``, or ``degraded`` with the `fault` while a newer index or the
-    ``pipeline.json`` on disk cannot be loaded; `likelihood` and `reranker`: the index's recorded decisions on the
-    likelihood stage (`medfaq index likelihood`) and the reranker (`medfaq index rerank`), None where it has none;
-    `encoder_backend`: the runtime the query encoder runs on (``torch-bf16``, ``onnx``; None until it is loaded)."""
+    ``pipeline.json`` on disk cannot be loaded, the index was removed or the served one is damaged on disk;
+    `likelihood` and `reranker`: the index's recorded decisions on the likelihood stage (`medfaq index likelihood`)
+    and the reranker (`medfaq index rerank`), None where it has none; `encoder_backend`: the runtime the query
+    encoder runs on (``torch-bf16``, ``onnx``; None until it is loaded)."""
 
     status: Literal["ok", "degraded"]
     index: str
@@ -81,6 +86,8 @@ class SearchService:
         self._failed: tuple[str, bytes | None] | None = None  # the index version and pipeline.json tried in vain
         self._queue: tuple[FaqIndex, QuestionQueue] | None = None  # opened for that index on first use
         self.fault: str | None = None
+        self._damaged = False  # the served index's files on disk no longer match their checksums: searches refused
+        self._matched: list[verified.Signature] | None = None  # those files' identities and times when they matched
         self._load(FaqIndex.load(self.index_dir), config_bytes(self.index_dir))
         self.adaptation = AdaptationJob(self.index_dir, on_done=self.refresh)  # `medfaq index adapt`, in the background
 
@@ -105,7 +112,15 @@ class SearchService:
                 return False
             on_disk = (version, config_bytes(self.index_dir))
             if on_disk == self._serving:
-                self.fault = None
+                damage = self._damage()
+                self._damaged = damage is not None
+                if damage:
+                    self._report(
+                        f"the index served is damaged on disk ({damage}); searches are refused until it is "
+                        "repaired or a new version is saved"
+                    )
+                else:
+                    self.fault = None
                 return False
             if on_disk == self._failed:
                 return False
@@ -120,8 +135,26 @@ class SearchService:
                     "with the config loaded before"
                 )
                 return False
-            self._failed, self.fault = None, None
+            self._failed, self.fault, self._damaged = None, None, False
             return True
+
+    def _damage(self) -> str | None:
+        """Why the served index's files on disk no longer match their checksums (None: they match, or a save swapped
+        a newer version in meanwhile, which the next refresh loads); hashed only when a file's identity or times
+        changed since they last matched."""
+        checksums = self.index.manifest.checksums.items()
+        try:
+            stamps = [verified.signature((self.index_dir / name).stat(), checksum) for name, checksum in checksums]
+        except OSError:
+            stamps = None
+        if stamps is not None and stamps == self._matched:
+            return None
+        try:
+            verify_checksums(self.index_dir, self.index.manifest)
+        except MedfaqError as error:
+            return str(error) if disk_version(self.index_dir) == self.index.version else None
+        self._matched = stamps
+        return None
 
     def _report(self, fault: str) -> None:
         if fault != self.fault:
@@ -135,6 +168,8 @@ class SearchService:
         runs it, else a refusal of the request that asked for it."""
         self.refresh()
         with self._guard:
+            if self._damaged:
+                raise ServiceUnavailable(self.fault)
             index, served = self.index, self.config
         changes = dict(overrides or {})
         config = served.with_flags(changes.pop("summarize", None), changes.pop("query_source", None), **changes)
@@ -180,7 +215,11 @@ class SearchService:
             return error
 
     def add_feedback(self, question: str, faq_id: str, helpful: bool, comment: str | None = None) -> int:
-        """Store the answer; a question whose answer did not help waits in the experts' queue too."""
+        """Store the answer about the served index's FAQ `faq_id` (:class:`NotFound` when it has none); a question
+        whose answer did not help waits in the experts' queue too."""
+        self.refresh()
+        if faq_id not in self.index:
+            raise NotFound(f"no FAQ {faq_id!r} in the index {self.index_dir}")
         settings = {"comment": comment} if comment else {}
         row = self.feedback.add(
             Feedback(session="api", question=question, helpful=helpful, hit_ids=[faq_id], settings=settings)

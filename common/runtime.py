@@ -44,6 +44,11 @@ class NotFound(MedfaqError):
     """What the input names does not exist (e.g. a group of the experts' queue); HTTP 404."""
 
 
+class IndexCorrupt(MedfaqError):
+    """An index directory whose files are damaged or no longer match its manifest (rebuild it); for a server, a
+    fault of its own (HTTP 503)."""
+
+
 class ModelNotFoundError(MedfaqError):
     """A model name that is neither a local path, a trained model, nor a hub id cached on disk."""
 

@@ -22,16 +22,20 @@ METADATA_KEY = "setting"
 class Setting:
     """How one field may be set.
 
-    `help`: one line for the user. `flag`: its command-line option (a bool's ``--x`` becomes ``--x/--no-x``); None:
-    none. `choices`: the values a text setting allows. `ge` / `gt`: a number's lower bound (at least / above).
-    `request`: an HTTP request may set it for itself. `needs_key`: a request that sets it sends its abstained
-    questions to the experts' queue only when it carries the API key (the setting changes what gets queued)."""
+    `help`: one line for the user. `flag`: it has a command-line option, named as the field (:attr:`Declared.flag`,
+    ``--top-k`` for ``top_k``; a bool's becomes ``--x/--no-x``); `aliases`: older spellings of that option, still
+    accepted but not shown. `choices`: the values a text setting allows. `ge` / `gt`: a number's lower bound (at
+    least / above); `le`: its upper bound (at most). `request`: an HTTP request may set it for itself.
+    `needs_key`: a request that sets it sends its abstained questions to the experts' queue only when it carries the
+    API key (the setting changes what gets queued)."""
 
     help: str
-    flag: str | None = None
+    flag: bool = False
+    aliases: tuple[str, ...] = ()
     choices: tuple[str, ...] = ()
     ge: float | None = None
     gt: float | None = None
+    le: float | None = None
     request: bool = False
     needs_key: bool = False
 
@@ -51,10 +55,23 @@ class Declared:
     def label(self) -> str:
         return self.name.replace("_", " ")
 
+    @property
+    def flag(self) -> str | None:
+        """Its command-line option, the field's name with hyphens (``--top-k``); None when it has none."""
+        return "--" + self.name.replace("_", "-") if self.setting.flag else None
+
+    def limits(self) -> str:
+        """Its choices (``raw|summary|both``) or a number's bounds in words (``at least 1 and at most 100``, ``above
+        0``); empty when it has none."""
+        rule = self.setting
+        low = f"at least {rule.ge:g}" if rule.ge is not None else f"above {rule.gt:g}" if rule.gt is not None else ""
+        high = f"at most {rule.le:g}" if rule.le is not None else ""
+        return "|".join(rule.choices) or " and ".join(filter(None, (low, high)))
+
     def describe(self) -> str:
-        """The help text, with the choices when there are any."""
-        choices = f" ({'|'.join(self.setting.choices)})" if self.setting.choices else ""
-        return self.setting.help + choices
+        """The help text, with its limits when it has any."""
+        limits = self.limits()
+        return f"{self.setting.help} ({limits})" if limits else self.setting.help
 
 
 def setting(default: Any = dataclasses.MISSING, *, default_factory: Any = dataclasses.MISSING, **declared: Any) -> Any:
@@ -92,16 +109,23 @@ def check_setting(declared: Declared, value: Any) -> None:
     if declared.kind in (int, float):
         whole = declared.kind is int
         kinds = int if whole else int | float
-        bound = (
-            f" of at least {rule.ge:g}" if rule.ge is not None else f" above {rule.gt:g}" if rule.gt is not None else ""
-        )
         number_ok = isinstance(value, kinds) and not isinstance(value, bool) and math.isfinite(value)
-        if not number_ok or (rule.ge is not None and value < rule.ge) or (rule.gt is not None and value <= rule.gt):
+        if not (number_ok and _within(rule, value)):
             what = "a whole number" if whole else "a finite number"
-            raise MedfaqError(f"{name} must be {what}{bound}, got {value!r}")
+            limits = declared.limits()
+            bounds = f" of {limits}" if limits.startswith("at ") else f" {limits}" if limits else ""
+            raise MedfaqError(f"{name} must be {what}{bounds}, got {value!r}")
     if declared.kind is str and not isinstance(value, str):
         raise MedfaqError(f"{name} must be text, got {value!r}")
     if rule.choices and value not in rule.choices:
         raise MedfaqError(f"unknown {declared.label} {value!r}; choose one of {', '.join(rule.choices)}")
     if declared.kind is dict and not isinstance(value, dict):
         raise MedfaqError(f"{name} must be an object, got {value!r}")
+
+
+def _within(rule: Setting, number: float) -> bool:
+    return (
+        (rule.ge is None or number >= rule.ge)
+        and (rule.gt is None or number > rule.gt)
+        and (rule.le is None or number <= rule.le)
+    )

@@ -56,7 +56,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from medfaq.common.runtime import MedfaqError, resolve_model
+from medfaq.common.runtime import IndexCorrupt, MedfaqError, resolve_model
 from medfaq.index import verified
 from medfaq.index.collections import check_records, read_records
 from medfaq.index.concepts import CONCEPTS_FILE, ConceptLexicon, combined_vectors, read_with_concepts
@@ -486,7 +486,7 @@ class FaqIndex:
                 self._concepts = ConceptLexicon.parse(self._concepts, self.manifest.concepts)
             except (ValueError, TypeError) as error:
                 where = self._origin or "this index"
-                raise MedfaqError(f"index {where} has a corrupt {CONCEPTS_FILE} ({error}); rebuild it") from None
+                raise IndexCorrupt(f"index {where} has a corrupt {CONCEPTS_FILE} ({error}); rebuild it") from None
         return self._concepts
 
     def _vectors(self, records: list[FaqRecord], texts: list[str], encode: Callable[[list[str]], Any]) -> np.ndarray:
@@ -767,9 +767,9 @@ class FaqIndex:
         except MedfaqError:
             raise
         except Exception as error:  # any unreadable part means the directory is damaged
-            raise MedfaqError(f"index {path} is corrupt ({type(error).__name__}: {error}); rebuild it") from None
+            raise IndexCorrupt(f"index {path} is corrupt ({type(error).__name__}: {error}); rebuild it") from None
         if store.dim != manifest.dimension:
-            raise MedfaqError(
+            raise IndexCorrupt(
                 f"index {path} is inconsistent: its manifest names {manifest.dimension}-d encoder "
                 f"{manifest.encoder!r} but its vectors are {store.dim}-d; rebuild it"
             )
@@ -1008,9 +1008,9 @@ def _read_manifest_versioned(path: Path) -> tuple[IndexManifest, str]:
     except OSError as error:
         raise MedfaqError(f"cannot read {manifest_path}: {error.strerror}") from None
     except (json.JSONDecodeError, UnicodeDecodeError, TypeError, AttributeError) as error:
-        raise MedfaqError(f"index {path} has a corrupt {MANIFEST} ({error}); rebuild it") from None
+        raise IndexCorrupt(f"index {path} has a corrupt {MANIFEST} ({error}); rebuild it") from None
     if not isinstance(manifest.dimension, int) or manifest.dimension < 1:
-        raise MedfaqError(f"index {path} has a corrupt {MANIFEST} (dimension {manifest.dimension!r}); rebuild it")
+        raise IndexCorrupt(f"index {path} has a corrupt {MANIFEST} (dimension {manifest.dimension!r}); rebuild it")
     if manifest.format_version > FORMAT_VERSION:
         raise MedfaqError(
             f"index {path} has format {manifest.format_version}; this medfaq reads up to {FORMAT_VERSION}"
@@ -1029,11 +1029,11 @@ def verify_checksums(path: Path, manifest: IndexManifest) -> None:
             if known.get(name) != verified.signature(stat, expected):
                 actual = _sha256(path / name)
                 if actual != expected:
-                    raise MedfaqError(f"index {path} is corrupt: checksum mismatch for {name}; rebuild it")
+                    raise IndexCorrupt(f"index {path} is corrupt: checksum mismatch for {name}; rebuild it")
                 if not verified.settled(stat, hashed_at):
                     continue
         except FileNotFoundError:  # missing, or swapped away by a save while it was read (the load then retries)
-            raise MedfaqError(f"index {path} is corrupt: {name} is missing; rebuild it") from None
+            raise IndexCorrupt(f"index {path} is corrupt: {name} is missing; rebuild it") from None
         except OSError as error:
             raise MedfaqError(f"cannot read {path / name}: {error.strerror or error}") from None
         checked[name] = verified.signature(stat, expected)

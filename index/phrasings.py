@@ -11,7 +11,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from medfaq.common.runtime import MedfaqError
+from medfaq.common.runtime import IndexCorrupt, MedfaqError
 
 PHRASINGS_FILE = "phrasings.jsonl"
 
@@ -96,5 +96,5 @@ class PhrasingTable:
             try:
                 rows.append(Phrasing(**json.loads(line)))
             except (ValueError, TypeError) as error:
-                raise MedfaqError(f"index {directory} is corrupt ({PHRASINGS_FILE} line {number}: {error})") from None
+                raise IndexCorrupt(f"index {directory} is corrupt ({PHRASINGS_FILE} line {number}: {error})") from None
         return cls(rows)

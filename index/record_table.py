@@ -26,7 +26,7 @@ from typing import BinaryIO
 
 import numpy as np
 
-from medfaq.common.runtime import MedfaqError
+from medfaq.common.runtime import IndexCorrupt
 from medfaq.index.records import FaqRecord
 
 RECORDS = "records.jsonl"
@@ -175,6 +175,6 @@ def scan_lines(path: Path) -> tuple[np.ndarray, list[str]]:
     return np.array([*starts, len(data)], dtype=np.int64), ids
 
 
-def corrupt(directory: Path, why: str) -> MedfaqError:
+def corrupt(directory: Path, why: str) -> IndexCorrupt:
     """The one-line error for a damaged index directory."""
-    return MedfaqError(f"index {directory} is corrupt ({why}); rebuild it")
+    return IndexCorrupt(f"index {directory} is corrupt ({why}); rebuild it")

@@ -32,6 +32,10 @@ RERANK_FUSIONS = ("auto", "replace", "rrf")
 RERANK_MARGIN = 0.05  # the dense-margin gate chosen on development queries (`PipelineConfig.rerank_margin`)
 STAGE_KINDS = ("rewrite", "rerank", "likelihood", "entities")
 STEM_CHARS = 5  # key terms are compared on their first characters: a cheap stemmer ("diabetes" ~ "diabetic")
+MAX_HITS = 100  # the most hits a question is answered with (top_k) or rescored in (rerank_depth, likelihood_depth)
+# summarizing alone (over a config searching with the raw question) searches with the question and its summary fused:
+# the summary alone lost far more Recall@1 on every benchmark (docs/results.md, "Does summarizing first help?")
+SUMMARIZED_SOURCE = "both"
 
 
 @runtime_checkable
@@ -118,29 +122,39 @@ class PipelineConfig:
     ``$MEDFAQ_HOME/unanswered.jsonl``) when `log_unanswered`.
     """
 
-    mode: str = setting("dense", help="Retrieval mode.", flag="--mode", choices=MODES, request=True)
-    top_k: int = setting(10, help="Number of results.", flag="--top-k", ge=1, request=True)
+    mode: str = setting("dense", help="Retrieval mode.", flag=True, choices=MODES, request=True)
+    top_k: int = setting(10, help="Number of results.", flag=True, ge=1, le=MAX_HITS, request=True)
     candidates: int = setting(50, help="Hits per list before hybrid or raw+summary fusion.", ge=1)
     query_source: str = setting(
         "raw",
-        help="Search with the raw question, its summary or both fused (summary/both imply --summarize).",
-        flag="--query",
+        help="Search with the raw question, its summary or both fused (summary and both imply summarize).",
+        flag=True,
+        aliases=("--query",),
         choices=QUERY_SOURCES,
         request=True,
     )
-    summarize: bool = setting(False, help="Summarize the question first.", flag="--summarize", request=True)
+    summarize: bool = setting(
+        False,
+        help="Summarize the question first; set alone, search with the question and its summary fused.",
+        flag=True,
+        request=True,
+    )
     summarizer: str | None = setting(
-        None, help="Summarizer model (directory or name under $MEDFAQ_HOME/models).", flag="--summarizer"
+        None, help="Summarizer model (directory or name under $MEDFAQ_HOME/models).", flag=True
     )
-    summary_beams: int | None = setting(None, help="Summarizer beams (1 = greedy).", flag="--beams", ge=1)
+    summary_beams: int | None = setting(
+        None, help="Summarizer beams (1 = greedy).", flag=True, aliases=("--beams",), ge=1
+    )
     summary_max_length: int | None = setting(None, help="Summarizer's longest summary, in tokens.", ge=1)
-    rerank: bool = setting(False, help="Rerank the top hits with a cross-encoder.", flag="--rerank", request=True)
+    rerank: bool = setting(False, help="Rerank the top hits with a cross-encoder.", flag=True, request=True)
     reranker: str | None = setting(
-        None, help="Cross-encoder model (directory or name under $MEDFAQ_HOME/models).", flag="--reranker"
+        None, help="Cross-encoder model (directory or name under $MEDFAQ_HOME/models).", flag=True
     )
-    rerank_depth: int = setting(20, help="How many top hits the cross-encoder rescores.", flag="--rerank-depth", ge=1)
+    rerank_depth: int = setting(
+        20, help="How many top hits the cross-encoder rescores.", flag=True, ge=1, le=MAX_HITS, request=True
+    )
     rerank_max_length: int | None = setting(
-        None, help="Tokens per (question, FAQ) pair the cross-encoder reads.", flag="--rerank-max-length", ge=8
+        None, help="Tokens per (question, FAQ) pair the cross-encoder reads.", flag=True, ge=8
     )
     rerank_query: str = setting(
         "auto",
@@ -151,7 +165,7 @@ class PipelineConfig:
         "rrf",
         help="replace: order by the cross-encoder; rrf: RRF of retrieval and cross-encoder ranks; auto: replace for "
         "a reranker trained with --prior-scale, else rrf.",
-        flag="--rerank-fusion",
+        flag=True,
         choices=RERANK_FUSIONS,
         request=True,
     )
@@ -161,21 +175,21 @@ class PipelineConfig:
         None,
         help="Rerank (cross-encoder and likelihood) only questions whose top two dense cosines differ by less than "
         "this (e.g. 0.05); default: all.",
-        flag="--rerank-margin",
+        flag=True,
         ge=0,
         request=True,
     )
     rerank_precision: str = setting(
-        "fp32", help="The cross-encoder's arithmetic: " + PRECISION_HELP, flag="--rerank-precision", choices=PRECISIONS
+        "fp32", help="The cross-encoder's arithmetic: " + PRECISION_HELP, flag=True, choices=PRECISIONS
     )
     likelihood: bool = setting(
         False,
         help="Rerank the top hits by how likely the summarizer finds each FAQ question as the question's summary.",
-        flag="--likelihood",
+        flag=True,
         request=True,
     )
     likelihood_depth: int = setting(
-        10, help="How many top hits the summary likelihood scores.", flag="--likelihood-depth", ge=1
+        10, help="How many top hits the summary likelihood scores.", flag=True, ge=1, le=MAX_HITS, request=True
     )
     likelihood_prior: float = setting(1.0, help="Weight of an FAQ question's likelihood given no question.", ge=0)
     likelihood_per_token: bool = setting(True, help="Score the likelihood per token (else summed).")
@@ -189,24 +203,22 @@ class PipelineConfig:
     likelihood_precision: str = setting(
         "auto", help="The likelihood stage's arithmetic: " + PRECISION_HELP, choices=PRECISIONS
     )
-    quantize: bool = setting(False, help="int8 dynamic quantisation of summarizer and reranker.", flag="--quantize")
-    encoder_backend: str = setting(
-        "auto", help="Query encoder. " + BACKEND_HELP, flag="--encoder-backend", choices=ENCODER_BACKENDS
-    )
+    quantize: bool = setting(False, help="int8 dynamic quantisation of summarizer and reranker.", flag=True)
+    encoder_backend: str = setting("auto", help="Query encoder. " + BACKEND_HELP, flag=True, choices=ENCODER_BACKENDS)
     entities: bool = setting(True, help="Find the question's medical entities.")
     key_terms: bool = setting(False, help="Drop hits sharing no key term with the question.")
     dense_weight: float = setting(1.0, help="Weight of the dense list against BM25's 1 in hybrid RRF.", gt=0)
     abstain: bool = setting(
         True,
         help="Abstain (and log the question) below the threshold.",
-        flag="--abstain",
+        flag=True,
         request=True,
         needs_key=True,
     )
     threshold: float | None = setting(
         None,
         help="Abstain when the confidence is below this (a finite number).",
-        flag="--threshold",
+        flag=True,
         request=True,
         needs_key=True,
     )
@@ -271,12 +283,13 @@ class PipelineConfig:
     def with_flags(
         self, summarize: bool | None = None, query_source: str | None = None, **changes: Any
     ) -> PipelineConfig:
-        """Command-line overrides (None = not given): ``--query summary|both`` implies summarizing, ``--summarize``
-        alone searches with the summary, ``--no-summarize`` searches with the raw question."""
+        """Overrides of the command line's flags, a request's settings or the demo's switches (None = not given):
+        ``query_source`` summary or both implies summarizing, ``summarize`` alone over a raw-question config searches
+        with the question and its summary fused (`SUMMARIZED_SOURCE`), ``summarize=False`` with the raw question."""
         if summarize is None and query_source not in (None, "raw"):
             summarize = True
         if summarize and query_source is None and self.query_source == "raw":
-            query_source = "summary"
+            query_source = SUMMARIZED_SOURCE
         if summarize is False:
             query_source = "raw"
         return self.updated(summarize=summarize, query_source=query_source, **changes)

@@ -1,4 +1,5 @@
-"""A tiny FAQ index and word-overlap stand-ins for the summarizer, reranker and NER, shared by the demo tests.
+"""A tiny FAQ index and word-overlap stand-ins for the summarizer, reranker, summary likelihood and NER, shared by the
+demo tests.
 
 `install()` swaps the demo's model loaders for these stand-ins; the browser test runs it in the served app too.
 """
@@ -40,6 +41,13 @@ class FakeReranker:
     def score(self, query: str, candidates: list[str]) -> list[float]:
         asked = words(query)
         return [len(asked & words(c)) / max(1, len(words(c))) for c in candidates]
+
+
+class FakeLikelihood:
+    """The summary likelihood's stand-in: the reranker's word overlap (no prior)."""
+
+    def score(self, query: str, candidates: list[str], prior_weight: float, per_token: bool) -> list[float]:
+        return FakeReranker().score(query, candidates)
 
 
 class FakeEntities:
@@ -98,6 +106,11 @@ def install(set_attribute=setattr) -> None:
     """Make the demo load the stand-ins instead of real models (`set_attribute`: e.g. ``monkeypatch.setattr``)."""
     from medfaq.retriever import model_cache
 
-    stand_ins = {"rewrite": FakeSummarizer, "rerank": FakeReranker, "entities": FakeEntities}
+    stand_ins = {
+        "rewrite": FakeSummarizer,
+        "rerank": FakeReranker,
+        "likelihood": FakeLikelihood,
+        "entities": FakeEntities,
+    }
     loaders = {kind: model_cache.StageLoader(lambda model, make=make: make()) for kind, make in stand_ins.items()}
     set_attribute(model_cache, "_STAGE_LOADERS", {**model_cache._STAGE_LOADERS, **loaders})

@@ -223,22 +223,29 @@ def test_stage_flags_are_declared_once_and_reach_the_command():
     assert options("demo") >= {"--mode", "--top-k"}
 
     names = list(inspect.signature(_flagged).parameters)
-    assert names == ["first", *[name for name in STAGE_FLAGS if name != "threshold"], "last"]
-    given = dict.fromkeys(names[1:-1]) | {"rerank": True, "summary_beams": 3}
+    aliases = ["query_source_alias0", "summary_beams_alias0"]  # --query and --beams, hidden, after their flags
+    assert [name for name in names if name not in aliases] == [
+        "first",
+        *[name for name in STAGE_FLAGS if name != "threshold"],
+        "last",
+    ]
+    assert names.index("query_source_alias0") == names.index("query_source") + 1
+    given = dict.fromkeys(names[1:-1]) | {"rerank": True, "summary_beams_alias0": 3, "query_source_alias0": "both"}
     first, flags, last = _flagged(first=2, last="y", **given)
     assert (first, last) == (2, "y")
     applied = flags.apply(PipelineConfig(threshold=0.5))
     assert applied.rerank is True and applied.summary_beams == 3 and applied.threshold == 0.5
+    assert applied.query_source == "both" and applied.summarize is True
 
 
 def test_stage_flags_are_built_from_the_pipeline_settings_declarations():
     """Each flag is a PipelineConfig field's declaration: its help, and its rule as a one-line usage error."""
     settings = pipeline_settings()
-    flagged = {name for name, declared in settings.items() if declared.setting.flag}
+    flagged = {name for name, declared in settings.items() if declared.flag}
     assert set(STAGE_FLAGS) == flagged and {"top_k", "mode", "query_source", "summary_beams"} <= flagged
     for name, option in STAGE_FLAGS.items():
         assert option.option.help == settings[name].describe()
-        assert option.option.param_decls[0].split("/")[0] == settings[name].setting.flag
+        assert option.option.param_decls[0].split("/")[0] == settings[name].flag == "--" + name.replace("_", "-")
     for arguments, rule in (
         (["--rerank-depth", "0"], "rerank_depth must be a whole number of at least 1"),
         (["--rerank-margin", "nan"], "rerank_margin must be a finite number of at least 0"),

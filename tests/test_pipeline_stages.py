@@ -245,7 +245,7 @@ def test_config_round_trip_and_flag_overrides(tmp_path):
         "mode": "dense",
     }
     plain = PipelineConfig()
-    assert plain.with_flags(summarize=True).query_source == "summary"
+    assert plain.with_flags(summarize=True).query_source == "both"  # the question and its summary fused
     assert plain.with_flags(query_source="both").summarize is True
     assert plain.with_flags(summarize=None, rerank=None) == plain
     with pytest.raises(MedfaqError, match="unknown rerank query"):

@@ -176,6 +176,53 @@ def test_feedback_needs_the_key_when_set_and_survives_a_restart(service, index_d
     assert [(q["text"], q["source"]) for q in group["questions"]] == [(QUESTIONS[0], "not helpful")]
 
 
+@pytest.mark.parametrize(
+    ("change", "status"),
+    [
+        ({"helpful": "off"}, 422),
+        ({"helpful": 0}, 422),
+        ({"faq_id": 1}, 422),
+        ({"question": "  "}, 422),
+        ({"comment": 5}, 422),
+        ({"faq_id": "no-such-faq"}, 404),
+    ],
+)
+def test_feedback_takes_strict_types_and_an_faq_of_the_index(service, change, status):
+    payload = {"question": QUESTIONS[0], "faq_id": "f1", "helpful": False, **change}
+    response = client_for(service).post("/feedback", json=payload)
+    assert response.status_code == status and response.json()["detail"], response.text
+    assert service.feedback.all() == [] and service.queue_groups() == []  # nothing stored, nothing queued
+
+
+def test_a_body_that_is_not_utf8_is_a_422_on_every_endpoint(service):
+    client = client_for(service, allow_writes=True)
+    routes = [route for route in create_app(service).routes if getattr(route, "body_field", None) is not None]
+    assert {route.path for route in routes} >= {"/search", "/feedback", "/index/add", "/queue/{group_id}/link"}
+    for route in routes:
+        [method] = route.methods
+        path = route.path.replace("{group_id}", "1")
+        sent = client.request(
+            method, path, content=b'{"question": "caf\xe9"}', headers={"content-type": "application/json"}
+        )
+        assert sent.status_code == 422 and "not valid JSON (not UTF-8" in sent.json()["detail"], (path, sent.text)
+
+
+def test_an_index_damaged_in_place_is_a_503_reported_by_health_until_mended(service, index_dir):
+    client = client_for(service)
+    assert client.post("/search", json={"question": QUESTIONS[0]}).status_code == 200
+    records = index_dir / "records.jsonl"
+    intact = records.read_bytes()
+    records.write_text("garbage\n")  # overwritten in place: the served index reads its records from this file
+    refused = client.post("/search", json={"question": QUESTIONS[0]})
+    assert refused.status_code == 503 and "checksum mismatch for records.jsonl" in refused.json()["detail"]
+    assert client.post("/search", json={"questions": QUESTIONS}).status_code == 503
+    health = client.get("/health").json()
+    assert health["status"] == "degraded" and "damaged on disk" in health["fault"]
+    records.write_bytes(intact)
+    assert client.post("/search", json={"question": QUESTIONS[0]}).status_code == 200
+    assert client.get("/health").json()["status"] == "ok"
+
+
 def test_index_writes_only_when_allowed_and_served_at_once(service):
     faq = {"id": "n1", "question": "How long does chickenpox last?", "answer": "About a week."}
     assert client_for(service).post("/index/add", json={"faqs": [faq]}).status_code == 403

@@ -19,7 +19,7 @@ from medfaq.retriever.search import Hit
 
 MAX_PASTE_CHARS = 20_000
 MIN_TEXT_SHARE = 0.85
-MAX_RESULTS = 20  # the results slider's end
+MAX_RESULTS = 20  # the results slider's end: a page of cards (the API and the command line take up to top_k's bound)
 MODE_LABELS = {"hybrid": "Hybrid (dense + BM25)", "dense": "Dense (MiniLM)", "bm25": "Keyword (BM25)"}
 STAGE_LABELS = {
     "rerank_rrf": "reranker",
@@ -36,6 +36,9 @@ ENTITY_CLASSES = {"drug": "mf-drug", "disease": "mf-disease", "symptom": "mf-sym
 
 @dataclass(frozen=True)
 class Controls:
+    """The request settings the sidebar offers, named as PipelineConfig's fields; the others stay as the index's
+    pipeline.json says (docs/demo.md)."""
+
     summarize: bool
     rerank: bool
     likelihood: bool
@@ -118,23 +121,24 @@ def controls(notes: dict[str, str], ready: dict[str, bool], base: PipelineConfig
         format_func=MODE_LABELS.get,
         help=settings["mode"].describe(),
     )
-    first = int(settings["top_k"].setting.ge)
-    top_k = st.sidebar.slider("Results", first, MAX_RESULTS, 5, key="ctl_top_k", help=settings["top_k"].describe())
+    first, last = results_range()
+    top_k = st.sidebar.slider("Results", first, last, 5, key="ctl_top_k", help=settings["top_k"].describe())
     return Controls(summarize, rerank, likelihood, mode, top_k)
 
 
+def results_range() -> tuple[int, int]:
+    """The results slider's ends: top_k's declared bounds, cut to `MAX_RESULTS`."""
+    rule = pipeline_settings()["top_k"].setting
+    return int(rule.ge), min(MAX_RESULTS, int(rule.le))
+
+
 def build_pipeline(stages: resources.Stages, chosen: Controls, base: PipelineConfig, example: bool = False) -> Pipeline:
-    """A pipeline over the shared index with the page's settings, its stages from the stage cache (those
-    `ready_stages` loaded); abstention always on. For one of the page's `example` questions nothing goes to the
-    experts' queue: they are not consumers' questions."""
+    """A pipeline over the shared index with the page's settings applied as the command line's flags are, its stages
+    from the stage cache (those `ready_stages` loaded); abstention always on. For one of the page's `example`
+    questions nothing goes to the experts' queue: they are not consumers' questions."""
     demo = resources.settings()
-    config = base.updated(
-        mode=chosen.mode,
-        top_k=chosen.top_k,
-        summarize=chosen.summarize,
-        query_source=("both" if base.query_source == "raw" else base.query_source) if chosen.summarize else "raw",
-        rerank=chosen.rerank,
-        likelihood=chosen.likelihood,
+    config = base.with_flags(
+        **asdict(chosen),
         # The cross-encoder reads the question itself: with the quick-preset summarizer, reranking against its
         # summary lowers Recall@1 (docs/results.md, "Retrieval pipeline").
         rerank_query="raw",
