@@ -256,6 +256,21 @@ def test_stage_flags_are_built_from_the_pipeline_settings_declarations():
         assert_one_line_error(medfaq("search", *arguments, "a question"), rule)
 
 
+def test_an_abstention_says_so_before_the_hits_and_shows_them_as_the_closest_faqs(built):
+    store_threshold(built, read_config(built).updated(entities=False), 2.0)  # every question abstains
+    lines = medfaq("search", "--index", built, "--top-k", "2", "How is shingles treated?").stdout.splitlines()
+    header = next(row for row, line in enumerate(lines) if line.split()[:2] == ["rank", "score"])
+    assert lines[1:header] == [
+        "no FAQ matches well enough: the question is logged for an expert",
+        "the closest FAQs, none of them an answer:",
+    ]
+    assert len(lines) == header + 3 and not any("no FAQ matches" in line for line in lines[header:])
+    response = json.loads(medfaq("search", "--index", built, "--json", "How is shingles treated?").stdout)
+    assert response["abstained"] and list(response) == [
+        *("query", "summary", "entities", "hits", "abstained", "timings_ms", "confidence", "truncated")
+    ]
+
+
 def test_queue_commands_list_link_and_undo(built):
     store_threshold(built, read_config(built).updated(entities=False), 2.0)  # every question abstains
     asked = "zzqx blorf wibble glonk"
