@@ -15,13 +15,8 @@ from pathlib import Path
 
 from medfaq.common.runtime import MedfaqError
 from medfaq.eval.script_args import positive_int, print_report
-from medfaq.retriever.abstention import (
-    MAX_QUERIES,
-    STOCK_ENCODERS,
-    STOCK_THRESHOLDS,
-    calibrate_stock,
-    save_stock_threshold,
-)
+from medfaq.retriever.abstention import MAX_QUERIES, STOCK_ENCODERS, calibrate_stock
+from medfaq.retriever.threshold_files import STOCK_THRESHOLDS, save_stock_threshold
 
 
 def main(argv: list[str] | None = None) -> None:

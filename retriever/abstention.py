@@ -17,17 +17,18 @@ The rule (written before any result was looked at):
 * Threshold: :func:`calibrate_threshold` over both sets, the rule ``medfaq eval retrieval --save-threshold`` applies
   to a benchmark's development queries (the accuracy-maximising midpoint between two observed confidences).
 
-The result is ``threshold.json`` in the model directory (:class:`ModelThreshold`); an index built with the model
-starts with it in ``pipeline.json``, marked as inherited (:func:`inherit_thresholds`). The stock encoders
-(`STOCK_ENCODERS`) are calibrated by the same rule once and ship their thresholds in `STOCK_THRESHOLDS`, matched to an
-index by its encoder's weights fingerprint (``python -m medfaq.eval.stock_thresholds`` re-creates the file).
+The result is ``threshold.json`` in the model directory (:class:`~retriever.threshold_files.ModelThreshold`); an
+index built with the model starts with it in ``pipeline.json``, marked as inherited (:func:`inherit_thresholds`). The
+stock encoders (`STOCK_ENCODERS`) are calibrated by the same rule once and ship their thresholds in
+``stock_thresholds.json``, matched to an index by its encoder's weights fingerprint (``python -m
+medfaq.eval.stock_thresholds`` re-creates the file). What a model carries, and what an index inherits of it, is
+:mod:`retriever.threshold_files`'.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -35,16 +36,16 @@ import numpy as np
 
 from medfaq.common.runtime import MedfaqError, minilm_path, resolve_model
 from medfaq.index.datasets import CALIBRATION_SOURCES
+from medfaq.retriever.threshold_files import THRESHOLD_FILE as THRESHOLD_FILE  # where `train calibrate` saves it
+from medfaq.retriever.threshold_files import ModelThreshold, model_thresholds
 
 logger = logging.getLogger("medfaq.abstention")
 
-THRESHOLD_FILE = "threshold.json"
 MAX_QUERIES = 200  # development questions per source (a seeded sample)
 NEAR_DUPLICATE = 0.9  # an FAQ this close to a removed gold FAQ is removed too (as in hard-negative mining)
 NEAR_DEPTH = 20  # bank FAQs examined per removed gold FAQ for near-duplicates
 SYNONYMS = "auto"  # the lexicon `medfaq index build` uses by default
 STOCK_ENCODERS = ("minilm", "mpnet")  # shipped with medfaq: all-MiniLM-L6-v2, all-mpnet-base-v2
-STOCK_THRESHOLDS = Path(__file__).with_name("stock_thresholds.json")  # package data: {name: {fingerprint, ...}}
 CONFIDENCES = {
     "dense@raw": "cosine of the top hit of dense search over the raw question",
     "dense+rerank@raw": "cross-encoder score of the top hit of dense search reranked",
@@ -88,67 +89,6 @@ def at_threshold(in_scope: list[bool], confidences: list[float | None], threshol
         "answered": 100.0 * float(answered[labels].mean()) if labels.any() else float("nan"),
         "ood_abstained": 100.0 * float((~answered[~labels]).mean()) if (~labels).any() else float("nan"),
     }
-
-
-@dataclass
-class ModelThreshold:
-    """A model's abstention threshold: answer when the confidence `key` names is at least `value`."""
-
-    value: float
-    key: str
-    confidence: str
-    first_stage: str
-    synonyms: str
-    calibrated_on: dict[str, Any]
-    counts: dict[str, int]
-    development: dict[str, float] = field(default_factory=dict)
-
-    def save(self, model_dir: str | Path) -> Path:
-        path = Path(model_dir) / THRESHOLD_FILE
-        path.write_text(json.dumps(asdict(self), indent=2) + "\n", encoding="utf-8")
-        return path
-
-    @classmethod
-    def load(cls, model_dir: str | Path) -> ModelThreshold | None:
-        """The threshold stored in `model_dir`, or None when it has none."""
-        path = Path(model_dir) / THRESHOLD_FILE
-        if not path.is_file():
-            return None
-        try:
-            return cls(**json.loads(path.read_text(encoding="utf-8")))
-        except (json.JSONDecodeError, TypeError) as error:
-            raise MedfaqError(f"{path} is not a valid threshold file: {error}") from None
-
-
-def read_stock_thresholds(path: Path | None = None) -> dict[str, dict[str, Any]]:
-    """The stock encoders' calibrations in `path` (default `STOCK_THRESHOLDS`): ``{name: {"fingerprint", "command",
-    "threshold"}}``, empty without a file."""
-    path = path or STOCK_THRESHOLDS
-    if not path.is_file():
-        return {}
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as error:
-        raise MedfaqError(f"{path} is not a valid stock threshold file: {error}") from None
-
-
-def stock_threshold(fingerprint: str) -> tuple[ModelThreshold, str] | None:
-    """The shipped threshold of the stock encoder whose weights have `fingerprint`, with where it comes from."""
-    for name, entry in read_stock_thresholds().items():
-        if fingerprint and entry.get("fingerprint") == fingerprint:
-            try:
-                return ModelThreshold(**entry["threshold"]), f"{STOCK_THRESHOLDS} ({name})"
-            except (KeyError, TypeError) as error:
-                raise MedfaqError(f"{STOCK_THRESHOLDS}: {name}'s entry is not a valid threshold: {error}") from None
-    return None
-
-
-def save_stock_threshold(name: str, fingerprint: str, threshold: ModelThreshold, command: str, path: Path) -> None:
-    """Store (or replace) stock encoder `name`'s calibration in the stock threshold file `path`."""
-    entries = read_stock_thresholds(path) | {
-        name: {"fingerprint": fingerprint, "command": command, "threshold": asdict(threshold)}
-    }
-    path.write_text(json.dumps(dict(sorted(entries.items())), indent=2) + "\n", encoding="utf-8")
 
 
 @dataclass
@@ -285,25 +225,6 @@ def calibrate_stock(
         raise MedfaqError(f"unknown stock encoder {name!r}; choose one of {', '.join(STOCK_ENCODERS)}")
     threshold, fingerprint = measure_threshold(name, data_root, seed, max_queries)
     return replace(threshold, first_stage=name), fingerprint
-
-
-def model_thresholds(
-    encoder: str, reranker: str | Path | None = None, fingerprint: str = ""
-) -> dict[str, tuple[float, str]]:
-    """The thresholds an index encoded by `encoder` (weights `fingerprint`) inherits, as ``{key: (value, where
-    from)}``: the encoder's own (its ``threshold.json``, else the shipped one of the stock encoder with that
-    fingerprint), and `reranker`'s when it was calibrated over that same encoder (its first stage)."""
-    encoder_dir = Path(resolve_model(encoder))
-    found: dict[str, tuple[float, str]] = {}
-    own = ModelThreshold.load(encoder_dir) if encoder_dir.is_dir() else None
-    if own is not None:
-        found[own.key] = (own.value, str(encoder_dir / THRESHOLD_FILE))
-    elif (stock := stock_threshold(fingerprint)) is not None:
-        found[stock[0].key] = (stock[0].value, stock[1])
-    corrected = ModelThreshold.load(reranker) if reranker is not None and Path(reranker).is_dir() else None
-    if corrected is not None and Path(corrected.first_stage) == encoder_dir:
-        found[corrected.key] = (corrected.value, str(Path(reranker) / THRESHOLD_FILE))
-    return found
 
 
 def inherit_thresholds(index_dir: str | Path, encoder: str, reranker: str | Path | None = None) -> dict[str, float]:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from medfaq.common.runtime import MedfaqError
 from medfaq.retriever.pipeline import PipelineConfig
+from medfaq.retriever.threshold_files import with_model_thresholds
 
 PIPELINE_FILE = "pipeline.json"
 
@@ -27,10 +28,15 @@ def config_bytes(directory: str | Path) -> bytes | None:
 
 
 def parse_config(saved: bytes | None, directory: str | Path) -> PipelineConfig:
-    """The settings of `directory`'s ``pipeline.json`` read as `saved` (None: there is none, the defaults); an
-    invalid file is a one-line error naming it."""
-    if saved is None:
-        return PipelineConfig()
+    """The settings of `directory`'s ``pipeline.json`` read as `saved` (None: there is none, the defaults), with the
+    abstention thresholds the index's models carry for every configuration the file has none for
+    (:func:`~retriever.threshold_files.with_model_thresholds`): a missing or partial file still abstains. An invalid
+    file is a one-line error naming it."""
+    config = PipelineConfig() if saved is None else _parsed(saved, directory)
+    return with_model_thresholds(config, directory)
+
+
+def _parsed(saved: bytes, directory: str | Path) -> PipelineConfig:
     try:
         data = json.loads(saved.decode("utf-8"))
         if not isinstance(data, dict):
@@ -41,7 +47,8 @@ def parse_config(saved: bytes | None, directory: str | Path) -> PipelineConfig:
 
 
 def read_config(directory: str | Path) -> PipelineConfig:
-    """``pipeline.json`` of `directory` (an index directory), or the defaults when there is none."""
+    """``pipeline.json`` of `directory` (an index directory), or the defaults when there is none, as
+    :func:`parse_config` reads it."""
     return parse_config(config_bytes(directory), directory)
 
 

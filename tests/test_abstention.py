@@ -12,19 +12,17 @@ from typer.testing import CliRunner
 
 from medfaq.app.cli import app
 from medfaq.common.runtime import DEFAULT_ENCODER, models_dir
-from medfaq.retriever import abstention
-from medfaq.retriever.abstention import (
+from medfaq.retriever import threshold_files
+from medfaq.retriever.abstention import at_threshold, calibrate_model, inherit_thresholds
+from medfaq.retriever.pipeline_file import PIPELINE_FILE, read_config, store_threshold
+from medfaq.retriever.setup_plan import BIENCODER_MODEL, MPNET_BIENCODER_MODEL, choose_encoder
+from medfaq.retriever.threshold_files import (
     THRESHOLD_FILE,
     ModelThreshold,
-    at_threshold,
-    calibrate_model,
-    inherit_thresholds,
     model_thresholds,
     save_stock_threshold,
     stock_threshold,
 )
-from medfaq.retriever.pipeline_file import PIPELINE_FILE, read_config, store_threshold
-from medfaq.retriever.setup_plan import BIENCODER_MODEL, MPNET_BIENCODER_MODEL, choose_encoder
 
 QUESTIONS = [
     ("i drink beer every night and take amoxicillin, is that bad?", "Can I drink alcohol while taking amoxicillin?"),
@@ -112,6 +110,27 @@ def test_an_index_rebuilt_with_an_uncalibrated_encoder_drops_the_inherited_thres
     assert inherit_thresholds(index_dir, str(tiny_encoder_dir)) == {}
     assert read_config(index_dir).thresholds == {}
     assert (index_dir / PIPELINE_FILE).is_file()
+
+
+def test_an_index_whose_pipeline_json_is_missing_or_partial_abstains_at_its_encoders_threshold(
+    tmp_path, tiny_encoder_dir
+):
+    calibrated = tmp_path / "calibrated"
+    shutil.copytree(tiny_encoder_dir, calibrated)
+    ModelThreshold(2.0, "dense@raw", "cosine", str(calibrated), "none", {}, {}).save(calibrated)  # above any cosine
+    out = tmp_path / "idx"
+    build = ["index", "build", str(_faq_file(tmp_path)), "--out", str(out), "--encoder", str(calibrated)]
+    assert CliRunner().invoke(app, build).exit_code == 0
+    search = ["search", "--index", str(out), "--json", "best pizza in town"]
+    for partial in (None, {"top_k": 3}, {"top_k": 3, "thresholds": {}}):
+        (out / PIPELINE_FILE).unlink(missing_ok=True)
+        if partial is not None:
+            (out / PIPELINE_FILE).write_text(json.dumps(partial), encoding="utf-8")
+        config = read_config(out)
+        assert config.active_threshold() == 2.0
+        assert config.inherited_thresholds == {"dense@raw": str(calibrated / THRESHOLD_FILE)}
+        result = CliRunner().invoke(app, search)
+        assert result.exit_code == 0 and json.loads(result.stdout)["abstained"], result.output
 
 
 def test_reranker_threshold_is_calibrated_over_its_first_stage(tmp_path, tiny_encoder_dir, tiny_bert_dir, dev_data):
@@ -209,7 +228,7 @@ def _faq_file(tmp_path: Path) -> Path:
 
 def test_an_index_of_a_stock_encoder_inherits_its_shipped_threshold(tmp_path, tiny_encoder, monkeypatch):
     shipped = tmp_path / "stock_thresholds.json"
-    monkeypatch.setattr(abstention, "STOCK_THRESHOLDS", shipped)
+    monkeypatch.setattr(threshold_files, "STOCK_THRESHOLDS", shipped)
     stored = ModelThreshold(0.42, "dense@raw", "cosine", "minilm", "medquad", {}, {"in_scope": 4, "out_of_scope": 4})
     save_stock_threshold("minilm", tiny_encoder.fingerprint, stored, "python -m medfaq.eval.stock_thresholds", shipped)
     assert stock_threshold(tiny_encoder.fingerprint) == (stored, f"{shipped} (minilm)")
