@@ -47,9 +47,9 @@ def open_pipeline(index: Path, flags: StageFlags, shown_entities: bool = True, *
     config = flags.apply(read_config(index), **changes)
     if flags.values.get("abstain") and config.active_threshold() is None:
         raise MedfaqError(
-            f"--abstain needs a threshold, and {index} has none for {config.threshold_key} (neither calibrated on it "
-            "nor inherited from its encoder): pass --threshold X, or calibrate one with `medfaq eval retrieval "
-            "--save-threshold`"
+            f"--abstain needs a threshold, and {index} has none for {' nor '.join(config.threshold_keys())} (neither "
+            "calibrated on it nor inherited from its encoder): pass --threshold X, or calibrate one with `medfaq eval "
+            "retrieval --save-threshold`"
         )
     if not shown_entities:
         may_log = config.abstain and config.log_unanswered and config.active_threshold() is not None

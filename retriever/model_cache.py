@@ -189,9 +189,9 @@ class StageCache:
 
     @staticmethod
     def open_encoder(index: FaqIndex, config: PipelineConfig) -> None:
-        """Load `index`'s query encoder on the config's backend when the config's mode searches vectors (an index
-        keeps the encoder it opened first)."""
-        if config.mode != "bm25":
+        """Load `index`'s query encoder on the config's backend when the config's mode searches vectors, or its
+        abstention judges the top FAQ by its cosine (an index keeps the encoder it opened first)."""
+        if config.mode != "bm25" or config.judges_by_cosine():
             index.open_encoder(config.encoder_backend)
 
     def optional_stages(

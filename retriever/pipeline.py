@@ -12,6 +12,7 @@ still overlap; pipelines built per request around the same cached stage objects 
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 import time
@@ -25,6 +26,8 @@ from medfaq.retriever.search import MAX_QUERY_CHARS, MODES, RRF_K, Hit, Retrieve
 
 if TYPE_CHECKING:
     from medfaq.index.faq_index import FaqIndex
+
+logger = logging.getLogger("medfaq.pipeline")
 
 QUERY_SOURCES = ("raw", "summary", "both")
 RERANK_QUERIES = ("auto", "raw", "summary")
@@ -116,10 +119,12 @@ class PipelineConfig:
     `abstain`: abstain when the confidence (:func:`confidence`) is below the threshold of the configuration that
     runs: `threshold` when given (a command-line override), else `thresholds[threshold_key]`, calibrated per
     configuration (mode x rerank x query source) by ``medfaq eval retrieval --save-threshold``, or inherited from
-    the model that encoded the index (its ``threshold.json``, :mod:`retriever.abstention`; `inherited_thresholds`
-    names the file each inherited one came from, and a threshold calibrated on the index replaces it); a
-    configuration never calibrated answers every question. Abstained questions are appended to `unanswered_log` (default
-    ``$MEDFAQ_HOME/unanswered.jsonl``) when `log_unanswered`.
+    the model that encoded the index (its ``threshold.json``, :mod:`retriever.threshold_files`;
+    `inherited_thresholds` names the file each inherited one came from, and a threshold calibrated on the index
+    replaces it). A BM25 or hybrid search with no threshold of its own abstains below dense search's threshold of
+    the same reranking and query source, judging its top FAQ on that threshold's scale (:meth:`abstention_key`); a
+    configuration with neither answers every question. Abstained questions are appended to `unanswered_log`
+    (default ``$MEDFAQ_HOME/unanswered.jsonl``) when `log_unanswered`.
     """
 
     mode: str = setting("dense", help="Retrieval mode.", flag=True, choices=MODES, request=True)
@@ -247,9 +252,35 @@ class PipelineConfig:
         """The configuration a threshold belongs to: mode x rerank x query source, e.g. ``dense+rerank@raw``."""
         return threshold_key(self.mode, self.rerank, self.query_source)
 
+    def threshold_keys(self) -> list[str]:
+        """The configurations whose calibrated threshold this one may abstain below, first choice first: its own,
+        then dense search's with the same reranking and query source."""
+        return list(dict.fromkeys([self.threshold_key, threshold_key("dense", self.rerank, self.query_source)]))
+
+    def abstention_key(self) -> str | None:
+        """The configuration whose confidence scale this one abstains on: its own with the override (`threshold`),
+        else the first of :meth:`threshold_keys` with a calibrated threshold, else None (no threshold: every
+        question is answered). A BM25 or hybrid search judged on dense search's threshold judges its top FAQ by its
+        cosine with the question (:meth:`judges_by_cosine`), or, reranked, by its cross-encoder score: the scales
+        that threshold was calibrated on."""
+        if self.threshold is not None:
+            return self.threshold_key
+        return next((key for key in self.threshold_keys() if key in self.thresholds), None)
+
     def active_threshold(self) -> float | None:
-        """The threshold this configuration abstains below: the override, else its calibrated one (or None)."""
-        return self.threshold if self.threshold is not None else self.thresholds.get(self.threshold_key)
+        """The threshold this configuration abstains below: the override, else the calibrated one of
+        :meth:`abstention_key` (or None)."""
+        if self.threshold is not None:
+            return self.threshold
+        key = self.abstention_key()
+        return None if key is None else self.thresholds[key]
+
+    def judges_by_cosine(self) -> bool:
+        """Whether this configuration abstains by its top FAQ's dense cosine with the question, which its own
+        search need not have computed: a BM25 or hybrid search without a reranker, judged on dense search's
+        threshold."""
+        key = self.abstention_key()
+        return self.abstain and not self.rerank and key is not None and key != self.threshold_key
 
     def replace(self, **changes: Any) -> PipelineConfig:
         """A copy with `changes` applied as given (None included), validated again."""
@@ -332,6 +363,24 @@ def _lock_for(stage: Any) -> threading.Lock:
         return _STAGE_LOCKS.setdefault(id(stage), threading.Lock())
 
 
+_SAID_OFF: set[tuple[str, str]] = set()
+
+
+def _say_abstention_is_off(index: FaqIndex, config: PipelineConfig) -> None:
+    """Warn, once per process, index and configuration, that `config` answers every question with a hit: it
+    abstains, but no threshold applies to it."""
+    where = str(index.directory or "this index")
+    if (where, config.threshold_key) in _SAID_OFF:
+        return
+    _SAID_OFF.add((where, config.threshold_key))
+    logger.warning(
+        "abstention is off: %s has no threshold for %s, so every question with a hit is answered (calibrate one "
+        "with `medfaq eval retrieval --save-threshold`)",
+        where,
+        " nor ".join(config.threshold_keys()),
+    )
+
+
 def threshold_key(mode: str, rerank: bool, query_source: str) -> str:
     """``<mode>[+rerank]@<query source>``: the configurations whose confidences share a scale."""
     return f"{mode}{'+rerank' if rerank else ''}@{query_source}"
@@ -410,10 +459,13 @@ class Pipeline:
             "rewrite": rewriter,
             "entities": entity_finder,
             "retrieve": index,
+            "confidence": index,
             "rerank": reranker,
             "likelihood": likelihood,
         }
         self._locks = {name: _lock_for(obj) for name, obj in stage_objects.items()}
+        if self.config.abstain and self.config.active_threshold() is None:
+            _say_abstention_is_off(index, self.config)
 
     def run(self, query: str) -> SearchResponse:
         return self.run_batch([query])[0]
@@ -446,12 +498,16 @@ class Pipeline:
             with self._timed("filter", timings, lock=False):
                 rows = zip(queries, summaries, entities, hits, strict=True)
                 hits = [self._key_term_filter(q, s, e, h) for q, s, e, h in rows]
+        confidences = [confidence(ranked) for ranked in hits]
+        if config.judges_by_cosine():
+            with self._timed("confidence", timings):
+                confidences = self._top_cosines(queries, summaries, hits)
         timings["total"] = _ms_since(start)
         per_query = {name: value / len(queries) for name, value in timings.items()}
         threshold = config.active_threshold() if config.abstain else None
         responses = []
-        for query, summary, found, ranked, cut in zip(queries, summaries, entities, hits, truncated, strict=True):
-            sure = confidence(ranked)
+        rows = zip(queries, summaries, entities, hits, truncated, confidences, strict=True)
+        for query, summary, found, ranked, cut, sure in rows:
             abstained = not ranked or (threshold is not None and (sure is None or sure < threshold))
             response = SearchResponse(
                 query, summary, found, ranked[: config.top_k], abstained, dict(per_query), sure, cut
@@ -471,9 +527,33 @@ class Pipeline:
         return self.rewriter.rewrite(queries)
 
     def _timed(self, stage: str, timings: dict[str, float], lock: bool = True) -> _StageTimer:
-        if stage == "retrieve" and self.index.searches_concurrently(self.config.mode != "bm25"):
+        searching = stage in ("retrieve", "confidence")
+        if searching and self.index.searches_concurrently(stage == "confidence" or self.config.mode != "bm25"):
             lock = False  # e.g. ONNX Runtime and FAISS on CPU: concurrent batches use every core
         return _StageTimer(stage, timings, self._locks[stage] if lock else None)
+
+    def _top_cosines(
+        self, queries: list[str], summaries: list[str | None], hits: list[list[Hit]]
+    ) -> list[float | None]:
+        """Each question's confidence on dense search's scale: its top FAQ's cosine with what the search read (the
+        question, its summary, or the better of both), the dense search's where it found that FAQ (as
+        :func:`confidence` takes it), else scored now; None without hits."""
+        source = self.config.query_source
+        cosines: list[float | None] = []
+        texts, faq_ids, owners = [], [], []
+        for row, (query, summary, ranked) in enumerate(zip(queries, summaries, hits, strict=True)):
+            top = ranked[0].stage_scores if ranked else {}
+            found = [value for name, value in top.items() if name.endswith("dense")]
+            cosines.append(max(found) if found else None)
+            if ranked and not found:
+                read = [query] * (source != "summary") + [summary or query] * (source != "raw")
+                texts += read
+                faq_ids += [ranked[0].id] * len(read)
+                owners += [row] * len(read)
+        for row, cosine in zip(owners, self.retriever.cosines(texts, faq_ids) if texts else [], strict=True):
+            if cosine is not None:
+                cosines[row] = cosine if cosines[row] is None else max(cosines[row], cosine)
+        return cosines
 
     def _retrieve(self, queries: list[str], summaries: list[str | None]) -> list[list[Hit]]:
         config = self.config

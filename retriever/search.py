@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Any
 from medfaq.common.runtime import MedfaqError
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from medfaq.index.faq_index import FaqIndex, ScoredIds
 
 logger = logging.getLogger("medfaq.search")
@@ -145,12 +147,25 @@ class Retriever:
         return results
 
     def _search_dense(self, queries: list[str], k: int, allowed_ids: list[str] | None) -> ScoredIds:
+        return self.index.search_vectors(self._encode(queries), k, allowed_ids)
+
+    def _encode(self, queries: list[str]) -> np.ndarray:
+        """The queries' vectors by the index's encoder, each in its own run with `encode_alone`."""
         if not self.encode_alone:
-            return self.index.search_dense(queries, k, allowed_ids)
+            return self.index.encoder.encode(queries)
         import numpy as np
 
-        vectors = np.vstack([self.index.encoder.encode([query]) for query in queries])
-        return self.index.search_vectors(vectors, k, allowed_ids)
+        return np.vstack([self.index.encoder.encode([query]) for query in queries])
+
+    def cosines(self, queries: list[str], faq_ids: list[str]) -> list[float | None]:
+        """Each query's cosine with the FAQ at the same position, as dense search scores that FAQ (the best of its
+        vectors: its question's and its phrasings'); None where the FAQ has no vector."""
+        vectors = self._encode(clean_queries(queries, self.max_query_chars))
+        cosines = []
+        for row, faq_id in enumerate(faq_ids):
+            scored = self.index.search_vectors(vectors[row : row + 1], 1, [faq_id])[0]
+            cosines.append(scored[0][1] if scored else None)
+        return cosines
 
     def search_one(self, query: str, top_k: int = 10, mode: str | None = None) -> list[Hit]:
         return self.search([query], top_k, mode)[0]

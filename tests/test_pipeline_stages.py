@@ -332,12 +332,46 @@ def test_each_configuration_uses_its_own_threshold(index):
     dense = base.updated(mode="dense")
     assert dense.threshold_key == "dense@raw" and dense.active_threshold() == 2.0
     assert Pipeline(index, dense).run("shingles").abstained
-    hybrid = base.updated(mode="hybrid")  # never calibrated: the dense threshold must not leak into it
-    assert hybrid.active_threshold() is None and not Pipeline(index, hybrid).run("shingles").abstained
+    hybrid = base.updated(mode="hybrid")  # never calibrated: judged on dense search's threshold
+    assert hybrid.abstention_key() == "dense@raw" and hybrid.active_threshold() == 2.0
+    assert Pipeline(index, hybrid).run("shingles").abstained
+    own = hybrid.updated(thresholds={**thresholds, "hybrid@raw": -1.0})  # its own, where one was calibrated
+    assert own.abstention_key() == "hybrid@raw" and not Pipeline(index, own).run("shingles").abstained
     reranked = base.updated(mode="bm25", rerank=True)
     assert not Pipeline(index, reranked, reranker=CountingReranker()).run("shingles").abstained
     override = dense.updated(threshold=-5.0)  # --threshold on the command line applies to whatever runs
     assert override.active_threshold() == -5.0 and not Pipeline(index, override).run("shingles").abstained
+
+
+@pytest.mark.parametrize("mode", ["bm25", "hybrid"])
+def test_bm25_and_hybrid_search_abstain_by_their_top_faqs_cosine_below_the_dense_threshold(index, mode):
+    """A mode never calibrated judges its final top FAQ by its dense cosine with the question (scored where its own
+    search did not) against dense search's threshold: the exact FAQ question is answered, an off-topic question
+    sharing one of its words is not."""
+    on_topic, off_topic = "How is shingles treated?", "which shingles suit a garden shed roof in the rain"
+    config = PipelineConfig(mode=mode, entities=False, log_unanswered=False, abstain=False)
+    tops = {question: Pipeline(index, config).run(question).hits[0].id for question in (on_topic, off_topic)}
+    cosine = {question: index.search_dense([question], 1, [faq])[0][0][1] for question, faq in tops.items()}
+    assert cosine[on_topic] > cosine[off_topic]
+    calibrated = config.updated(abstain=True, thresholds={"dense@raw": (cosine[on_topic] + cosine[off_topic]) / 2})
+    pipeline = Pipeline(index, calibrated)
+    for question, abstained in ((on_topic, False), (off_topic, True)):
+        response = pipeline.run(question)
+        assert response.abstained is abstained and response.hits[0].id == tops[question]
+        assert response.confidence == pytest.approx(cosine[question], abs=1e-5)
+
+
+def test_a_configuration_without_any_threshold_says_once_that_abstention_is_off(tmp_path, index, caplog):
+    FaqIndex.build(index.records(), index.encoder, progress=False).save(tmp_path / "idx")
+    saved = FaqIndex.load(tmp_path / "idx", encoder=index.encoder)
+    config = PipelineConfig(mode="hybrid", entities=False, log_unanswered=False)
+    for _ in range(2):
+        Pipeline(saved, config).run("shingles")
+    said = [record.getMessage() for record in caplog.records if "abstention is off" in record.getMessage()]
+    assert said == [
+        f"abstention is off: {tmp_path / 'idx'} has no threshold for hybrid@raw nor dense@raw, so every question "
+        "with a hit is answered (calibrate one with `medfaq eval retrieval --save-threshold`)"
+    ]
 
 
 def test_old_one_threshold_pipeline_json_still_loads(tmp_path):
