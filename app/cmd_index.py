@@ -16,7 +16,7 @@ from typing import Any
 import typer
 
 from medfaq.app.options import ENCODER_OPTION, SYNONYMS_OPTION
-from medfaq.common.runtime import BACKEND_HELP, DEFAULT_ENCODER, MedfaqError
+from medfaq.common.runtime import BACKEND_HELP, DEFAULT_ENCODER, MedfaqError, resolve_model
 from medfaq.index.collections import FORMATS
 from medfaq.index.records import FIELDS
 from medfaq.index.vector_store import INDEX_KINDS as KINDS
@@ -40,10 +40,18 @@ FIELD_HELP = "Map a schema field to a source column of a generic JSONL/CSV file,
 
 def open_encoder(name: str, backend: str = "auto", **options: Any) -> Any:
     """The encoder `--encoder NAME` chooses (`choose_encoder`), loaded on `backend` (`options` go to
-    `index.encoder.load_encoder`) and named on stderr once it has loaded."""
-    from medfaq.index.encoder import load_encoder
+    `index.encoder.load_encoder`) and named on stderr once it has loaded. First it is exported to ONNX Runtime for
+    the index's searches where they run it there (`index.encoder.export_for_searches`), saying so on stderr; a model
+    that cannot be exported is a warning line: its searches need ``--encoder-backend torch``."""
+    from medfaq.index.encoder import export_for_searches, load_encoder
+    from medfaq.index.model_files import check_model_directory
 
     chosen = choose_encoder(name)
+    check_model_directory(resolve_model(chosen), chosen)  # no model, or another kind: an error, never a warning
+    try:
+        export_for_searches(chosen, lambda line: typer.echo(line, err=True))
+    except MedfaqError as error:
+        typer.echo(f"warning: {error}", err=True)
     encoder = load_encoder(chosen, backend, **options)
     note = ""
     if name == AUTO_ENCODER:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -157,6 +158,18 @@ def resolve_backend(backend: str = "auto", device: str | None = None) -> str:
     if backend not in TORCH_BACKENDS.values() and device not in (None, "cpu"):
         raise MedfaqError(f"the ONNX encoder backends run on the CPU, not {device}; use --encoder-backend torch")
     return backend
+
+
+def export_for_searches(name: str, announce: Callable[[str], None]) -> None:
+    """Export encoder `name` to ONNX Runtime now unless this machine's searches run it on a GPU: on the CPU a
+    one-question ``medfaq search`` always runs it there, and would otherwise export it first (20 to 70 s).
+    ``medfaq index build`` calls this; `announce` gets the progress line. A model that cannot be exported is the
+    exporter's one-line error."""
+    if gpu_visible():
+        return
+    from medfaq.index.onnx.export import ensure_export
+
+    ensure_export(resolve_model(name), announce=announce)
 
 
 def gpu_visible() -> bool:

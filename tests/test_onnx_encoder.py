@@ -16,7 +16,7 @@ import pytest
 from medfaq.common.runtime import MedfaqError
 from medfaq.index.encoder import Encoder, load_encoder, resolve_backend
 from medfaq.index.onnx.encoder import OnnxEncoder
-from medfaq.index.onnx.graph import EXPORT_DIR, EXPORT_INFO, export_location
+from medfaq.index.onnx.graph import EXPORT_DIR, EXPORT_INFO, GRAPHS, export_location
 
 REPO = Path(__file__).resolve().parents[1]
 TEXTS = [
@@ -216,3 +216,49 @@ def test_a_graph_without_prepacked_weights_gives_the_same_vectors(exported_dir):
     finally:
         set_weight_prepacking(True)
     np.testing.assert_allclose(unpacked.encode(TEXTS), packed, atol=1e-6)
+
+
+@pytest.fixture
+def fresh_model(tmp_path, tiny_encoder_dir) -> Path:
+    """A copy of the tiny model without an ONNX export."""
+    model = tmp_path / "tiny"
+    shutil.copytree(tiny_encoder_dir, model, ignore=shutil.ignore_patterns(f"{EXPORT_DIR}*"))
+    return model
+
+
+def built_on_pytorch(fresh_model: Path, faq_jsonl: Path, out: Path):
+    """`medfaq index build` of the six FAQs with `fresh_model` on PyTorch, which needs no export to encode."""
+    from typer.testing import CliRunner
+
+    from medfaq.app.cli import app
+
+    command = ["index", "build", str(faq_jsonl), "--out", str(out), "--encoder", str(fresh_model)]
+    result = CliRunner().invoke(app, [*command, "--encoder-backend", "torch"])
+    assert result.exit_code == 0, result.output
+    return result
+
+
+def test_index_build_exports_the_encoder_for_its_searches_and_int8_only_when_asked(tmp_path, fresh_model, faq_jsonl):
+    built = built_on_pytorch(fresh_model, faq_jsonl, tmp_path / "idx")
+    assert f"exporting {fresh_model} to ONNX Runtime, once" in built.stderr  # the build's progress line
+    export = fresh_model / EXPORT_DIR
+    assert (export / GRAPHS["fp32"]).is_file() and not (export / GRAPHS["int8"]).exists()
+    assert "int8" not in json.loads((export / EXPORT_INFO).read_text())["checks"]
+    OnnxEncoder(str(fresh_model), precision="int8")  # asked for: made and checked now
+    assert (export / GRAPHS["int8"]).is_file() and json.loads((export / EXPORT_INFO).read_text())["checks"]["int8"]
+
+
+def test_a_search_that_still_has_to_export_the_encoder_says_so_in_one_line(tmp_path, fresh_model, faq_jsonl):
+    from typer.testing import CliRunner
+
+    from medfaq.app.cli import app
+
+    built_on_pytorch(fresh_model, faq_jsonl, tmp_path / "idx")
+    shutil.rmtree(fresh_model / EXPORT_DIR, ignore_errors=True)  # as if the index had been built on a GPU machine
+    search = ["search", "--index", str(tmp_path / "idx"), "--no-abstain", "How is shingles treated?"]
+    result = CliRunner().invoke(app, search)
+    assert result.exit_code == 0 and "f3" in result.stdout, result.output
+    assert result.stderr.splitlines() == [
+        f"warning: exporting {fresh_model} to ONNX Runtime, once (up to a minute or two)"
+    ]
+    assert CliRunner().invoke(app, search).stderr == ""  # exported once

@@ -40,7 +40,7 @@ class OnnxEncoder:
         self.backend = "onnx" if precision == "fp32" else f"onnx-{precision}"
         location = resolve_model(self.name)
         check_model_directory(location, self.name)
-        self.graph = OnnxGraph(ensure_export(location), precision, name=self.name)
+        self.graph = OnnxGraph(ensure_export(location, precision=precision), precision, name=self.name)
         self.dim = self.graph.info.dim
         self.fingerprint = self.graph.info.fingerprint
         logger.info("encoder %s (dim %d) on ONNX Runtime, %s", self.name, self.dim, precision)

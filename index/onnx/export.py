@@ -2,10 +2,12 @@
 :func:`ensure_export` keeps an export, the bi-encoder's or the cross-encoder's, up to date with its model.
 
 The whole module chain becomes one ONNX graph (TorchScript exporter, eager attention so ONNX Runtime's transformer
-optimizer can fuse it), written as ``model.onnx`` after fusion, and ``model_int8.onnx``, its dynamic int8
-quantisation (the first setting whose probe search agrees with the fp32 graph's, index/onnx/check.py; none: no
-int8 graph), each with its weights in a ``.data`` file beside it. The export is checked against
-sentence-transformers on probe texts before it is kept; a fused graph that drifts is replaced by the plain one.
+optimizer can fuse it), written as ``model.onnx`` after fusion, with its weights in a ``.data`` file beside it. The
+export is checked against sentence-transformers on probe texts before it is kept; a fused graph that drifts is
+replaced by the plain one. ``model_int8.onnx``, its dynamic int8 quantisation (the first setting whose probe search
+agrees with the fp32 graph's, index/onnx/check.py; none: no int8 graph), is made the first time it is asked for.
+An export or a quantisation made on the way to a search is announced in one line: it takes up to a minute or two
+(``medfaq index build`` exports the index's encoder beforehand).
 """
 
 from __future__ import annotations
@@ -58,14 +60,21 @@ def export_encoder(location: str, out: Path) -> None:
     expected = model.encode(PROBES, convert_to_numpy=True, normalize_embeddings=True)
     failure = f"the ONNX export of {location} differs from sentence-transformers by {{drift:.2g}}"
     config = transformer.auto_model.config
-    drift = finish_export(raw, info, config, lambda: _drift(out, info, expected), failure, TOLERANCE, location)
+    drift = finish_export(raw, info, config, lambda: _drift(out, info, expected), failure, TOLERANCE)
     logger.info("exported %s to ONNX in %s (fp32 within %.1g of torch)", location, out, drift)
 
 
-def ensure_export(location: str, export: Callable[[str, Path], None] | None = None) -> Path:
+def ensure_export(
+    location: str,
+    export: Callable[[str, Path], None] | None = None,
+    precision: str = "fp32",
+    announce: Callable[[str], None] | None = None,
+) -> Path:
     """The directory of an up-to-date export of the model at `location`, made (with torch, once) by
-    ``export(location, directory)`` (default: :func:`export_encoder`) when missing or older than
-    the model's files."""
+    ``export(location, directory)`` (default: :func:`export_encoder`) when missing or older than the model's files;
+    with `precision` ``int8`` also its int8 graph, made the first time (:func:`ensure_int8`). Each piece of work is
+    announced first by ``announce(line)`` (default: a warning on stderr)."""
+    announce = announce or logger.warning
     directory = export_location(location)
     info = ExportInfo.read(directory)
     if info is not None and (info.version != EXPORT_VERSION or info.source != source_signature(location)):
@@ -73,26 +82,39 @@ def ensure_export(location: str, export: Callable[[str, Path], None] | None = No
         (directory / EXPORT_INFO).unlink(missing_ok=True)
         info = None
     if info is None:
+        announce(f"exporting {location} to ONNX Runtime, once (up to a minute or two)")
         make_once(directory, EXPORT_INFO, lambda out: (export or export_encoder)(location, out))
+    if precision == "int8":
+        ensure_int8(directory, location, announce)
     return directory
 
 
+def ensure_int8(directory: Path, name: str, announce: Callable[[str], None]) -> None:
+    """Make the int8 graph of the export in `directory` (of the model `name`) unless one was tried already
+    (:func:`quantize_checked`: kept only where its check passed), under the export's lock."""
+    from filelock import FileLock
+
+    if "int8" in ExportInfo.read(directory).checks:
+        return
+    with FileLock(str(directory) + ".lock"):  # make_once's lock: one process quantises
+        info = ExportInfo.read(directory)
+        if "int8" in info.checks:
+            return
+        announce(f"quantising the ONNX graph of {name} to int8, once (up to a minute)")
+        check = quantize_checked(directory / GRAPHS["fp32"], directory / GRAPHS["int8"], info, name)
+        info.checks["int8"] = check.to_dict()
+        store_weights_apart(directory, "int8")
+        info.save(directory)
+
+
 def finish_export(
-    raw: Path,
-    info: ExportInfo,
-    config: Any,
-    drift: Callable[[], float],
-    failure: str,
-    tolerance: float,
-    name: str,
+    raw: Path, info: ExportInfo, config: Any, drift: Callable[[], float], failure: str, tolerance: float
 ) -> float:
-    """Make the graphs of the export beside `raw` (the traced graph) and save `info` there; returns the fp32 drift.
+    """Make the fp32 graph of the export beside `raw` (the traced graph) and save `info` there; returns its drift.
 
     The fp32 graph is `raw` fused by ONNX Runtime's optimizer, or `raw` itself where the fused graph's `drift()`
     (its largest difference from PyTorch, measured on probes) exceeds `tolerance`; a drift above it then is the
-    one-line error `failure` (``{drift}`` in it is filled in). Then the int8 graph of the first
-    :data:`QUANTIZATION_SETTINGS` whose probe search agrees with the fp32 graph's (:mod:`index.onnx.check`; none:
-    no int8 graph, and the failed check is recorded), and every graph's weights in a ``.data`` file beside it.
+    one-line error `failure` (``{drift}`` in it is filled in). Its weights go into a ``.data`` file beside it.
     """
     out = raw.parent
     fp32 = out / GRAPHS["fp32"]
@@ -107,9 +129,8 @@ def finish_export(
         reason = failure.format(drift=error)
         raise MedfaqError(f"{reason} (more than {tolerance}); use --encoder-backend torch")
     info.checks = {"fp32": {"max_difference_from_torch": error}}
-    info.checks["int8"] = quantize_checked(fp32, out / GRAPHS["int8"], info, name).to_dict()
     raw.unlink(missing_ok=True)
-    store_weights_apart(out)
+    store_weights_apart(out, "fp32")
     info.save(out)
     return error
 
@@ -243,15 +264,14 @@ QUANTIZATION_SETTINGS: dict[str, dict[str, bool]] = {
 """The int8 settings tried in order, each kept only where its probe search agrees with the fp32 graph's."""
 
 
-def store_weights_apart(directory: Path) -> None:
-    """Rewrite each graph in `directory` with its weights in a ``.data`` file beside it, which ONNX Runtime maps
-    instead of parsing: a MiniLM session starts in 0.07 s of CPU instead of 0.19 s, and computes the same."""
+def store_weights_apart(directory: Path, precision: str) -> None:
+    """Rewrite the `precision` graph in `directory` (if there is one) with its weights in a ``.data`` file beside it,
+    which ONNX Runtime maps instead of parsing: a MiniLM session starts in 0.07 s of CPU instead of 0.19 s, and
+    computes the same."""
     import onnx
 
-    for name in GRAPHS.values():
-        graph = directory / name
-        if not graph.is_file():
-            continue
+    graph = directory / GRAPHS[precision]
+    if graph.is_file():
         data = graph.with_name(graph.name + ".data")
         model = onnx.load(str(graph))
         onnx.save_model(model, str(graph), save_as_external_data=True, all_tensors_to_one_file=True, location=data.name)

@@ -55,7 +55,10 @@ class ExportInfo:
     version: int = EXPORT_VERSION
 
     def save(self, directory: Path) -> None:
-        (directory / EXPORT_INFO).write_text(json.dumps(asdict(self), indent=2) + "\n", encoding="utf-8")
+        """Write ``export.json`` in `directory` at once: a process reading it meanwhile reads the old one or this."""
+        tmp = directory / f".{EXPORT_INFO}.tmp"
+        tmp.write_text(json.dumps(asdict(self), indent=2) + "\n", encoding="utf-8")
+        tmp.replace(directory / EXPORT_INFO)
 
     @classmethod
     def read(cls, directory: Path) -> ExportInfo | None:

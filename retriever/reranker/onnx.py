@@ -4,9 +4,9 @@ reranked search imports neither torch, transformers nor sentence-transformers.
 
 The export (needs torch; runs once per model): the whole module chain (the transformer and its head, SegmentCosine
 included) becomes one ONNX graph from token ids to the logit, fused by ONNX Runtime's transformer optimizer like the
-bi-encoder's (index/onnx/export.py), and quantised to int8 for ``--quantize``. Before the export is kept, its logits
-of probe pairs (cut as the reranker cuts them) are compared with PyTorch's; a fused graph that drifts is replaced by
-the plain one.
+bi-encoder's (index/onnx/export.py), and quantised to int8 the first time ``--quantize`` asks for it. Before the
+export is kept, its logits of probe pairs (cut as the reranker cuts them) are compared with PyTorch's; a fused graph
+that drifts is replaced by the plain one.
 
 It scores as :class:`retriever.reranker.model.CrossEncoderReranker` does: the query cut to fit the max length with
 the FAQ whole, both orders for a symmetric model, the model's activation (sigmoid) on the logit, and for a reranker
@@ -63,7 +63,7 @@ def export_crossencoder(location: str, out: Path) -> None:
     expected = model.predict(pairs, activation_fn=torch.nn.Identity(), convert_to_numpy=True).reshape(-1)
     failure = f"the ONNX export of reranker {location} differs from PyTorch by {{drift:.2g}}"
     config = model[0].model.config
-    drift = finish_export(raw, info, config, lambda: _drift(out, info, expected), failure, TOLERANCE, location)
+    drift = finish_export(raw, info, config, lambda: _drift(out, info, expected), failure, TOLERANCE)
     logger.info("exported reranker %s to ONNX in %s (fp32 logits within %.1g of PyTorch)", location, out, drift)
 
 
@@ -140,7 +140,7 @@ class OnnxReranker(PairReranker):
         path = Path(resolve_model(model))
         config = EncoderTrainConfig.load(path) if (path / CONFIG_FILE).is_file() else EncoderTrainConfig()
         precision = "int8" if quantize else "fp32"
-        export = ensure_export(str(path), export_crossencoder)
+        export = ensure_export(str(path), export_crossencoder, precision)
         pairs = OnnxPairModel(export, precision, max_length, batch_size, name=f"reranker {model}")
         prior = BiEncoderScorer(OnnxEncoder(str(path / PRIOR_DIR), precision)) if config.prior_scale else None
         scoring = {"symmetric": config.symmetric, "prior": prior, "prior_scale": config.prior_scale}
