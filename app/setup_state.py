@@ -21,16 +21,11 @@ from typing import TextIO
 from medfaq.common.runtime import MedfaqError, medfaq_home, models_dir
 from medfaq.retriever.encoder_rule import stock_encoder
 from medfaq.retriever.setup_plan import (
-    DECISION_DATA,
     FAQ_INDEX_BUILDS,
-    LIKELIHOOD_DECISION,
     RERANKER,
-    RERANKER_DECISION,
     RETRIEVAL_ENCODERS,
-    SUMMARIZER_RANK,
     SUMMARIZERS,
     ModelStep,
-    decision_argv,
     encoded_by,
     index_built,
     model_ready,
@@ -43,9 +38,6 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
 OFF_VALUES = {"", "0", "off", "none", "false", "no"}
 INDEX_MINUTES = 5  # `medfaq index build medquad --synonyms none`: 4 min 40 s on one core (docs/results.md)
-# `medfaq index likelihood` over medquad-chq's 145 dev CHQs: about a minute for the benchmark, 54 s per rank seed
-LIKELIHOOD_DECISION_MINUTES = 4
-RERANKER_DECISION_MINUTES = 12  # `medfaq index rerank` on the 145 dev CHQs, benchmark first: 11 min (results.md)
 EXAMPLE_QUESTIONS = (
     "I've been on amoxicillin for a chest infection since Monday. Is it OK to have a glass of wine at my "
     "sister's wedding this weekend?",
@@ -215,42 +207,17 @@ def default_steps(settings: DemoSettings) -> list[SetupStep]:
     encoders = [plan for plan, _ in targets if plan.stage == "retrieve"]
     index_model, index_target = _index_encoder(settings, encoders)
     index_encoder = models_dir() / index_model
-    reranker = None
     for plan, target in targets:
         argv = plan.argv(target, index_encoder)
         step = SetupStep(plan.key, plan.title, (*fetch(*plan.data), *map(tuple, argv)), target)
         step.minutes = plan.pending_minutes(target)
         ready = target is not None and plan.ready(target)
         if plan is RERANKER and settings.faq_index_dir is not None:  # it corrects the MedQuAD index's encoder:
-            reranker = target  # trained again when that changes, then decided for that index
             ready = target is not None and reranker_corrects(target, index_encoder)
         steps.append(_with_status(step, target is None, ready, settings.train))
         if encoders and plan is encoders[-1]:  # after the encoders: the MedQuAD index
             steps.append(_faq_index_step(settings, index_model, index_target))
-        if plan is SUMMARIZER_RANK:
-            from medfaq.retriever.likelihood_choice import decided_among
-
-            title = "Decide the MedQuAD index's likelihood stage on medquad-chq's development questions"
-            decide = SetupStep("likelihood-faq", title, tuple(map(tuple, decision_argv(LIKELIHOOD_DECISION))))
-            decide.minutes = LIKELIHOOD_DECISION_MINUTES
-            index = settings.faq_index_dir
-            decided = index is not None and target is not None and decided_among(index, plan.outputs(target))
-            steps.append(_with_status(decide, target is None, decided, settings.train))
-    if reranker is not None and settings.faq_index_dir is not None:  # after every other step
-        steps.append(_reranker_decision_step(settings.faq_index_dir, reranker, fetch(*DECISION_DATA), settings.train))
     return steps
-
-
-def _reranker_decision_step(index: Path, reranker: Path, fetches: tuple, train: bool) -> SetupStep:
-    """Decide the MedQuAD index's reranker (`RERANKER_DECISION`, after every other step); done once decided with
-    the index's encoder and this reranker."""
-    from medfaq.retriever.reranker_choice import decided_for
-
-    title = "Decide the MedQuAD index's reranker on medquad-chq's development questions"
-    commands = decision_argv(RERANKER_DECISION, reranker)
-    decide = SetupStep("reranker-faq", title, (*fetches, *map(tuple, commands)))
-    decide.minutes = RERANKER_DECISION_MINUTES
-    return _with_status(decide, False, decided_for(index, reranker), train)
 
 
 def _index_encoder(settings: DemoSettings, planned: list[ModelStep]) -> tuple[str, Path | None]:

@@ -21,6 +21,11 @@ The rule, written before any bank was scored:
 4. (added when `medfaq setup` began to train the rank model with three seeds, whose gains had varied from +1.5 to
    +9.4 test R@1 with the seed alone) among several summarizers, each gets its setting by rules 1-3 and the one
    whose setting orders first by rule 1's order is kept, the first listed on a tie.
+5. (added when a stage decided on medquad-chq lost on real consumer questions judged against real MedQuAD FAQs,
+   docs/results.md) only judgments pointing into the bank itself are evidence: a labelled question whose gold FAQs
+   exist only in the copy it is measured on is left out; and the labelled questions' rank-1 gains must beat their
+   losses by a one-sided sign test at p <= 0.05 (:func:`retriever.stage_choice.refusal`), so that a handful of
+   questions cannot turn the stage on.
 
 The decision, every development number and the summarizer it was measured with go to ``likelihood.json`` beside
 the index (kept across index saves), which ``index info``, ``/health`` and the demo show.
@@ -38,7 +43,7 @@ from medfaq.common.runtime import utc_timestamp
 from medfaq.retriever import stage_choice
 from medfaq.retriever.pipeline import RERANK_MARGIN, PipelineConfig
 from medfaq.retriever.pipeline_file import update_config
-from medfaq.retriever.stage_choice import MIN_GAIN, choose_on_dev, development_line, rank_metrics
+from medfaq.retriever.stage_choice import choose_on_dev, development_line, rank_metrics
 
 CHOICE_FILE = "likelihood.json"
 COMMAND = "medfaq index likelihood"
@@ -52,7 +57,8 @@ GRID = {
 RULE = (
     "labelled development questions required; on only if the worst development set gains >= 1 point of R@1; "
     "settings ordered by worst dR@1, fewest lost at rank 1, summed dMRR@10, gate on, smaller weight, larger k; "
-    "among several summarizers, the one whose setting orders first (the first listed on a tie)"
+    "among several summarizers, the one whose setting orders first (the first listed on a tie); only golds in the "
+    "bank itself count, and the labelled rank-1 gains must beat the losses by a one-sided sign test at p <= 0.05"
 )
 
 
@@ -112,7 +118,7 @@ def replayed(rows: list[dict[str, Any]], changes: dict[str, Any] | None) -> list
     if changes is None:
         return hits
     depth = max(len(row["hits"]) for row in rows)
-    config = PipelineConfig(likelihood=True, likelihood_depth=depth, log_unanswered=False, **changes)
+    config = PipelineConfig(likelihood=True, likelihood_depth=depth, abstain=False, log_unanswered=False, **changes)
     pipeline = Pipeline(_NO_INDEX, config, likelihood=StoredScores(rows))
     return [pipeline.rescore(row["text"], row["text"], found, {}) for row, found in zip(rows, hits, strict=True)]
 
@@ -222,16 +228,13 @@ def choose_likelihood(
     chosen = min(outcomes, key=lambda outcome: stage_choice.rule_order(outcome["best"]))  # min: the first on a tie
     best, dev, before = chosen["best"], chosen["dev"], chosen["before"]
     location = chosen["summarizer"]
-    turned_on = best["worst_delta_r1"] >= MIN_GAIN
+    refused = stage_choice.refusal(best)
+    turned_on = refused is None
     setting = {**best["setting"], "likelihood_depth": depth}
     record = {
         "decided": utc_timestamp(),
         "on": turned_on,
-        "why": (
-            "it wins on every development set"
-            if turned_on
-            else f"the worst development set gains less than {MIN_GAIN:g} point of R@1"
-        ),
+        "why": refused or "it wins on every development set",
         "summarizer": location,
         "vocabulary": config.likelihood_vocabulary,
         "precision": chosen["precision"],

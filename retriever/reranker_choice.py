@@ -13,7 +13,9 @@ The rule, written before any bank was scored (docs/results.md, "Set-up ships the
    the pipeline without it;
 2. and only where the reranked pipeline can abstain as the index does: when the index abstains, a threshold for the
    reranked configuration (``dense+rerank@raw``) must be calibrated or inherited from the reranker (one calibrated
-   behind this index's encoder); otherwise it stays off and the record says why.
+   behind this index's encoder); otherwise it stays off and the record says why;
+3. (added later, as rule 5 of the likelihood stage's) only golds in the bank itself count, and the labelled
+   questions' rank-1 gains must beat their losses by a one-sided sign test at p <= 0.05.
 
 The decision, its numbers, the reranker and the time per question with and without it go to ``reranker.json``
 beside the index, which ``index info``, ``/health`` and the demo show.
@@ -30,7 +32,7 @@ from medfaq.common.runtime import utc_timestamp
 from medfaq.retriever import stage_choice
 from medfaq.retriever.pipeline import RERANK_MARGIN, PipelineConfig
 from medfaq.retriever.pipeline_file import read_config, update_config
-from medfaq.retriever.stage_choice import CUTOFF, MIN_GAIN, choose_on_dev, development_line, rank_metrics
+from medfaq.retriever.stage_choice import CUTOFF, choose_on_dev, development_line, rank_metrics
 
 CHOICE_FILE = "reranker.json"
 COMMAND = "medfaq index rerank"
@@ -38,7 +40,8 @@ SETTING_FIELDS = ("rerank_depth", "rerank_fusion", "rerank_retrieval_weight", "r
 RULE = (
     "labelled development questions required; on only if the worst development set gains >= 1 point of R@1 over "
     "the index's pipeline without the reranker, and a threshold for the reranked configuration exists where the "
-    "index abstains"
+    "index abstains; only golds in the bank itself count, and the labelled rank-1 gains must beat the losses by a "
+    "one-sided sign test at p <= 0.05"
 )
 
 
@@ -103,7 +106,8 @@ def choose_reranker(
         dev[name] = (rows, {row["qid"]: queries[int(row["qid"])].golds for row in rows})
     candidates, before = choose_on_dev(dev, replay_rows, [{"rerank": True}], tie_break=lambda _: 0)
     best = candidates[0]
-    wins = best["worst_delta_r1"] >= MIN_GAIN
+    refused = stage_choice.refusal(best)
+    wins = refused is None
     threshold_key = measured.replace(rerank=True).threshold_key
     if wins and saved.abstain:
         inherit_thresholds(directory, index.manifest.encoder, location)
@@ -118,7 +122,7 @@ def choose_reranker(
             "(`medfaq eval retrieval --save-threshold`) or use a reranker calibrated behind this index's encoder"
         )
     else:
-        why = f"the worst development set gains less than {MIN_GAIN:g} point of R@1"
+        why = str(refused)
     every_row = [row for rows, _ in dev.values() for row in rows]
     record = {
         "decided": utc_timestamp(),

@@ -278,13 +278,6 @@ def encoded_by(index: Path, encoder: Path) -> bool:
     return Path(read_manifest(index).encoder).expanduser().resolve() == encoder.expanduser().resolve()
 
 
-LIKELIHOOD_DECISION = (
-    *"index likelihood {faq_index} {rank_models} --measured-on {benchmark_index}".split(),
-    *"--dev-queries {dev_queries} --dev-qrels {dev_qrels}".split(),
-)
-"""After `SUMMARIZER_RANK`: decide the MedQuAD index's likelihood stage on medquad-chq's development part, measured
-on the benchmark's copy of the index (made again first, so that it is encoded as the index is now), choosing among
-the rank model's seeds."""
 MODEL_STEPS = (
     BIENCODER,
     MPNET_BIENCODER,
@@ -309,34 +302,12 @@ def places() -> dict[str, str | list[str]]:
     return {
         "{biencoder}": str(models_dir() / BIENCODER_MODEL),
         "{retrieval_encoder}": choose_encoder(AUTO_ENCODER),
-        "{reranker}": str(models_dir() / RERANKER.model),
         "{gemma}": str(models_dir() / SUMMARIZER_GEMMA.model),
-        "{rank_models}": [part for path in SUMMARIZER_RANK.outputs() for part in ("--summarizer", str(path))],
         "{faq_index}": str(indexes_dir() / FAQ_INDEX),
         "{benchmark}": str(benchmark),
         "{benchmark_index}": str(benchmark / "index"),
         "{train_pairs}": str(split / "train" / "pairs.jsonl"),
-        "{dev_queries}": str(split / "dev" / "queries.jsonl"),
-        "{dev_qrels}": str(split / "dev" / "qrels.tsv"),
     }
-
-
-RERANKER_DECISION = (
-    *"index rerank {faq_index} --reranker {reranker} --measured-on {benchmark_index}".split(),
-    *"--dev-queries {dev_queries} --dev-qrels {dev_qrels}".split(),
-)
-"""After `RERANKER` (and the likelihood decision): decide the MedQuAD index's reranker on the same development part,
-over the index's pipeline as decided so far."""
-DECISION_DATA = SUMMARIZER_RANK.data  # what the medquad-chq benchmark the decisions are measured on is made from
-
-
-def decision_argv(decision: tuple[str, ...], reranker: Path | None = None) -> list[list[str]]:
-    """The benchmark over the MedQuAD index, its split, then the `decision` (`LIKELIHOOD_DECISION`,
-    `RERANKER_DECISION` of `reranker`, default the set-up one)."""
-    where = places()
-    if reranker is not None:
-        where["{reranker}"] = str(reranker)
-    return [fill(command, where) for command in (*RANK_BENCHMARK_COMMANDS, decision)]
 
 
 def reranker_corrects(reranker: Path, encoder: Path) -> bool:

@@ -4,12 +4,17 @@ settings by what they gain there, and the decision record kept beside the index.
 
 Development sets: the user's labelled questions (required: generated questions alone never turn a stage on), and
 beside them the questions `medfaq index adapt` wrote and held back for this bank (``development.jsonl`` in its work
-directory). A stage is turned on only if the worst development set gains at least :data:`MIN_GAIN` points of R@1.
+directory). A stage is turned on only if the worst development set gains at least :data:`MIN_GAIN` points of R@1
+and the labelled questions it moves at rank 1 gain more than they lose by a one-sided sign test at
+:data:`SIGNIFICANCE` (:func:`refusal`). Only judgments that point into the bank itself are evidence: a labelled
+question whose gold FAQs exist only in the copy it is measured on (FAQs inserted for a benchmark, such as
+medquad-chq's reference summaries) is left out.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -17,6 +22,7 @@ from typing import Any
 from medfaq.common.runtime import MedfaqError
 
 MIN_GAIN = 1.0  # points of R@1 the worst development set must gain for a stage to be turned on
+SIGNIFICANCE = 0.05  # the labelled questions' rank-1 gains against losses, one-sided sign test
 CUTOFF = 10  # MRR@10
 
 Replay = Callable[[list[dict[str, Any]], Any, Any], tuple[dict[str, float], set[str]]]
@@ -54,6 +60,29 @@ def choose_on_dev(
         )
     candidates.sort(key=lambda candidate: (*rule_order(candidate), tie_break(candidate["setting"])))
     return candidates, {name: metrics for name, (metrics, _) in base.items()}
+
+
+def sign_test(gained: int, lost: int) -> float:
+    """One-sided p-value of at least `gained` wins among `gained + lost` changed questions if each change were a fair
+    coin (1.0 when nothing changed)."""
+    changed = gained + lost
+    return sum(math.comb(changed, wins) for wins in range(gained, changed + 1)) / 2**changed if changed else 1.0
+
+
+def refusal(candidate: dict[str, Any]) -> str | None:
+    """Why the rule's first setting (`choose_on_dev`) may not turn its stage on, or None where it may: the worst
+    development set gains less than :data:`MIN_GAIN` points of R@1, or the labelled questions' rank-1 gains against
+    losses are too few to conclude (:func:`sign_test` above :data:`SIGNIFICANCE`)."""
+    if candidate["worst_delta_r1"] < MIN_GAIN:
+        return f"the worst development set gains less than {MIN_GAIN:g} point of R@1"
+    labelled = candidate["sets"]["labelled"]
+    p_value = sign_test(labelled["gained"], labelled["lost"])
+    if p_value > SIGNIFICANCE:
+        return (
+            f"the labelled questions gain {labelled['gained']} and lose {labelled['lost']} at rank 1: too few to "
+            f"conclude (one-sided sign test p = {p_value:.2f} > {SIGNIFICANCE:g})"
+        )
+    return None
 
 
 def rule_order(candidate: dict[str, Any]) -> tuple[float, int, float]:
@@ -96,7 +125,8 @@ def development_sets(
     """The index the questions are searched in (`measured_on`, a copy of `directory` encoded by the same model, or
     `directory` itself) and the development sets: ``labelled`` (required; `command` names the decision in its
     error) and ``generated`` where `medfaq index adapt` held questions back. Questions whose gold FAQs are not in
-    that index are left out; `limit`: only the first N of each set (0: all)."""
+    that index are left out, and labelled ones whose gold FAQs are only in the copy (inserted into it: no evidence
+    about this bank); `limit`: only the first N of each set (0: all)."""
     from medfaq.index.faq_index import FaqIndex, read_manifest
 
     fingerprint = read_manifest(directory).encoder_fingerprint  # not an index: its one-line error first
@@ -117,6 +147,15 @@ def development_sets(
         if len(answerable) < len(queries):
             missing = len(queries) - len(answerable)
             log(f"{name}: left out {missing} of {len(queries)} questions (no gold FAQ in the index)")
+        if name == "labelled" and measured_on is not None:
+            bank = FaqIndex.load(directory)
+            inserted = [query for query in answerable if not any(faq_id in bank for faq_id in query.golds)]
+            if inserted:
+                log(
+                    f"{name}: left out {len(inserted)} of {len(answerable)} questions whose gold FAQs are only in "
+                    f"{measured_on} (inserted there: no evidence about {directory})"
+                )
+                answerable = [query for query in answerable if query not in inserted]
         sets[name] = answerable[:limit] if limit else answerable
     return index, sets
 

@@ -106,6 +106,13 @@ CONSUMER_QUESTIONS = [
     ("how does the measles shot work", "f6"),
 ]
 """Consumer wordings of the FAQ_ROWS questions, with the id of the FAQ that answers each."""
+DEVELOPMENT_QUESTIONS = [
+    (text + ending, gold)
+    for ending in ("", " - any advice?", ", asking for my mum")
+    for text, gold in CONSUMER_QUESTIONS
+]
+"""Three wordings of each consumer question: enough development questions for a stage decision's sign test to
+conclude when a stage fixes most of them at rank 1 and breaks none."""
 
 
 SUMMARY_PAIRS = [

@@ -26,7 +26,7 @@ from medfaq.retriever.likelihood_choice import (
 from medfaq.retriever.pipeline import Pipeline, PipelineConfig
 from medfaq.retriever.pipeline_file import read_config
 from medfaq.summarizer.likelihood import TokenScores
-from tests.conftest import CONSUMER_QUESTIONS as QUESTIONS
+from tests.conftest import DEVELOPMENT_QUESTIONS as QUESTIONS
 from tests.conftest import FAQ_ROWS, assert_decision_kept_and_shown
 
 
@@ -128,7 +128,9 @@ def test_the_command_refuses_a_directory_that_is_no_index(tmp_path):
     assert result.exit_code != 0 and "Traceback" not in result.output
 
 
-def test_a_decision_measured_on_a_copy_with_gold_faqs_added_is_written_to_the_index(index_dir, tmp_path, tiny_encoder):
+def test_a_decision_measured_on_a_copy_counts_only_golds_in_the_bank_and_is_written_to_the_index(
+    index_dir, tmp_path, tiny_encoder
+):
     copy = tmp_path / "with-golds"
     index = FaqIndex.load(index_dir)
     index.add([FaqRecord("g1", "Can I take melatonin with sertraline?")])
@@ -146,8 +148,11 @@ def test_a_decision_measured_on_a_copy_with_gold_faqs_added_is_written_to_the_in
         scorers=[KnowingScorer(golds)],
         measured_on=copy,
     )
-    assert record["development"]["labelled"]["questions"] == len(QUESTIONS) + 1
-    assert "left out 1 of 8 questions" in lines[0] and record["measured_on"] == str(copy)
+    # the question whose gold FAQ exists only in the copy (inserted there) is no evidence about the bank
+    assert record["development"]["labelled"]["questions"] == len(QUESTIONS)
+    assert f"left out 1 of {len(QUESTIONS) + 2} questions (no gold FAQ in the index)" in lines[0]
+    assert f"left out 1 of {len(QUESTIONS) + 1} questions whose gold FAQs are only in {copy}" in lines[1]
+    assert record["measured_on"] == str(copy)
     assert read_config(index_dir).likelihood and read_choice(index_dir) == record and read_choice(copy) is None
 
 
@@ -188,3 +193,18 @@ def test_among_several_summarizers_the_one_that_wins_most_is_kept_and_the_first_
         index_dir, labelled=_labelled(), depth=6, progress=False, log=lambda _: None, scorers=tie
     )
     assert record["summarizer"] == "first"
+
+
+def test_a_few_gains_are_too_few_to_turn_the_stage_on(index_dir):
+    """Six questions of which the stage fixes a few and breaks none gain well over a point of R@1, yet a sign test
+    cannot tell that from chance: the stage stays off and the record says why."""
+    from tests.conftest import CONSUMER_QUESTIONS
+
+    few = [DevQuery(text, frozenset([gold])) for text, gold in CONSUMER_QUESTIONS]
+    record = choose_likelihood(
+        index_dir, labelled=few, depth=6, progress=False, log=lambda _: None, scorers=[KnowingScorer(_golds())]
+    )
+    cell = record["development"]["labelled"]
+    assert cell["delta_r1"] >= 1.0 and cell["lost"] == 0 and 0 < cell["gained"] <= 4
+    assert not record["on"] and "too few to conclude (one-sided sign test p = " in record["why"]
+    assert not read_config(index_dir).likelihood

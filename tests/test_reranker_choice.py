@@ -14,7 +14,7 @@ from medfaq.retriever.adaptation import DevQuery
 from medfaq.retriever.pipeline import RERANK_MARGIN, Pipeline, PipelineConfig
 from medfaq.retriever.pipeline_file import read_config, write_config
 from medfaq.retriever.reranker_choice import CHOICE_FILE, choose_reranker, decided_for, read_choice
-from tests.conftest import CONSUMER_QUESTIONS as QUESTIONS
+from tests.conftest import DEVELOPMENT_QUESTIONS as QUESTIONS
 from tests.conftest import FAQ_ROWS, assert_decision_kept_and_shown
 
 GOLD_QUESTIONS = {text: next(r["question"] for r in FAQ_ROWS if r["id"] == gold) for text, gold in QUESTIONS}

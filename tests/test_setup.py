@@ -21,7 +21,7 @@ def dry_run(*flags: str) -> str:
 
 def test_dry_run_all_lists_every_step_with_time_and_command():
     output = dry_run("--all")
-    assert "11 step(s) to run" in output
+    assert "9 step(s) to run" in output
     commands = ("index build medquad", "train biencoder --task faq", "train summarizer --preset quick")
     assert "train question-writer --out " + str(models_dir() / "question-writer") in output
     for command in (*commands, "train crossencoder --task faq"):
@@ -35,18 +35,12 @@ def test_dry_run_all_lists_every_step_with_time_and_command():
     # the rank model continues the Gemma summarizer on medquad-chq's training part; then the index's decision
     rank = "--variant rank" in output and "--backbone " + str(models_dir() / "summarizer-gemma-quick") in output
     assert rank and "split-0/train/pairs.jsonl --out " + str(models_dir() / "summarizer-gemma-rank") in output
-    # three seeds of it, then the index's decision among them
+    # three seeds of it; no stage decision for the MedQuAD index: its real judgments are too few (docs/pipeline.md)
     seeds = [
         models_dir() / name for name in ("summarizer-gemma-rank", *(f"summarizer-gemma-rank-seed{s}" for s in (1, 2)))
     ]
     assert all(f"--out {path} --seed {seed}" in output for seed, path in enumerate(seeds)) and "about 39 min" in output
-    assert (
-        "index likelihood " + str(indexes_dir() / "medquad-faq") + "".join(f" --summarizer {p}" for p in seeds)
-        in output
-    )
-    assert "--measured-on " in output and "split-0/dev/qrels.tsv" in output
-    # last: the reranker's decision, over the pipeline as decided so far
-    assert output.rindex("index rerank ") > output.rindex("index likelihood ")
+    assert "index likelihood " not in output and "index rerank " not in output
 
 
 def test_present_models_are_skipped_and_fast_all_leaves_out_gemma():
@@ -54,7 +48,7 @@ def test_present_models_are_skipped_and_fast_all_leaves_out_gemma():
     trained.mkdir(parents=True)
     (trained / "config.json").write_text("{}", encoding="utf-8")
     output, left = dry_run("--all", "--fast").split("left to the commands that need them")
-    assert "5 step(s) to run" in output  # the reranker's decision among them
+    assert "4 step(s) to run" in output
     assert "gemma" not in output.lower() and "mpnet" not in output
     assert "summarizer-gemma-quick" in left and "question-writer" in left
     minilm = str(models_dir() / "biencoder-faq-quick")
@@ -65,7 +59,6 @@ def test_present_models_are_skipped_and_fast_all_leaves_out_gemma():
 
 def test_the_demo_serves_the_fine_tuned_index_once_it_is_built(monkeypatch):
     from medfaq.app.setup_state import DemoSettings
-    from medfaq.common.runtime import indexes_dir
     from medfaq.index.faq_index import MANIFEST
 
     monkeypatch.delenv("MEDFAQ_DEMO_INDEX", raising=False)
@@ -82,8 +75,6 @@ def test_the_demo_serves_the_fine_tuned_index_once_it_is_built(monkeypatch):
 def test_the_medquad_index_is_encoded_again_when_another_encoder_built_it(built_index, tiny_encoder_dir):
     import shutil
 
-    from medfaq.common.runtime import indexes_dir
-
     mpnet = shutil.copytree(tiny_encoder_dir, models_dir() / "biencoder-mpnet-faq-quick")
     shutil.copytree(built_index, indexes_dir() / "medquad-faq")  # encoded by another encoder
     assert "Encode the MedQuAD index with the fine-tuned biencoder-mpnet-faq-quick" in dry_run()
@@ -98,7 +89,6 @@ def test_the_medquad_index_is_encoded_again_when_another_encoder_built_it(built_
 def test_the_reranker_is_trained_again_when_it_corrects_another_encoder_than_the_index(built_index, tiny_encoder_dir):
     import shutil
 
-    from medfaq.common.runtime import indexes_dir
     from medfaq.retriever.training.config import EncoderTrainConfig
 
     mpnet = shutil.copytree(tiny_encoder_dir, models_dir() / "biencoder-mpnet-faq-quick")
@@ -113,11 +103,7 @@ def test_the_reranker_is_trained_again_when_it_corrects_another_encoder_than_the
     title = "Train the FAQ reranker as a correction of the index's bi-encoder (MiniLM cross-encoder, listwise)"
     assert f"{title}: about" in dry_run("--all")  # it corrects the MiniLM bi-encoder: trained again for MPNet's index
     EncoderTrainConfig(task="faq", prior_scale=20, negatives_encoder=str(mpnet)).save(reranker)
-    output = dry_run("--all")
-    assert f"{title}: ready" in output
-    # not yet decided for this index and reranker: the decision is the last step
-    assert output.rstrip().splitlines()[-2].startswith("    medfaq data fetch medquad")
-    assert f"index rerank {indexes_dir() / 'medquad-faq'} --reranker {reranker}" in output
+    assert f"{title}: ready" in dry_run("--all")
 
 
 def test_the_medquad_index_build_takes_the_time_measured_on_the_runtime_auto_picks(monkeypatch):
