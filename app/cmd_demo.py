@@ -10,7 +10,7 @@ from pathlib import Path
 
 import typer
 
-from medfaq.app.options import NO_STAGE_FLAGS, StageFlags, takes_stage_flags
+from medfaq.app.options import NO_STAGE_FLAGS, StageFlags, port_option, takes_stage_flags
 from medfaq.app.setup_state import ENV_NO_TRAIN, EXAMPLE_QUESTIONS, SHARED_DATA, DemoSettings
 from medfaq.common.runtime import DEFAULT_ENCODER
 from medfaq.retriever.setup_plan import index_built
@@ -51,7 +51,7 @@ DEMO_TOP_K = 5  # results per example question (--cli), unless --top-k says othe
 def demo(
     cli: bool = typer.Option(False, "--cli", help="Print the example questions' results instead of serving the page."),
     no_train: bool = typer.Option(False, "--no-train", help="Do not train missing models; run without them."),
-    port: int = typer.Option(8501, "--port", help="Port of the web page."),
+    port: int = port_option(8501, "Port of the web page."),
     address: str = typer.Option("localhost", "--address", help="Address to serve on (0.0.0.0 for all interfaces)."),
     flags: StageFlags = NO_STAGE_FLAGS,
 ) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 import typer
 
 from medfaq.app.cmd_search import search_inputs
-from medfaq.app.cmd_train import check_out_dir, resolve_training_models
+from medfaq.app.cmd_train import resolve_training_models, training_models
 from medfaq.app.options import (
     DEVICE,
     GUIDANCE,
@@ -27,7 +27,7 @@ from medfaq.app.options import (
     takes_stage_flags,
     takes_training_overrides,
 )
-from medfaq.common.runtime import MedfaqError, local_model_dir, resolve_model
+from medfaq.common.runtime import MedfaqError, check_out_dir, local_model_dir, resolve_model
 from medfaq.retriever.model_cache import build_pipeline, shared_cache
 from medfaq.retriever.pipeline import PipelineConfig
 from medfaq.retriever.pipeline_file import read_config, store_threshold
@@ -50,7 +50,7 @@ def eval_summarizer(
     data_root: Path | None = typer.Option(None, "--data-root", help="Read data laid out like ../shared/data."),
     limit: int | None = typer.Option(None, "--limit", min=1, help="Evaluate the first N pairs only."),
     ner: str = typer.Option("auto", "--ner", help="Entity recogniser for FIR/consistency: auto|dictionary|stanza."),
-    device: str | None = typer.Option(None, "--device", help="cpu or cuda (default: cuda when visible)."),
+    device: str | None = DEVICE,
     quantize: bool = typer.Option(False, "--quantize", help="int8 dynamic quantisation of the summarizer (CPU)."),
     int8_backend: str = typer.Option(
         "auto", "--int8-backend", help="With --quantize: auto, ctranslate2 (decoder-only models) or torch."
@@ -193,7 +193,7 @@ def eval_duplicates(
             check_out_dir(save_models, force=False)
         n_folds, min_dev_groups = folds or CV_FOLDS[preset], dev_groups or MIN_DEV_GROUPS
         if scores_out is not None:
-            check_not_an_input(scores_out, local_model_dir(init), option="--scores-out")
+            check_not_an_input(scores_out, *map(local_model_dir, training_models(config)), option="--scores-out")
             check_output(scores_out)
         evaluator = DuplicateEvaluator(
             mqp_pairs(),

@@ -15,7 +15,7 @@ from typing import Any
 
 import typer
 
-from medfaq.app.options import ENCODER_OPTION, SYNONYMS_OPTION
+from medfaq.app.options import DEVICE, ENCODER_OPTION, SYNONYMS_OPTION
 from medfaq.common.runtime import BACKEND_HELP, DEFAULT_ENCODER, MedfaqError, resolve_model
 from medfaq.index.collections import FORMATS
 from medfaq.index.records import FIELDS
@@ -105,7 +105,7 @@ def build(
     kind: str = typer.Option("flat", "--kind", help=KIND_HELP),
     field: list[str] = typer.Option([], "--field", help=FIELD_HELP),
     skip_bad: bool = typer.Option(False, "--skip-bad", help="Skip malformed lines (counted) instead of failing."),
-    device: str | None = typer.Option(None, "--device", help="cpu or cuda (default: cuda when available)."),
+    device: str | None = DEVICE,
     gpu: bool = GPU_OPTION,
     cpu: bool = CPU_OPTION,
     batch_size: int = typer.Option(64, "--batch-size", min=1, help="Encoding batch size."),

@@ -11,7 +11,7 @@ import typer
 from medfaq.app.options import INDEX, NO_STAGE_FLAGS, StageFlags, takes_stage_flags
 from medfaq.app.render import hits_table
 from medfaq.common.runtime import MedfaqError, local_model_dir
-from medfaq.retriever.model_cache import build_pipeline
+from medfaq.retriever.model_cache import build_pipeline, stage_models
 from medfaq.retriever.pipeline_file import read_config
 from medfaq.retriever.runs import (
     RUN_FORMATS,
@@ -59,12 +59,13 @@ def open_pipeline(index: Path, flags: StageFlags, shown_entities: bool = True, *
 
 def search_inputs(index: Path, flags: StageFlags) -> list[Path]:
     """What a search of `index` with `flags` reads or appends to: the index, its unanswered log, and the local
-    directories of its encoder and of the stage models its config names (an output must be none of them)."""
+    directories of its encoder (the bundled MiniLM too) and of every model its stages load, the default ones
+    included (an output must be none of them)."""
     from medfaq.index.faq_index import read_manifest
     from medfaq.retriever.queue.unanswered import UnansweredLog
 
     config = flags.apply(read_config(index))
-    models = (read_manifest(index).encoder, config.summarizer, config.reranker)
+    models = (read_manifest(index).encoder, *stage_models(config))
     return [index, UnansweredLog(config.unanswered_log).path, *filter(None, map(local_model_dir, models))]
 
 

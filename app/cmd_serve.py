@@ -11,7 +11,7 @@ from typing import Any
 import typer
 
 from medfaq.app.batching import BatchSettings
-from medfaq.app.options import INDEX
+from medfaq.app.options import INDEX, port_option
 from medfaq.common.runtime import MedfaqError
 from medfaq.retriever.runs import check_output, write_text_atomic
 from medfaq.retriever.setup_plan import set_up_index
@@ -68,7 +68,7 @@ def run_server(app: Any, sock: socket.socket, url: str, ready_file: Path | None)
 def serve(
     index: Path | None = INDEX,
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on."),
-    port: int = typer.Option(8000, "--port", min=1, max=65535, help="Port to listen on."),
+    port: int = port_option(8000, "Port to listen on."),
     workers: int = typer.Option(4, "--workers", min=1, help="Threads running searches at once."),
     threads: int = typer.Option(
         SERVE_THREADS, "--threads", min=1, help="Threads of each model run and vector search (OMP_NUM_THREADS)."

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from medfaq.app.options import GUIDANCE, LENGTH_PENALTY, MBR
+from medfaq.app.options import DEVICE, GUIDANCE, LENGTH_PENALTY, MBR
 from medfaq.common.runtime import MedfaqError, local_model_dir
 
 TEXT_FIELDS = ("chq", "question", "text")
@@ -49,7 +49,7 @@ def summarize(
     mbr: int = MBR,
     guidance: float = GUIDANCE,
     length_penalty: float = LENGTH_PENALTY,
-    device: str | None = typer.Option(None, "--device", help="cpu or cuda."),
+    device: str | None = DEVICE,
 ) -> None:
     """Summarize consumer health questions into short FAQ-style questions."""
     from medfaq.retriever.runs import check_not_an_input

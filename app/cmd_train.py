@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from medfaq.app.options import DEVICE, NO_OVERRIDES, positive, takes_training_overrides
-from medfaq.common.runtime import PRECISION_HELP, MedfaqError, resolve_model
+from medfaq.common.runtime import PRECISION_HELP, UNFINISHED_FILE, MedfaqError, check_out_dir, resolve_model
 from medfaq.retriever.training.student_config import StudentTrainConfig
 
 if TYPE_CHECKING:
@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 DEFAULT_PRETRAIN = ["rqe:train", "healthcaremagic:train", "chq_summ:train"]
 WRITER_BACKBONE = "gemma-3-270m"
 WRITER_PAIRS = 960  # 120 steps of 8: about 16 minutes for Gemma 3 270M on 2 CPU cores
+UNFINISHED_EXIT = 3  # a summarizer run stopped before its end (--max-steps): its checkpoint waits for --resume
 
 
 def retrieval_negatives_index(index: Path | None) -> Path:
@@ -61,6 +62,18 @@ def best_rouge(history: list[dict]) -> str:
     """The best validation ROUGE-L of a summarizer run's main stage, or n/a."""
     best = max((h["valid_rougeL"] for h in history if h.get("stage") == "main"), default=None)
     return "n/a" if best is None else f"{best:.2f}"
+
+
+def stop_if_unfinished(out: Path, command: str) -> None:
+    """Where the run in `out` stopped before its end (``--max-steps``), say so and how to resume it, in one line,
+    and exit with `UNFINISHED_EXIT`: the directory holds a checkpoint, not a model."""
+    if (out / UNFINISHED_FILE).is_file():
+        typer.echo(
+            f"error: training stopped before its end (--max-steps): {out} holds its checkpoint, not a model; "
+            f"continue it with `medfaq train {command} --out {out} --resume`",
+            err=True,
+        )
+        raise typer.Exit(UNFINISHED_EXIT)
 
 
 def train_summarizer(
@@ -136,7 +149,7 @@ def train_summarizer(
     patience: int | None = typer.Option(None, "--patience", help="Early stopping after N epochs without gain."),
     pretrain_epochs: int | None = typer.Option(None, "--pretrain-epochs"),
     pretrain_examples: int | None = typer.Option(None, "--pretrain-examples", help="Sample N pre-training pairs."),
-    device: str | None = typer.Option(None, "--device", help="cpu or cuda (default: cuda when visible)."),
+    device: str | None = DEVICE,
     threads: int | None = typer.Option(None, "--threads", help="Torch CPU threads."),
     precision: str | None = typer.Option(None, "--precision", help=PRECISION_HELP),
     save_every_steps: int | None = typer.Option(None, "--save-every-steps"),
@@ -149,7 +162,7 @@ def train_summarizer(
     from dataclasses import fields
 
     from medfaq.summarizer.training.config import SummarizerTrainConfig, preset_config
-    from medfaq.summarizer.training.trainer import SummarizerTrainer
+    from medfaq.summarizer.training.trainer import SummarizerTrainer, check_run_dir
 
     given = locals()
     tuned = {f.name for f in fields(SummarizerTrainConfig)} - {"variant", "preset", "seed", "pretrain"}
@@ -157,6 +170,7 @@ def train_summarizer(
     options = {key: given[key] for key in tuned if given.get(key) is not None}
     if pretrain or pretrain_data:
         options["pretrain"] = list(pretrain_data or DEFAULT_PRETRAIN)
+    check_run_dir(out, resume)  # before any data or model is read
     if resume:
         config = resumed_config(out, options)
     else:
@@ -169,6 +183,7 @@ def train_summarizer(
     trainer = SummarizerTrainer(config, out, resume=resume)  # an --out in use fails before the mining
     mined = mine_retrieval_negatives(train, config.n_retrieval_negatives, index) if index else []
     history = trainer.train(train, valid, extra, retrieval_negatives=mined)
+    stop_if_unfinished(out, "summarizer")
     typer.echo(
         f"trained {config.variant} ({config.preset}, seed {config.seed}); best valid ROUGE-L {best_rouge(history)}; "
         f"model in {out}"
@@ -212,8 +227,9 @@ def train_question_writer(
         save_vocabulary,
     )
     from medfaq.summarizer.training.config import preset_config
-    from medfaq.summarizer.training.trainer import SummarizerTrainer
+    from medfaq.summarizer.training.trainer import SummarizerTrainer, check_run_dir
 
+    check_run_dir(out, resume)  # before any data or model is read
     runtime = {"threads": threads, "precision": precision, "save_every_steps": save_every_steps, "max_steps": max_steps}
     options = {key: value for key, value in runtime.items() if value is not None}
     if resume:  # the recipe is the interrupted run's; only how it runs may change
@@ -227,6 +243,7 @@ def train_question_writer(
         train = random.Random(config.seed).sample(train, max_pairs)
     valid = reversed_pairs(_pairs(WRITER_VALID, data_root))
     history = SummarizerTrainer(config, out, resume=resume).train(train, valid)
+    stop_if_unfinished(out, "question-writer")
     if backbone_is_causal(config.backbone) and (out / "config.json").is_file():
         every = _pairs(config.train_data, data_root)  # every pair's words, not only the sample trained on
         kept = save_vocabulary(out, [text for pair in every for text in pair])
@@ -244,6 +261,7 @@ def average(
     """Average the weights of summarizers trained with different seeds (a model soup): one model, as fast as each."""
     from medfaq.summarizer.training.averaging import average_summarizers
 
+    check_out_dir(out)
     typer.echo(f"averaged {len(runs)} summarizers into {average_summarizers(runs, out)}")
 
 
@@ -261,22 +279,27 @@ def render_pair_counts(counts: dict[str, dict[str, int]]) -> str:
     return "\n".join(lines)
 
 
+def training_models(config: EncoderTrainConfig) -> list[str]:
+    """The models a run of `config` loads: its starting weights, the bi-encoder that mines its negatives, and the
+    one a correction learns (`prior_scale`)."""
+    return [config.init, config.negatives_encoder, *([config.prior_model] if config.prior_scale else [])]
+
+
 def resolve_training_models(config: EncoderTrainConfig) -> None:
     """Resolve every model (and the lexicon, and the index feedback is about) `config` trains from or with, so a
-    missing one fails with its one-line error first."""
+    missing one, or one of another kind, fails with its one-line error first."""
+    from medfaq.common.model_kinds import CROSSENCODER, ENCODER_KINDS, check_model_kind
     from medfaq.index.concepts import concept_lexicon
     from medfaq.index.faq_index import read_manifest
 
-    for name in (config.init, config.negatives_encoder, *([config.prior_model] if config.prior_scale else [])):
-        resolve_model(name)
+    init, *biencoders = training_models(config)
+    starts = (CROSSENCODER, *ENCODER_KINDS) if config.model_type == CROSSENCODER else ENCODER_KINDS
+    check_model_kind(resolve_model(init), starts, init)
+    for name in biencoders:
+        check_model_kind(resolve_model(name), ENCODER_KINDS, name)
     concept_lexicon(config.faq_synonyms)
     if config.feedback_index:
         read_manifest(Path(config.feedback_index).expanduser())
-
-
-def check_out_dir(out: Path, force: bool) -> None:
-    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
-        raise MedfaqError(f"{out} exists and is not empty; pass --force to overwrite")
 
 
 def train_command(model_type: str) -> Callable[..., None]:
@@ -454,6 +477,8 @@ def train_student(
 
     The teacher's vectors are encoded once into OUT.teacher beside OUT; a run stopped while encoding them, repeated,
     encodes only what is missing."""
+    from medfaq.index.model_files import check_model_directory, declared_dimension
+    from medfaq.retriever.training.distill import check_alignable
     from medfaq.retriever.training.distill import train_student as fit_student
     from medfaq.retriever.training.distill_data import (
         distillation_texts,
@@ -479,9 +504,13 @@ def train_student(
         seed=seed,
     )
     check_out_dir(out, force)
-    for name in (config.init, config.teacher):  # a wrong model fails before the data is read
-        resolve_model(name)
+    for name in (config.init, config.teacher):  # a wrong model, or one of another kind, fails before the data is read
+        check_model_directory(resolve_model(name), name)
     train, dev = split_texts(distillation_texts(data_root), config.max_texts, config.dev_fraction, config.seed)
+    if config.teacher_space == "aligned":  # before the teacher encodes them
+        check_alignable(
+            *(declared_dimension(resolve_model(name)) for name in (config.init, config.teacher)), len(train)
+        )
     config.text_counts = source_counts(train + dev)
     config.n_train_pairs, config.n_dev_texts = len(train), len(dev)
     counts = ", ".join(f"{source} {count}" for source, count in config.text_counts.items())

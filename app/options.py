@@ -14,7 +14,7 @@ from typing import Any, TypeVar, get_type_hints
 
 import typer
 
-from medfaq.common.runtime import PRECISION_HELP, MedfaqError
+from medfaq.common.runtime import PRECISION_HELP, MedfaqError, choose_device
 from medfaq.common.settings import Declared, check_setting
 from medfaq.retriever.pipeline import PipelineConfig, pipeline_settings
 from medfaq.retriever.setup_plan import AUTO_ENCODER
@@ -72,7 +72,25 @@ LENGTH_PENALTY = typer.Option(
     help="Beam search: a finished summary scores its log-probability divided by length**P; above 1 favours longer.",
 )
 
-DEVICE = typer.Option(None, "--device", help="cpu | cuda (default: cuda when available).")  # train, eval duplicates
+
+def existing_device(value: str | None) -> str | None:
+    """Option callback: a device this machine has (`common.runtime.choose_device`), checked before any work."""
+    if value is not None:
+        try:
+            choose_device(value)
+        except MedfaqError as error:
+            raise typer.BadParameter(str(error)) from None
+    return value
+
+
+DEVICE = typer.Option(  # every command that takes --device
+    None, "--device", callback=existing_device, help="cpu | cuda (default: cuda when available)."
+)
+
+
+def port_option(default: int, help: str) -> Any:
+    """``--port``: a TCP port, 1 to 65535 (anything else is a one-line usage error); `serve` and `demo`."""
+    return typer.Option(default, "--port", min=1, max=65535, help=help)
 
 
 @dataclass(frozen=True)

@@ -110,6 +110,23 @@ CHECKPOINT_STATE = "trainer_state.pt"  # in CHECKPOINT_DIR: optimizer, scheduler
 UNFINISHED_FILE = "training-unfinished"  # in a trainer's output directory until its run has finished
 
 
+def check_out_dir(out: str | os.PathLike, force: bool | None = None, option: str = "--out") -> Path:
+    """Fail, in one line and before any work, where the output directory `out` cannot be written: a file, or a
+    place whose nearest existing folder is a file or not writable; with `force` False also where it holds files
+    already (`force` None: the caller decides about those). Nothing is created. Returns `out`."""
+    out = Path(out).expanduser()
+    if out.exists() and not out.is_dir():
+        raise MedfaqError(f"{option} {out} is a file; pass a directory")
+    existing = next(folder for folder in (out, *out.parents) if folder.exists())
+    if not existing.is_dir():
+        raise MedfaqError(f"cannot make {option} {out}: {existing} is a file")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise MedfaqError(f"cannot write {option} {out}: permission denied")
+    if force is False and out.is_dir() and any(out.iterdir()):
+        raise MedfaqError(f"{out} exists and is not empty; pass --force to overwrite")
+    return out
+
+
 def resumable_run(directory: Path) -> bool:
     """Whether `directory` holds a training run that stopped before its end and left a checkpoint to resume from."""
     directory = Path(directory)
@@ -206,10 +223,15 @@ def resolve_model(name: str | os.PathLike | None = None) -> str:
 
 
 def local_model_dir(name: str | os.PathLike | None) -> Path | None:
-    """The directory on this machine that model argument `name` names (an existing directory, else a name under
-    :func:`models_dir`), resolved; None for anything else (no name, a file, a hub id)."""
+    """The directory on this machine that model argument `name` names (the bundled MiniLM, MPNet once unpacked, an
+    existing directory, else a name under :func:`models_dir`), resolved; None for anything else (no name, a file,
+    a hub id)."""
     if name is None:
         return None
+    if str(name).lower() in MINILM_ALIASES:
+        return minilm_path().resolve()
+    if str(name).lower() in MPNET_ALIASES:
+        name = models_dir() / MPNET_NAME
     path = Path(name).expanduser()
     if path.exists():
         return path.resolve() if path.is_dir() else None
@@ -243,13 +265,25 @@ def seed_everything(seed: int) -> None:
         torch.cuda.manual_seed_all(seed)
 
 
+DEVICES = ("cpu", "cuda")  # `cuda:N` names one GPU
+
+
 def choose_device(device: str | None = None) -> str:
-    """`device` if given (e.g. ``"cpu"`` to force CPU), else ``"cuda"`` when a GPU is visible, else ``"cpu"``."""
-    if device:
-        return device
+    """`device` if given (e.g. ``"cpu"`` to force CPU), else ``"cuda"`` when a GPU is visible, else ``"cpu"``. A
+    device this machine does not have (``cuda`` where PyTorch sees no GPU, ``cuda:3`` of two, a name that is no
+    device) is a one-line error: every command's ``--device`` goes through here."""
     import torch
 
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    if not device:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    kind, _, number = device.partition(":")
+    if kind not in DEVICES or (number and (kind != "cuda" or not number.isdigit())):
+        raise MedfaqError(f"unknown device {device!r}; pass {' or '.join(DEVICES)} (or cuda:N for GPU N)")
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise MedfaqError(f"device {device!r}: PyTorch sees no CUDA GPU on this machine; pass --device cpu")
+    if number and int(number) >= torch.cuda.device_count():
+        raise MedfaqError(f"device {device!r}: this machine has {plural(torch.cuda.device_count(), 'CUDA GPU')}")
+    return device
 
 
 PRECISIONS = ("auto", "fp32", "bf16")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from medfaq.common.runtime import import_bm25s
+from medfaq.common.runtime import MedfaqError, import_bm25s, plural
 
 bm25s = import_bm25s()
 
@@ -36,10 +36,18 @@ class Bm25Index:
 
     @classmethod
     def build(cls, texts: list[str], keys: np.ndarray) -> Bm25Index:
+        """BM25 over `texts`; texts none of which holds a word to search (stopwords, one-letter words and punctuation
+        are no such words) are a one-line error: an index of them could never match a keyword."""
         if len(texts) == 0:
             return cls(None, np.zeros(0, dtype=np.int64))
+        tokens = tokenize(texts)
+        if not any(tokens):
+            raise MedfaqError(
+                f"no text to index holds a word to search ({plural(len(texts), 'text')}, e.g. {texts[0][:80]!r}: "
+                "only stopwords, one-letter words or punctuation); give the FAQs questions with words"
+            )
         model = bm25s.BM25()
-        model.index(tokenize(texts), show_progress=False)
+        model.index(tokens, show_progress=False)
         return cls(model, keys)
 
     def __len__(self) -> int:

@@ -260,6 +260,9 @@ def _csv_rows(path: Path, report: LoadReport, skip_bad: bool) -> Iterator[tuple[
     reader = csv.DictReader(io.StringIO(text, newline=""), delimiter=delimiter)
     if not reader.fieldnames:
         raise MedfaqError(f"{path}: empty CSV file (expected a header line)")
+    repeated = sorted({name for name in reader.fieldnames if reader.fieldnames.count(name) > 1})
+    if repeated:  # a row would keep only the last of the cells under one name
+        raise MedfaqError(f"{path}: the header names the column(s) {', '.join(map(repr, repeated))} more than once")
     for row in reader:
         if None in row:  # more cells than header columns
             _bad_line(report, path, reader.line_num, "more cells than header columns", skip_bad)

@@ -371,6 +371,9 @@ class FaqIndex:
             return 0
         keys = np.arange(self.manifest.next_key, self.manifest.next_key + len(records), dtype=np.int64)
         texts = [record_text(record, self.manifest.fields) for record in records]
+        all_records = self._records.copy()
+        all_records.add(keys.tolist(), records)
+        bm25 = self._bm25_over(all_records, self._phrasings)  # texts without a word fail before any encoding
         with self._encoding(workers) as encode:
             vectors = self._vectors(
                 records,
@@ -379,9 +382,6 @@ class FaqIndex:
                     encode, everything, self.manifest.dimension, staging, self._fingerprint(everything), progress
                 ),
             )
-        all_records = self._records.copy()
-        all_records.add(keys.tolist(), records)
-        bm25 = self._bm25_over(all_records, self._phrasings)
         self.store.add(keys, vectors)
         self._bm25 = bm25
         self._records = all_records

@@ -1,5 +1,6 @@
-"""What a model directory says about itself without loading it (its kind, its declared dimension), and the
-fingerprint of a loaded model's weights: shared by the PyTorch encoder, the ONNX encoder and its exporter."""
+"""What a model directory says about itself without loading it (whether it is a bi-encoder, by the kind
+common/model_kinds.py reads; its declared dimension), and the fingerprint of a loaded model's weights: shared by the
+PyTorch encoder, the ONNX encoder and its exporter."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from medfaq.common.model_kinds import ENCODER_KINDS, check_model_kind
 from medfaq.common.runtime import MedfaqError
 
 FULL_HASH_PARAMETERS = 500_000_000  # above this many parameters the fingerprint hashes the configuration only
@@ -34,13 +36,15 @@ def model_fingerprint(model: Any) -> str:
 
 
 def check_model_directory(location: str, name: str) -> None:
-    """A one-line error when `location` is a local directory that holds no sentence-transformers or HF model."""
+    """A one-line error when `location` is a local directory that holds no sentence-transformers or HF model, or a
+    model of another kind than a bi-encoder (a cross-encoder, a summarizer: common/model_kinds.py)."""
     path = Path(location)
     if path.is_dir() and not any((path / marker).is_file() for marker in MODEL_MARKERS):
         raise MedfaqError(
             f"{name!r} is not a sentence-transformers or Hugging Face model directory (it has no "
             f"{' or '.join(MODEL_MARKERS)}); pass 'minilm', a trained model directory, or a hub id"
         )
+    check_model_kind(path, ENCODER_KINDS, repr(name))
 
 
 def declared_dimension(location: str) -> int | None:
@@ -60,6 +64,8 @@ def declared_dimension(location: str) -> int | None:
                         dimension = config.get("out_features")
                     elif sum(bool(value) for key, value in config.items() if key.startswith("pooling_mode_")) == 1:
                         dimension = config.get("word_embedding_dimension")
+                    elif isinstance(config.get("pooling_mode"), str):  # sentence-transformers 5: one mode, named
+                        dimension = config.get("embedding_dimension")
             return dimension if isinstance(dimension, int) else None
         if (path / "config.json").is_file():
             hidden = json.loads((path / "config.json").read_text(encoding="utf-8")).get("hidden_size")

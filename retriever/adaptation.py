@@ -85,6 +85,7 @@ def work_dir(directory: Path) -> Path:
 def writer_location(name: str) -> str:
     """The question writer's directory; a missing one (or a directory that is no trained model, or whose training
     stopped before its end) is a one-line error saying how to make it."""
+    from medfaq.common.model_kinds import QUESTION_WRITER
     from medfaq.summarizer.modeling import TRAIN_CONFIG_FILE, trained_summarizer
 
     try:
@@ -96,7 +97,7 @@ def writer_location(name: str) -> str:
             f"no question writer {name!r}: run `medfaq setup`, or train one with `medfaq train question-writer --out "
             "DIR` and pass --writer DIR"
         )
-    trained_summarizer(location)  # a training run stopped before its end: how to finish it
+    trained_summarizer(location, QUESTION_WRITER)  # another kind of model, or a run stopped before its end
     return location
 
 

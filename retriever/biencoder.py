@@ -11,16 +11,20 @@ import numpy as np
 
 from medfaq.common.runtime import choose_device, quantize_linear, resolve_model
 from medfaq.index.concepts import ExpandedText, combined_vectors
+from medfaq.index.model_files import check_model_directory
 
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
 
 
 def load_biencoder(model: str | Path, device: str | None = None, max_length: int | None = None):
-    """A SentenceTransformer from any name `resolve_model` accepts (mean pooling is added to a plain encoder)."""
+    """A SentenceTransformer from any name `resolve_model` accepts (mean pooling is added to a plain encoder); a
+    model of another kind (a cross-encoder, a summarizer) is a one-line error."""
     from sentence_transformers import SentenceTransformer
 
-    encoder = SentenceTransformer(resolve_model(model), device=choose_device(device))
+    location = resolve_model(model)
+    check_model_directory(location, str(model))
+    encoder = SentenceTransformer(location, device=choose_device(device))
     if max_length:
         encoder.max_seq_length = max_length
     return encoder

@@ -118,6 +118,17 @@ def wanted_stages(config: PipelineConfig) -> dict[str, str | None]:
     return wanted
 
 
+def stage_models(config: PipelineConfig) -> list[str]:
+    """The model each stage `config` runs loads, located as its loader locates it (the default one where the config
+    names none); a model that cannot be located is its loader's one-line error."""
+    located = []
+    for kind, name in wanted_stages(config).items():
+        loader = _STAGE_LOADERS.get(kind)
+        if loader is not None and loader.locate is not None:
+            located.append(loader.locate(name))
+    return [location for location in located if location is not None]
+
+
 class StageCache:
     """Stage objects by :class:`StageKey`; see the module's description."""
 

@@ -22,10 +22,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
+from medfaq.common.model_kinds import SUMMARIZER, check_model_kind
 from medfaq.common.runtime import MedfaqError, resolve_model
+from medfaq.retriever.reranker.base import trained_crossencoder
 from medfaq.retriever.setup_plan import RERANKER, SUMMARIZER_ECL, best_summarizer, missing_model_hint, trained
 
 DEFAULT_RERANKER = RERANKER.model
@@ -82,8 +83,11 @@ class SummarizerRewriter:
 
 
 def locate_summarizer(name: str | None) -> str:
-    """The summarizer directory `name` means (None: the best one trained under the models directory)."""
-    return resolve_model(set_up_model(name, "summarizer", best_summarizer()))
+    """The summarizer directory `name` means (None: the best one trained under the models directory); a model of
+    another kind fails here, before the model libraries load."""
+    location = resolve_model(set_up_model(name, "summarizer", best_summarizer()))
+    check_model_kind(location, SUMMARIZER, location)
+    return location
 
 
 def load_rewriter(model: str, settings: StageSettings) -> SummarizerRewriter:
@@ -107,20 +111,10 @@ def load_likelihood(model: str, settings: StageSettings) -> Any:
 def locate_reranker(name: str | None) -> str:
     """The cross-encoder `name` means (None: the one `medfaq setup` trains); a wrong name or path fails here,
     before the model libraries load."""
-    return resolve_model(set_up_model(name, "reranker", DEFAULT_RERANKER))
+    return str(trained_crossencoder(set_up_model(name, "reranker", DEFAULT_RERANKER)))
 
 
 def load_reranker(model: str, settings: StageSettings) -> Any:
-    path = Path(model)
-    if path.is_dir() and not (path / "config.json").is_file():
-        raise MedfaqError(f"reranker {path} is not a model directory (no config.json)")
-    from medfaq.retriever.reranker.base import has_classifier_head
-
-    if path.is_dir() and not has_classifier_head(str(path)):
-        raise MedfaqError(
-            f"reranker {path} has no classification head (a bi-encoder or plain encoder?); "
-            "pass a cross-encoder, e.g. one trained with `medfaq train crossencoder --task faq`"
-        )
     if rerank_backend(settings) == "onnx":
         from medfaq.retriever.reranker.onnx import OnnxReranker
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from medfaq.common.model_kinds import QUESTION_WRITER, SUMMARIZER
 from medfaq.common.runtime import MedfaqError, choose_device, quantize_linear
 from medfaq.summarizer.decoding import GREEDY, Decoding
 from medfaq.summarizer.modeling import (
@@ -205,11 +206,7 @@ class Summarizer:
         (``summarize``, or ``ask`` for the question writer)."""
         if int8_backend not in INT8_BACKENDS:
             raise MedfaqError(f"unknown int8 backend {int8_backend!r}; choose {', '.join(INT8_BACKENDS)}")
-        path, saved = trained_summarizer(model)
-        trained_for = saved.get("direction", "summarize")
-        if trained_for != direction:
-            kind = {"summarize": "a summarizer", "ask": "a question writer"}
-            raise MedfaqError(f"{path} is {kind[trained_for]}, not {kind[direction]}")
+        path, saved = trained_summarizer(model, QUESTION_WRITER if direction == "ask" else SUMMARIZER)
         device = "cpu" if quantize else choose_device(device)
         settings = {
             "decoding": Decoding(num_beams=saved.get("eval_beams", 1), max_length=saved.get("eval_max_length", 64)),

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from medfaq.common.model_kinds import SUMMARIZER, TRAIN_CONFIG, check_model_kind, noun, train_command
 from medfaq.common.runtime import UNFINISHED_FILE, MedfaqError, make_once, models_dir, resolve_model, resumable_run
 
 logger = logging.getLogger("medfaq")
@@ -35,25 +36,25 @@ def is_causal_lm(model) -> bool:
     return not getattr(config, "is_encoder_decoder", False) and config.model_type != "encoder-decoder"
 
 
-TRAIN_CONFIG_FILE = "train_config.json"  # the training settings saved beside every trained summarizer
+TRAIN_CONFIG_FILE = TRAIN_CONFIG  # the training settings saved beside every trained summarizer
 
 
-def trained_summarizer(model: str | Path) -> tuple[Path, dict]:
-    """The directory of the trained summarizer `model` names (:func:`common.runtime.resolve_model`) and the
-    training settings saved beside it; a one-line error for a directory that is no trained summarizer, or whose
-    training stopped before its end."""
+def trained_summarizer(model: str | Path, kind: str = SUMMARIZER) -> tuple[Path, dict]:
+    """The directory of the trained model of `kind` (a summarizer, or the question writer) that `model` names
+    (:func:`common.runtime.resolve_model`) and the training settings saved beside it; a one-line error for a
+    directory that is no trained model of that kind, or whose training stopped before its end."""
     import json
 
     path = Path(resolve_model(model))
+    check_model_kind(path, kind, path)
     config_file = path / TRAIN_CONFIG_FILE
     if not config_file.is_file():
         raise MedfaqError(
-            f"{path} is not a trained summarizer (no {TRAIN_CONFIG_FILE}); train one with `medfaq train summarizer`"
+            f"{path} is not a trained {noun(kind)} (no {TRAIN_CONFIG_FILE}); train one with `{train_command(kind)}`"
         )
     saved = json.loads(config_file.read_text(encoding="utf-8"))
     if (path / UNFINISHED_FILE).is_file():
-        command = "question-writer" if saved.get("direction") == "ask" else "summarizer"
-        resume = f", or `medfaq train {command} --out {path} --resume`" if resumable_run(path) else ""
+        resume = f", or `{train_command(kind)} --out {path} --resume`" if resumable_run(path) else ""
         raise MedfaqError(f"{path} stopped training before its end: run `medfaq setup`, which finishes it{resume}")
     return path, saved
 

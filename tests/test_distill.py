@@ -237,6 +237,19 @@ def test_an_aligned_student_keeps_its_width_and_learns(data_root, tiny_teacher_d
     assert Encoder(str(out), device="cpu").dim == 32  # no layer added: the index stores the student's width
 
 
+def test_too_few_texts_for_the_aligned_space_fail_before_the_teacher_encodes(
+    data_root, tiny_teacher_dir, tiny_encoder_dir, tmp_path
+):
+    out = tmp_path / "student"
+    result = medfaq(
+        *("train", "student", "--teacher", tiny_teacher_dir, "--init", tiny_encoder_dir, "--out", out),
+        *("--data-root", data_root, "--max-texts", "16", "--teacher-backend", "onnx"),
+    )
+    assert_one_line_error(result, "down to the student's 32 dimensions")
+    assert "there are only 15: give --max-texts a larger number, or use --teacher-space projection" in result.stderr
+    assert not out.exists() and not teacher_cache_dir(out).exists()  # the teacher encoded nothing
+
+
 @pytest.mark.parametrize(
     ("options", "pattern"),
     [

@@ -22,6 +22,15 @@ def one_line_error(result, pattern: str) -> None:
     assert len(lines) == 1 and lines[0].startswith("error: ") and pattern in lines[0], result.stderr
 
 
+def assert_unfinished(result, out, command: str) -> None:
+    """`result` is a run stopped by --max-steps: one line saying so and how to resume it, exit code 3."""
+    assert result.exit_code == 3, result.output
+    lines = result.stderr.strip().splitlines()
+    assert lines[-1].startswith("error: training stopped before its end (--max-steps)"), result.stderr
+    assert lines[-1].endswith(f"continue it with `medfaq train {command} --out {out} --resume`")
+    assert "trained" not in result.stdout
+
+
 def test_train_resume_and_summarize(tmp_path, tiny_bert_dir):
     root = tmp_path / "data" / "meqsum"
     root.mkdir(parents=True)
@@ -33,7 +42,7 @@ def test_train_resume_and_summarize(tmp_path, tiny_bert_dir):
     common += ["--eval-max-length", 5, "--batch-size", 2, "--queue-size", 8, "--device", "cpu"]
     args = ["train", "summarizer", "--variant", "ecl-h", "--backbone", tiny_bert_dir, "--epochs", 2, *common]
     cut = medfaq(*args, "--max-steps", 2)
-    assert cut.exit_code == 0, cut.output
+    assert_unfinished(cut, out, "summarizer")
     assert not (out / "history.json").exists() and (out / "last" / "trainer_state.pt").is_file()
     one_line_error(medfaq(*args), "not empty")
     resumed = medfaq(*args, "--resume")
@@ -103,3 +112,21 @@ def test_rank_options_reach_the_saved_config(tmp_path, tiny_bert_dir):
     assert "train_rank" in json.loads((tmp_path / "model" / "history.json").read_text())[-1]
     bad = tiny_training(tmp_path / "bad", tiny_bert_dir, "rank", "--rank-temperature", 0)
     one_line_error(bad, "--rank-temperature must be positive")
+
+
+def test_a_question_writer_stopped_by_max_steps_says_so_and_resumes(tmp_path, tiny_bert_dir):
+    from medfaq.common.runtime import UNFINISHED_FILE
+
+    root = tmp_path / "data" / "meqsum"
+    root.mkdir(parents=True)
+    for split, rows in (("train", PAIRS[:4]), ("valid", PAIRS[4:6])):
+        (root / f"{split}.jsonl").write_text("".join(json.dumps({"chq": c, "faq": f}) + "\n" for c, f in rows))
+    out = tmp_path / "writer"
+    args = ["train", "question-writer", "--backbone", tiny_bert_dir, "--out", out, "--data-root", tmp_path / "data"]
+    args += ["--train-data", "meqsum:train", "--max-pairs", 4, "--save-every-steps", 1]
+    cut = medfaq(*args, "--max-steps", 1)
+    assert_unfinished(cut, out, "question-writer")
+    assert (out / UNFINISHED_FILE).is_file() and (out / "last" / "trainer_state.pt").is_file()
+    resumed = medfaq(*args, "--resume")
+    assert resumed.exit_code == 0, resumed.output
+    assert "trained the question writer" in resumed.stdout and not (out / UNFINISHED_FILE).exists()

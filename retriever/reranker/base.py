@@ -8,12 +8,14 @@ Imports neither torch nor transformers.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
+
+from medfaq.common.model_kinds import CROSSENCODER, check_model_kind
+from medfaq.common.runtime import MedfaqError, resolve_model
 
 if TYPE_CHECKING:
     from medfaq.retriever.biencoder import BiEncoderScorer
@@ -22,18 +24,15 @@ if TYPE_CHECKING:
 PRIOR_DIR = "prior"  # a reranker trained as a correction of a bi-encoder keeps that bi-encoder here
 
 
-def has_classifier_head(path: str) -> bool:
-    """True for a saved cross-encoder (a sequence-classification model, or a sentence-transformers CrossEncoder
-    directory), False for a plain encoder."""
-    directory = Path(path)
-    config = directory / "config.json"
-    st_config = directory / "config_sentence_transformers.json"
-    if st_config.is_file() and json.loads(st_config.read_text(encoding="utf-8")).get("model_type") == "CrossEncoder":
-        return True
-    if not config.is_file():
-        return False
-    architectures = json.loads(config.read_text(encoding="utf-8")).get("architectures") or []
-    return any(name.endswith("ForSequenceClassification") for name in architectures)
+def trained_crossencoder(model: str | Path) -> Path:
+    """The directory of the cross-encoder `model` names (any name `resolve_model` accepts), or a one-line error for
+    a directory that holds no model or a model of another kind (a bi-encoder, a plain encoder without a
+    classification head, a summarizer), read from its files before any model library loads."""
+    path = Path(resolve_model(model))
+    if path.is_dir() and not (path / "config.json").is_file():
+        raise MedfaqError(f"reranker {path} is not a model directory (no config.json)")
+    check_model_kind(path, CROSSENCODER, f"reranker {path}", plain=False)
+    return path
 
 
 def decision_boundary(config: EncoderTrainConfig) -> float:

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from sentence_transformers.base.modules import Module
 
+from medfaq.common.model_kinds import has_classifier_head
 from medfaq.common.runtime import (
     MedfaqError,
     autocast,
@@ -28,7 +29,7 @@ from medfaq.common.runtime import (
     resolve_precision,
 )
 from medfaq.retriever.biencoder import BiEncoderScorer
-from medfaq.retriever.reranker.base import PRIOR_DIR, PairReranker, cut_first, decision_boundary, has_classifier_head
+from medfaq.retriever.reranker.base import PRIOR_DIR, PairReranker, cut_first, decision_boundary, trained_crossencoder
 from medfaq.retriever.training.config import CONFIG_FILE, HEADS, EncoderTrainConfig
 
 HEAD_CLASS_NAMES = (
@@ -163,7 +164,7 @@ class CrossEncoderReranker(PairReranker):
         """Load a trained cross-encoder (any name `resolve_model` accepts); `quantize` = int8 dynamic (CPU only);
         `max_length`: tokens per pair (None = the trained length); `precision`: of its matrix products (fp32, bf16
         or auto, see `common.runtime.resolve_precision`)."""
-        path = Path(resolve_model(model))
+        path = trained_crossencoder(model)
         encoder = load_crossencoder(path, device="cpu" if quantize else device, max_length=max_length)
         if quantize:
             quantize_checked(encoder, str(model))

@@ -22,11 +22,11 @@ from pathlib import Path
 
 import numpy as np
 
-from medfaq.common.runtime import MedfaqError, resolve_model
+from medfaq.common.runtime import MedfaqError
 from medfaq.index.onnx.encoder import OnnxEncoder
 from medfaq.index.onnx.export import ensure_export, finish_export, trace_export
 from medfaq.index.onnx.graph import TOKENIZER_FILE, ExportInfo, OnnxGraph
-from medfaq.retriever.reranker.base import PRIOR_DIR, PairReranker, cut_first, decision_boundary
+from medfaq.retriever.reranker.base import PRIOR_DIR, PairReranker, cut_first, decision_boundary, trained_crossencoder
 
 logger = logging.getLogger("medfaq.crossencoder")
 
@@ -137,7 +137,7 @@ class OnnxReranker(PairReranker):
         from medfaq.retriever.biencoder import BiEncoderScorer
         from medfaq.retriever.training.config import CONFIG_FILE, EncoderTrainConfig
 
-        path = Path(resolve_model(model))
+        path = trained_crossencoder(model)
         config = EncoderTrainConfig.load(path) if (path / CONFIG_FILE).is_file() else EncoderTrainConfig()
         precision = "int8" if quantize else "fp32"
         export = ensure_export(str(path), export_crossencoder, precision)

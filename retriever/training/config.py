@@ -11,10 +11,11 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from medfaq.common.model_kinds import KIND_KEY, STUDENT, TRAIN_CONFIG
 from medfaq.common.runtime import PRECISIONS, MedfaqError
 from medfaq.index.datasets import FAQ_SOURCES
 
-CONFIG_FILE = "train_config.json"
+CONFIG_FILE = TRAIN_CONFIG
 MODEL_TYPES = ("biencoder", "crossencoder")
 TASKS = ("mqp", "qa", "faq")
 DISTILL_TASK = "distill"
@@ -103,9 +104,14 @@ class EncoderTrainConfig:
         """The bi-encoder whose cosine a cross-encoder with `prior_scale` > 0 is trained to correct."""
         return self.prior_encoder or self.negatives_encoder
 
+    @property
+    def kind(self) -> str:
+        """The kind of model this run trains, as its saved config declares it (common/model_kinds.py)."""
+        return STUDENT if self.task == DISTILL_TASK else self.model_type
+
     def save(self, directory: str | Path) -> Path:
         path = Path(directory) / CONFIG_FILE
-        path.write_text(json.dumps(asdict(self), indent=2) + "\n", encoding="utf-8")
+        path.write_text(json.dumps({KIND_KEY: self.kind, **asdict(self)}, indent=2) + "\n", encoding="utf-8")
         return path
 
     @classmethod

@@ -46,6 +46,20 @@ def build_student(init: str, teacher_dim: int | None, device: str | None = None)
     return SentenceTransformer(modules=[*modules, Normalize()], device=str(model.device))
 
 
+def check_alignable(width: int | None, teacher_width: int | None, texts: int) -> None:
+    """A one-line error where the aligned teacher space cannot be fitted for a student `width` wide: the teacher
+    must be at least as wide, and its `width` principal directions need as many training `texts` (a width not
+    known, None, is not checked). `medfaq train student` checks this before the teacher encodes anything."""
+    if width and teacher_width and width > teacher_width:
+        raise MedfaqError(f"a student {width} wide cannot align to a teacher {teacher_width} wide; use projection")
+    if width and texts < width:
+        raise MedfaqError(
+            f"--teacher-space aligned brings the teacher down to the student's {width} dimensions along the main "
+            f"directions of the training texts, and there are only {texts}: give --max-texts a larger number, "
+            "or use --teacher-space projection"
+        )
+
+
 def aligned_teacher_map(
     student: Any, texts: list[str], targets: np.ndarray, sample: int = 8192, seed: int = 0
 ) -> tuple[np.ndarray, float]:
@@ -55,8 +69,7 @@ def aligned_teacher_map(
     chosen = np.sort(np.random.default_rng(seed).permutation(len(texts))[:sample])
     teacher = np.asarray(targets[chosen], dtype=np.float64)
     width = int(student.get_embedding_dimension())
-    if width > teacher.shape[1]:
-        raise MedfaqError(f"a student {width} wide cannot align to a teacher {teacher.shape[1]} wide; use projection")
+    check_alignable(width, teacher.shape[1], len(chosen))
     _, singular, directions = np.linalg.svd(teacher, full_matrices=False)
     reduce = directions[:width].T
     reduced = unit_rows(teacher @ reduce)

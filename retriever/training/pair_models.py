@@ -10,9 +10,10 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from medfaq.common.model_kinds import BIENCODER, CROSSENCODER, STUDENT, check_model_kind, model_kind
 from medfaq.common.runtime import resolve_model
 from medfaq.retriever.biencoder import BiEncoderScorer, load_biencoder
-from medfaq.retriever.reranker.base import decision_boundary, has_classifier_head
+from medfaq.retriever.reranker.base import decision_boundary
 from medfaq.retriever.reranker.model import CrossEncoderReranker
 from medfaq.retriever.reranker.training import initial_crossencoder, save_prior, shared_prior, train_crossencoder
 from medfaq.retriever.training.biencoder import train_biencoder
@@ -64,11 +65,11 @@ def as_scorer(model, config: EncoderTrainConfig) -> PairScorer:
 
 
 def model_type_of(model: str | Path) -> str:
-    """``crossencoder`` or ``biencoder``: from the saved training config, else from the model's head."""
+    """``crossencoder`` or ``biencoder`` (a student is one), as the model's directory says (common/model_kinds.py);
+    a summarizer or question writer is a one-line error, a plain encoder a bi-encoder."""
     path = Path(resolve_model(model))
-    if (path / CONFIG_FILE).is_file():
-        return EncoderTrainConfig.load(path).model_type
-    return "crossencoder" if has_classifier_head(str(path)) else "biencoder"
+    check_model_kind(path, (BIENCODER, STUDENT, CROSSENCODER), model)
+    return CROSSENCODER if model_kind(path) == CROSSENCODER else BIENCODER
 
 
 def load_pair_scorer(model: str | Path, device: str | None = None, quantize: bool = False) -> PairScorer:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from medfaq.common.model_kinds import QUESTION_WRITER, SUMMARIZER, check_model_kind
 from medfaq.common.runtime import MedfaqError, make_once, resolve_model
 from medfaq.summarizer.modeling import load_backbone
 from medfaq.summarizer.training.config import CONFIG_FILE, SummarizerTrainConfig
@@ -24,6 +25,7 @@ FREE_SETTINGS = {"seed", "device", "threads", "precision", "save_every_steps", "
 
 
 def _config(path: Path) -> SummarizerTrainConfig:
+    check_model_kind(path, (SUMMARIZER, QUESTION_WRITER), path)
     if not (path / CONFIG_FILE).is_file():
         raise MedfaqError(f"{path} is not a trained summarizer (no {CONFIG_FILE})")
     return SummarizerTrainConfig.load(path)

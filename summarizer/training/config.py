@@ -7,13 +7,14 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from medfaq.common.model_kinds import KIND_KEY, QUESTION_WRITER, SUMMARIZER, TRAIN_CONFIG
 from medfaq.common.runtime import PRECISIONS, MedfaqError
 from medfaq.summarizer.modeling import backbone_is_causal
 
 VARIANTS = ("ecl", "mle", "ecl-s", "ecl-h", "qfcl", "learned", "rank")
 # summarize: CHQ -> FAQ question (the summarizer); ask: FAQ -> the consumer questions it answers (the question writer)
 DIRECTIONS = ("summarize", "ask")
-CONFIG_FILE = "train_config.json"
+CONFIG_FILE = TRAIN_CONFIG
 RETRIEVAL_NEGATIVES_FILE = "retrieval_negatives.jsonl"  # beside a model trained with retrieval negatives
 
 
@@ -112,8 +113,14 @@ class SummarizerTrainConfig:
     def uses_moco(self) -> bool:
         return self.variant not in {"mle", "rank"}
 
+    @property
+    def kind(self) -> str:
+        """The kind of model this run trains, as its saved config declares it (common/model_kinds.py)."""
+        return QUESTION_WRITER if self.direction == "ask" else SUMMARIZER
+
     def save(self, directory: Path) -> None:
-        (directory / CONFIG_FILE).write_text(json.dumps(dataclasses.asdict(self), indent=2) + "\n", encoding="utf-8")
+        values = {KIND_KEY: self.kind, **dataclasses.asdict(self)}
+        (directory / CONFIG_FILE).write_text(json.dumps(values, indent=2) + "\n", encoding="utf-8")
 
     @classmethod
     def unknown_keys(cls, values: dict) -> list[str]:
@@ -123,6 +130,7 @@ class SummarizerTrainConfig:
     @classmethod
     def load(cls, directory: Path) -> SummarizerTrainConfig:
         values = json.loads((Path(directory) / CONFIG_FILE).read_text(encoding="utf-8"))
+        values.pop(KIND_KEY, None)  # what the settings make (`kind`), not a setting
         unknown = cls.unknown_keys(values)
         if unknown:
             raise MedfaqError(f"{directory} is not a trained summarizer (its {CONFIG_FILE} has {', '.join(unknown)})")

@@ -39,6 +39,7 @@ from medfaq.common.runtime import (
     UNFINISHED_FILE,
     MedfaqError,
     autocast,
+    check_out_dir,
     choose_device,
     resolve_precision,
     resumable_run,
@@ -71,6 +72,18 @@ def _stopped_before_checkpoint(out_dir: Path) -> bool:
     return (out_dir / UNFINISHED_FILE).is_file() and not resumable_run(out_dir)
 
 
+def check_run_dir(out_dir: Path | str, resume: bool = False) -> Path:
+    """`out_dir` where a run can train into it, else a one-line error: a place that cannot be written
+    (:func:`common.runtime.check_out_dir`), a directory in use (unless it holds only a run that stopped before its
+    first checkpoint), or, with `resume`, one without a checkpoint to resume. Commands call it before any work."""
+    out_dir = check_out_dir(out_dir)
+    if resume and not (out_dir / LAST_DIR / STATE_FILE).is_file():
+        raise MedfaqError(f"nothing to resume in {out_dir} (no {LAST_DIR}/{STATE_FILE})")
+    if not resume and out_dir.is_dir() and any(out_dir.iterdir()) and not _stopped_before_checkpoint(out_dir):
+        raise MedfaqError(f"output directory {out_dir} is not empty; pass --resume or another --out")
+    return out_dir
+
+
 def sized_queue(n_examples: int, batch_size: int, limit: int = 4096) -> int:
     """Queue length for a data set: half an epoch of FAQ keys (no stale copies of one FAQ), at most `limit`."""
     return max(batch_size, min(limit, n_examples // 2))
@@ -95,17 +108,8 @@ class SummarizerTrainer:
     """Trains one variant on CHQ→FAQ pairs; `train()` returns the history (one dict per epoch)."""
 
     def __init__(self, config: SummarizerTrainConfig, out_dir: Path | str, resume: bool = False):
-        self.config, self.out_dir = config, Path(out_dir)
+        self.config, self.out_dir = config, check_run_dir(out_dir, resume)
         last = self.out_dir / LAST_DIR
-        if resume and not (last / STATE_FILE).is_file():
-            raise MedfaqError(f"nothing to resume in {self.out_dir} (no {LAST_DIR}/{STATE_FILE})")
-        if (
-            not resume
-            and self.out_dir.exists()
-            and any(self.out_dir.iterdir())
-            and not _stopped_before_checkpoint(self.out_dir)
-        ):
-            raise MedfaqError(f"output directory {self.out_dir} is not empty; pass --resume or another --out")
         self.resume = resume
         if config.threads > 0:
             torch.set_num_threads(config.threads)
