@@ -12,7 +12,7 @@ import typer
 
 from medfaq.app.options import NO_STAGE_FLAGS, StageFlags, port_option, takes_stage_flags
 from medfaq.app.setup_state import ENV_NO_TRAIN, EXAMPLE_QUESTIONS, SHARED_DATA, DemoSettings
-from medfaq.common.runtime import DEFAULT_ENCODER
+from medfaq.retriever.encoder_rule import stock_encoder
 from medfaq.retriever.setup_plan import index_built
 
 APP_SCRIPT = Path(__file__).resolve().parent / "streamlit_app.py"
@@ -108,8 +108,9 @@ def answer_examples(flags: StageFlags) -> None:
         typer.echo(f"building the MedQuAD index in {directory} (once; several minutes on a CPU)", err=True)
         records, report = load_collection("medquad")
         typer.echo(report.summary(), err=True)
-        FaqIndex.build(records, load_encoder(DEFAULT_ENCODER)).save(directory)
-        inherit_threshold(directory, DEFAULT_ENCODER)  # stock MiniLM's shipped threshold, as `index build` gives
+        encoder = stock_encoder(first_run=True)
+        FaqIndex.build(records, load_encoder(encoder)).save(directory)
+        inherit_threshold(directory, encoder)  # the stock encoder's shipped threshold, as `index build` gives
     stages_off = {"summarize": False, "rerank": False, "entities": False}  # the table shows the hits alone
     # Canned examples are not consumers' questions: none goes to the experts' queue (as on the web page).
     config = flags.apply(read_config(directory).updated(top_k=DEMO_TOP_K, log_unanswered=False), **stages_off)

@@ -16,12 +16,13 @@ from typing import Any
 import typer
 
 from medfaq.app.options import DEVICE, ENCODER_OPTION, SYNONYMS_OPTION
-from medfaq.common.runtime import BACKEND_HELP, DEFAULT_ENCODER, MedfaqError, resolve_model
+from medfaq.common.runtime import BACKEND_HELP, MedfaqError, resolve_model
 from medfaq.index.collections import FORMATS
 from medfaq.index.records import FIELDS
 from medfaq.index.vector_store import INDEX_KINDS as KINDS
 from medfaq.index.vector_store import VECTOR_BACKENDS
 from medfaq.retriever.adaptation_config import PARTS, AdaptConfig
+from medfaq.retriever.encoder_rule import stock_encoder
 from medfaq.retriever.setup_plan import AUTO_ENCODER, choose_encoder, set_up_reranker
 
 DEV_QUERIES_OPTION = typer.Option(None, "--dev-queries", help="Your labelled queries (BEIR queries.jsonl).")
@@ -55,8 +56,9 @@ def open_encoder(name: str, backend: str = "auto", **options: Any) -> Any:
     encoder = load_encoder(chosen, backend, **options)
     note = ""
     if name == AUTO_ENCODER:
-        tuned = chosen != DEFAULT_ENCODER
-        note = " (auto: the fine-tuned bi-encoder of `medfaq setup`)" if tuned else " (auto: `medfaq setup` not run)"
+        stock = chosen == stock_encoder()
+        note = " (auto: no fine-tuned encoder saved, the stock one the encoder rule chooses)" if stock else ""
+        note = note or " (auto: the fine-tuned bi-encoder of `medfaq setup`)"
     typer.echo(f"encoder: {chosen}{note}", err=True)
     return encoder
 

@@ -44,7 +44,8 @@ INDEX = typer.Option(
 ENCODER_OPTION = typer.Option(
     AUTO_ENCODER,
     "--encoder",
-    help="auto (the best fine-tuned bi-encoder `medfaq setup` trained: MPNet, else MiniLM; else stock minilm), "
+    help="auto (the best fine-tuned bi-encoder `medfaq setup` trained: MPNet, else MiniLM; else the stock encoder the "
+    "encoder rule chooses, mpnet), "
     "minilm, mpnet (stock all-mpnet-base-v2), a model directory or a hub id.",
 )
 SYNONYMS_OPTION = typer.Option(

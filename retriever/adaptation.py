@@ -86,8 +86,10 @@ def writer_location(name: str) -> str:
     """The question writer's directory; a missing one (or a directory that is no trained model, or whose training
     stopped before its end) is a one-line error saying how to make it."""
     from medfaq.common.model_kinds import QUESTION_WRITER
+    from medfaq.retriever.setup_plan import require_trained
     from medfaq.summarizer.modeling import TRAIN_CONFIG_FILE, trained_summarizer
 
+    require_trained(name, "question writer")
     try:
         location = resolve_model(name)
     except MedfaqError:

@@ -12,7 +12,8 @@
   offline dictionaries).
 
 Each loader declares the config fields it reads (the stage cache keys the stage by them) and locates its model
-first: a set-up model that is not trained yet is a one-line error naming `medfaq setup` and the exact train command.
+first: a set-up model that is not trained yet raises `ModelNotTrained`, which the command line turns into an offer
+to train it there and then (`medfaq --yes ...`), and anything else into one line naming the train command.
 
 With ``quantize`` in the config, the summarizer's and the reranker's linear layers are converted to int8 with
 PyTorch dynamic quantisation (CPU only, `common.runtime.quantize_linear`); an ONNX reranker runs its int8 graph.
@@ -25,9 +26,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from medfaq.common.model_kinds import SUMMARIZER, check_model_kind
-from medfaq.common.runtime import MedfaqError, resolve_model
+from medfaq.common.runtime import resolve_model
 from medfaq.retriever.reranker.base import trained_crossencoder
-from medfaq.retriever.setup_plan import RERANKER, SUMMARIZER_ECL, best_summarizer, missing_model_hint, trained
+from medfaq.retriever.setup_plan import RERANKER, SUMMARIZER_ECL, best_summarizer, require_trained
 
 DEFAULT_RERANKER = RERANKER.model
 
@@ -60,10 +61,8 @@ class StageSettings:
 
 def set_up_model(name: str | None, kind: str, default: str | None) -> str:
     """`name` (or `default`), with a one-line error naming the fix when it is a set-up model not trained yet."""
-    chosen = name or default
-    if chosen is None or not trained(chosen):
-        missing = chosen or SUMMARIZER_ECL.model
-        raise MedfaqError(f"no {kind} model {missing!r} is trained yet: {missing_model_hint(missing)}")
+    chosen = name or default or SUMMARIZER_ECL.model
+    require_trained(chosen, kind)
     return chosen
 
 

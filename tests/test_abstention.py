@@ -52,10 +52,10 @@ def _set_up_biencoder(tiny_encoder_dir: Path) -> Path:
     return target
 
 
-def test_auto_is_minilm_until_setup_saved_a_fine_tuned_biencoder_then_the_best_of_them(tiny_encoder_dir):
-    assert choose_encoder("auto") == DEFAULT_ENCODER
+def test_auto_is_the_ruled_stock_encoder_until_setup_saved_a_fine_tuned_one_then_the_best_of_them(tiny_encoder_dir):
+    assert choose_encoder("auto") == "mpnet"  # the encoder rule over the stock encoders' shipped measurements
     (models_dir() / BIENCODER_MODEL).mkdir(parents=True)  # a training still running: no config.json yet
-    assert choose_encoder("auto") == DEFAULT_ENCODER
+    assert choose_encoder("auto") == "mpnet"
     shutil.rmtree(models_dir() / BIENCODER_MODEL)
     tuned = _set_up_biencoder(tiny_encoder_dir)
     assert choose_encoder("auto") == str(tuned)
@@ -261,9 +261,10 @@ def test_abstain_without_any_threshold_is_one_line(tmp_path, tiny_encoder_dir):
 
 @pytest.mark.integration
 def test_a_fresh_minilm_index_abstains_out_of_the_box(tmp_path):
-    """Stock MiniLM (`--encoder auto` before `medfaq setup`) ships its threshold: off-topic questions abstain."""
+    """Stock MiniLM (the first-run index's encoder) ships its threshold: off-topic questions abstain."""
     out = tmp_path / "idx"
-    args = ["index", "build", str(_faq_file(tmp_path)), "--out", str(out), "--encoder-backend", "torch"]
+    args = ["index", "build", str(_faq_file(tmp_path)), "--out", str(out), "--encoder", "minilm"]
+    args += ["--encoder-backend", "torch"]
     assert CliRunner().invoke(app, args).exit_code == 0
     assert read_config(out).inherited_thresholds["dense@raw"].endswith("stock_thresholds.json (minilm)")
     search = ["search", "--index", str(out), "--json", "--encoder-backend", "torch"]

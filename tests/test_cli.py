@@ -137,7 +137,7 @@ def test_demo_fetches_builds_once_and_answers(monkeypatch, tmp_path, tiny_encode
     ]
     (shared / "medquad" / "medquad.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     monkeypatch.setattr(cmd_demo, "SHARED_DATA", shared)
-    monkeypatch.setattr(cmd_demo, "DEFAULT_ENCODER", str(tiny_encoder_dir))
+    monkeypatch.setattr(cmd_demo, "stock_encoder", lambda first_run=False: str(tiny_encoder_dir))
     first = medfaq("demo", "--cli", "--top-k", "1")
     assert first.exit_code == 0, first.output
     assert "building the MedQuAD index" in first.stderr

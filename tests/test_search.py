@@ -109,7 +109,8 @@ def test_pipeline_config_round_trip_and_validation(tmp_path, index):
         Pipeline(index, PipelineConfig(summarize=True))
     with pytest.raises(MedfaqError, match="rerank_max_length must be a whole number of at least 8"):
         PipelineConfig(rerank_max_length=4)
-    with pytest.raises(MedfaqError, match="^top_k must be a whole number of at least 1 and at most 100, got 0$"):  # the one at fault
+    at_fault = "^top_k must be a whole number of at least 1 and at most 100, got 0$"  # the one at fault
+    with pytest.raises(MedfaqError, match=at_fault):
         PipelineConfig(top_k=0)
     flags = StageFlags(rerank=True, rerank_depth=5, rerank_margin=0.05, rerank_max_length=64, rerank_precision="bf16")
     applied = flags.apply(config)
