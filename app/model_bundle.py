@@ -135,7 +135,7 @@ def index_entry(directory: Path, hashed: bool = True) -> dict[str, Any]:
             f"index {directory} keeps its vectors in {manifest.backend['name']}, outside its directory: it cannot "
             "travel in a file (`medfaq index migrate` it to faiss first)"
         )
-    decisions = {name: record for name in decision_files() if (record := read_record(directory / name)) is not None}
+    decisions = {path.name: record for path in decision_files(directory) if (record := read_record(path)) is not None}
     return {
         "name": directory.name,
         "kind": "index",
@@ -148,12 +148,12 @@ def index_entry(directory: Path, hashed: bool = True) -> dict[str, Any]:
     }
 
 
-def decision_files() -> tuple[str, ...]:
-    """The files beside an index that record how its pipeline was decided."""
+def decision_files(directory: Path) -> tuple[Path, ...]:
+    """The files beside the index at `directory` that record how its pipeline was decided."""
     from medfaq.retriever import likelihood_choice, reranker_choice
-    from medfaq.retriever.pipeline_file import PIPELINE_FILE
+    from medfaq.retriever.pipeline_file import config_path
 
-    return PIPELINE_FILE, likelihood_choice.CHOICE_FILE, reranker_choice.CHOICE_FILE
+    return config_path(directory), directory / likelihood_choice.CHOICE_FILE, directory / reranker_choice.CHOICE_FILE
 
 
 def _contents(directory: Path, hashed: bool) -> dict[str, Any]:

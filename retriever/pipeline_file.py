@@ -16,9 +16,14 @@ from medfaq.retriever.threshold_files import with_model_thresholds
 PIPELINE_FILE = "pipeline.json"
 
 
+def config_path(directory: str | Path) -> Path:
+    """Where the pipeline file of the index at `directory` is."""
+    return Path(directory) / PIPELINE_FILE
+
+
 def config_bytes(directory: str | Path) -> bytes | None:
     """The bytes of `directory`'s ``pipeline.json`` (None when it has none): cheap to compare with what was loaded."""
-    path = Path(directory) / PIPELINE_FILE
+    path = config_path(directory)
     if not path.is_file():
         return None
     try:
@@ -43,7 +48,7 @@ def _parsed(saved: bytes, directory: str | Path) -> PipelineConfig:
             raise MedfaqError(f"expected a JSON object of settings, got {type(data).__name__}")
         return PipelineConfig.from_dict(data)
     except (UnicodeDecodeError, json.JSONDecodeError, TypeError, MedfaqError) as error:
-        raise MedfaqError(f"{Path(directory) / PIPELINE_FILE} is not a valid pipeline config: {error}") from None
+        raise MedfaqError(f"{config_path(directory)} is not a valid pipeline config: {error}") from None
 
 
 def read_config(directory: str | Path) -> PipelineConfig:
@@ -56,7 +61,7 @@ def write_config(directory: str | Path, config: PipelineConfig) -> Path:
     """Write `config` as `directory`'s ``pipeline.json``; the file survives index saves."""
     from medfaq.index.faq_index import write_lock
 
-    path = Path(directory) / PIPELINE_FILE
+    path = config_path(directory)
     with write_lock(directory):  # an index save beside this one copies the finished file
         tmp = path.with_suffix(".json.tmp")
         tmp.write_text(json.dumps(config.to_dict(), indent=2) + "\n", encoding="utf-8")
@@ -92,4 +97,4 @@ def store_threshold(directory: str | Path, config: PipelineConfig, value: float)
         return saved.replace(abstain=True, thresholds=thresholds, inherited_thresholds=inherited)
 
     update_config(directory, calibrated)
-    return Path(directory) / PIPELINE_FILE
+    return config_path(directory)

@@ -52,7 +52,7 @@ def exported(tmp_path_factory, tiny_encoder_dir) -> tuple[Path, list[dict]]:
         encoder = Path(shutil.copytree(tiny_encoder_dir, models_dir() / MPNET_BIENCODER_MODEL))
         EncoderTrainConfig(model_type="biencoder", task="faq", loss="contrastive", init="mpnet").save(encoder)
         ModelThreshold(0.5, "dense@raw", "top cosine", str(encoder), "none", {}, {}).save(encoder)
-        (encoder / "medfaq-onnx").mkdir()  # made again where it runs: it does not travel
+        (encoder / "medfaq-onnx").mkdir(exist_ok=True)  # made again where it runs: it does not travel
         (encoder / "medfaq-onnx" / "model.onnx").write_bytes(b"graph")
         index = indexes_dir() / FAQ_INDEX
         built = medfaq(

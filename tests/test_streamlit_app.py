@@ -243,19 +243,20 @@ def test_a_mistyped_demo_index_is_an_error_not_a_build(demo_env, tmp_path, monke
 
 
 def test_default_steps_skip_what_exists_and_respect_no_train(demo_env, monkeypatch):
-    ready = DemoSettings.from_env()
+    assert [step.key for step in default_steps(DemoSettings.from_env())] == ["index", "biencoder-mpnet", "index-faq"]
+    ready = DemoSettings.from_env(everything=True)
     steps = default_steps(ready)
     keys = ["index", "biencoder", "biencoder-mpnet", "index-faq", "summarizer-ecl", "reranker", "question-writer"]
-    assert [step.key for step in steps] == [*keys, "summarizer-gemma", "summarizer-rank", "likelihood-faq"]
-    # a custom index and summarizer: the bi-encoders, their index, the Gemma steps and the MedQuAD index's likelihood
-    # decision are switched off; the question writer (of the Adapt page) is not trained while training is off
-    assert [step.status for step in steps] == ["done"] * 6 + ["skipped"] + ["done"] * 3
+    assert [step.key for step in steps] == [*keys, "summarizer-gemma", "summarizer-rank"]
+    # a custom index and summarizer: the bi-encoders, their index and the Gemma steps are switched off; the question
+    # writer (of the Adapt page) is not trained while training is off
+    assert [step.status for step in steps] == ["done"] * 6 + ["skipped"] + ["done"] * 2
     assert not SetupRunner(ready).busy()
     monkeypatch.setenv("MEDFAQ_DEMO_RERANKER", "reranker-not-trained")
-    statuses = {step.key: step.status for step in default_steps(DemoSettings.from_env())}
+    statuses = {step.key: step.status for step in default_steps(DemoSettings.from_env(everything=True))}
     assert statuses["reranker"] == "skipped" and statuses["index"] == "done"
     monkeypatch.setenv("MEDFAQ_DEMO_NO_TRAIN", "0")
-    [rerank] = [step for step in default_steps(DemoSettings.from_env()) if step.key == "reranker"]
+    [rerank] = [step for step in default_steps(DemoSettings.from_env(everything=True)) if step.key == "reranker"]
     assert rerank.status == "pending" and rerank.minutes > 0
     final = rerank.commands[-1]  # after the data fetches: one training, started from the MiniLM bi-encoder, as a
     assert final[:4] == ("train", "crossencoder", "--task", "faq")  # correction of the best fine-tuned one
@@ -269,7 +270,7 @@ def test_demo_uses_the_best_summarizer_on_disk_while_a_better_one_trains(demo_en
 
     monkeypatch.delenv("MEDFAQ_DEMO_SUMMARIZER")
     monkeypatch.setenv("MEDFAQ_DEMO_NO_TRAIN", "0")
-    settings = DemoSettings.from_env()
+    settings = DemoSettings.from_env(everything=True)
     assert [path.name for path in settings.summarizers] == ["summarizer-gemma-quick", "summarizer-ecl-quick"]
     assert settings.summarizer.name == "summarizer-gemma-quick"  # nothing trained yet: the one to wait for
     (models_dir() / "summarizer-ecl-quick").mkdir(parents=True)
