@@ -45,14 +45,14 @@ def setup(
     fast: bool = typer.Option(
         False,
         "--fast",
-        help="Fine-tune MiniLM instead of MPNet as the retrieval encoder (lower R@1 on every real FAQ bank); with "
-        "--all, also leave out MPNet, the Gemma summarizers, the rank models and the question writer.",
+        help="Fine-tune MiniLM instead of MPNet as the retrieval encoder (8.0 R@1 lower on COVID-Q, 2.4 on Quebec); "
+        "with --all, also leave out MPNet, the Gemma summarizers, the rank models and the question writer.",
     ),
     everything: bool = typer.Option(
         False,
         "--all",
-        help="Also train every model the default pipeline leaves off (summarizers, reranker, question writer, rank "
-        "models) and make the MedQuAD index's stage decisions, instead of on first need.",
+        help="Also train every model the default pipeline leaves off (the fine-tuned MiniLM, summarizers, reranker, "
+        "question writer, rank models) up front, instead of on first need.",
     ),
     dry_run: bool = typer.Option(False, "--dry-run", help="List the steps and their times; run nothing."),
     source: Path | None = typer.Option(
