@@ -82,7 +82,11 @@ def setup(
 def run_steps(pending: list[SetupStep]) -> None:
     """Run each step's ``medfaq`` commands in turn, with their own progress bars; a failed command ends the run."""
     for number, step in enumerate(pending, 1):
-        typer.echo(f"==> ({number}/{len(pending)}) {step.title} (about {step.minutes:g} min)", err=True)
+        left = sum(later.minutes for later in pending[number - 1 :])
+        typer.echo(
+            f"==> ({number}/{len(pending)}) {step.title} (about {step.minutes:g} min; {left:g} min left in all)",
+            err=True,
+        )
         start = time.monotonic()
         for command in step.commands:
             typer.echo(f"$ medfaq {' '.join(command)}", err=True)

@@ -180,3 +180,16 @@ def test_a_command_trains_a_missing_model_on_first_need_after_saying_so(index_di
     # the command ran again after the (faked) training, which saved nothing: the first error was not printed
     assert agreed.exit_code == 2 and agreed.stderr.count("error: no reranker model") == 1
     assert "reranker-correction-quick is not trained yet: Fine-tune the MiniLM bi-encoder" in agreed.stderr
+
+
+def test_each_step_says_the_time_left_in_the_whole_set_up(monkeypatch, capsys):
+    import subprocess
+
+    from medfaq.app.cmd_setup import run_steps
+    from medfaq.app.setup_state import SetupStep
+
+    monkeypatch.setattr(subprocess, "run", lambda *args, **kwargs: subprocess.CompletedProcess(args, 0))
+    run_steps([SetupStep("a", "First", (("data", "list"),), minutes=5), SetupStep("b", "Second", (), minutes=52)])
+    shown = capsys.readouterr().err
+    assert "(1/2) First (about 5 min; 57 min left in all)" in shown
+    assert "(2/2) Second (about 52 min; 52 min left in all)" in shown
