@@ -47,6 +47,8 @@ class OneLineErrors(TyperGroup):
         except MedfaqError as error:
             typer.echo(f"error: {one_line(str(error))}", err=True)
             result = 2
+        except typer.Exit as stop:  # a training on first need failed: its step said why
+            result = stop.exit_code
         except getattr(click_errors, "NoArgsIsHelpError", ()) as error:
             error.show()
             result = error.exit_code

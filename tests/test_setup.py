@@ -165,6 +165,8 @@ def test_set_up_trains_only_what_the_default_pipeline_uses():
 
 
 def test_a_command_trains_a_missing_model_on_first_need_after_saying_so(index_dir, monkeypatch):
+    import typer
+
     import medfaq.app.cmd_setup as cmd_setup
 
     ran: list[list[str]] = []
@@ -180,6 +182,13 @@ def test_a_command_trains_a_missing_model_on_first_need_after_saying_so(index_di
     # the command ran again after the (faked) training, which saved nothing: the first error was not printed
     assert agreed.exit_code == 2 and agreed.stderr.count("error: no reranker model") == 1
     assert "reranker-correction-quick is not trained yet: Fine-tune the MiniLM bi-encoder" in agreed.stderr
+
+    def failing(steps):  # a training that fails: its step said why in one line, and set-up exits with its code
+        raise typer.Exit(7)
+
+    monkeypatch.setattr(cmd_setup, "run_steps", failing)
+    failed = CliRunner().invoke(app, ["--yes", *search])
+    assert failed.exit_code == 7 and "Traceback" not in failed.output
 
 
 def test_each_step_says_the_time_left_in_the_whole_set_up(monkeypatch, capsys):
