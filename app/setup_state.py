@@ -37,7 +37,9 @@ from medfaq.retriever.setup_plan import (
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
 OFF_VALUES = {"", "0", "off", "none", "false", "no"}
-INDEX_MINUTES = 5  # `medfaq index build medquad --synonyms none`: 4 min 40 s on one core (docs/results.md)
+# `medfaq index build medquad --synonyms none` with stock MiniLM: 4 min 40 s on one core (docs/results.md); 1 min 3 s
+# alone on an AMX machine, 7 min 54 s there beside a test suite (docs/results.md, the summary's set-up)
+INDEX_MINUTES = 5
 EXAMPLE_QUESTIONS = (
     "I've been on amoxicillin for a chest infection since Monday. Is it OK to have a glass of wine at my "
     "sister's wedding this weekend?",

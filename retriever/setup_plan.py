@@ -123,7 +123,8 @@ MPNET_BIENCODER = ModelStep(
     minutes=52,
     measured="48 min 25 s wall alone on 2 cores, bf16, 21.8 GB peak, its abstention threshold calibrated at the end "
     "(docs/results.md, MPNet fine-tuned with the faq recipe); 25 min 9 s on another AMX machine (docs/results.md, "
-    "a fresh set-up of the MPNet pipeline)",
+    "a fresh set-up of the MPNet pipeline); 58 min 54 s on an AMX machine, 7-28 s a step as other jobs came and went, "
+    "22.3 GB peak (docs/results.md, the summary's set-up)",
     slow=True,
 )
 SUMMARIZER_ECL = ModelStep(
@@ -262,7 +263,7 @@ FAQ_INDEX_BUILDS = {
     BIENCODER_MODEL: IndexBuild("medquad", 14),  # 13 min 59 s on one core beside a job
     # 11 min 32 s alone; synonyms lost development R@1 (69.8 -> 69.1); 10 min 32 s in bf16 on a slower day, when ONNX
     # Runtime encoded a sample 3.0 times slower than bf16 (docs/results.md, the encoder in bf16); 2 min 40 s in bf16
-    # alone on another AMX machine (docs/results.md, a fresh set-up of the MPNet pipeline)
+    # alone on another AMX machine (docs/results.md, a fresh set-up of the MPNet pipeline), 3 min 48 s on a third
     MPNET_BIENCODER_MODEL: IndexBuild("none", 12, 11),
 }
 """The MedQuAD index's build per retrieval encoder (docs/results.md, index build speed, and "Set-up ships the
