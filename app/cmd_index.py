@@ -16,7 +16,7 @@ from typing import Any
 import typer
 
 from medfaq.app.options import DEVICE, ENCODER_OPTION, SYNONYMS_OPTION
-from medfaq.common.runtime import BACKEND_HELP, MedfaqError, resolve_model
+from medfaq.common.runtime import BACKEND_HELP, MedfaqError, local_model_dir, resolve_model
 from medfaq.index.collections import FORMATS
 from medfaq.index.records import FIELDS
 from medfaq.index.vector_store import INDEX_KINDS as KINDS
@@ -126,11 +126,13 @@ def build(
     from medfaq.index.collections import load_collection, parse_field_map
     from medfaq.index.concepts import concept_lexicon
     from medfaq.index.faq_index import FaqIndex, check_index_target, staging_dir
+    from medfaq.retriever.runs import check_not_an_input
 
     check_choice("--kind", kind, KINDS)
     check_choice("--fields", fields, FIELDS)
     check_lock_timeout(lock_timeout)
     target = check_index_target(out)
+    check_not_an_input(target, collection, local_model_dir(choose_encoder(encoder)), option="--out")
     options = backend_options(backend, uri, collection_name, target.name, gpu, cpu, shards)
     records, report = load_collection(collection, format, parse_field_map(field), skip_bad)
     if not records:

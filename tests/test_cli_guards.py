@@ -376,6 +376,18 @@ def test_an_output_inside_the_bundled_encoder_or_a_default_stage_model_is_refuse
     assert sorted(bundled.rglob("*")) == before and [p.name for p in reranker.iterdir()] == ["config.json"]
 
 
+def test_an_index_built_inside_its_own_encoder_or_over_its_collection_is_refused(tmp_path, tiny_encoder_dir, faq_jsonl):
+    import shutil
+
+    encoder = Path(shutil.copytree(tiny_encoder_dir, tmp_path / "encoder"))
+    before = sorted(encoder.rglob("*"))
+    built = medfaq("index", "build", faq_jsonl, "--encoder", encoder, "--out", encoder / "idx")
+    assert_one_line_error(built, f"--out {encoder / 'idx'} is inside the input {encoder.resolve()}")
+    assert sorted(encoder.rglob("*")) == before
+    over = medfaq("index", "build", faq_jsonl, "--encoder", encoder, "--out", faq_jsonl)
+    assert over.exit_code == 2 and faq_jsonl.is_file() and "Traceback" not in over.output
+
+
 @pytest.mark.parametrize(
     ("rows", "pattern"),
     [
