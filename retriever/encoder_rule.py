@@ -13,6 +13,7 @@ it).
 from __future__ import annotations
 
 import json
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cache
@@ -57,8 +58,6 @@ class Candidate:
 
     def add_round(self, long_p50_ms: float, cold_search_runs: Sequence[float]) -> None:
         """Record one round's timings; the times the rule reads become the medians over the rounds so far."""
-        import statistics
-
         self.long_p50_rounds.append(long_p50_ms)
         self.cold_search_runs.extend(cold_search_runs)
         self.long_p50_ms = statistics.median(self.long_p50_rounds)
