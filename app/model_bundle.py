@@ -39,13 +39,13 @@ from importlib import metadata
 from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
+from medfaq.common.model_kinds import TRAIN_CONFIG, model_kind
 from medfaq.common.runtime import CHECKPOINT_DIR, MedfaqError, indexes_dir, medfaq_home, models_dir, utc_timestamp
 
 FORMAT = "medfaq-models"
 FORMAT_VERSION = 1  # raised when the layout or the manifest changes so that an older medfaq cannot read it
 MANIFEST = "manifest.json"
 MODELS, INDEXES = "models", "indexes"  # the folders of the file, and of $MEDFAQ_HOME, items go into
-TRAIN_CONFIG = "train_config.json"  # beside every model `medfaq train` saves (encoders, summarizers, students)
 COMPRESSIONS = {".tar.gz": "gz", ".tgz": "gz", ".tar.bz2": "bz2", ".tbz2": "bz2", ".tar.xz": "xz", ".txz": "xz"}
 """The compression a file name asks for; any other name is a plain tar archive."""
 REMADE = ("medfaq-onnx", "ct2-int8")  # folders a machine derives from a model on first use (ONNX, CTranslate2)
@@ -91,17 +91,6 @@ def fingerprint(files: dict[str, str]) -> str:
     return hashlib.sha256("".join(f"{name}\0{files[name]}\n" for name in sorted(files)).encode()).hexdigest()
 
 
-def model_kind(training: dict[str, Any] | None) -> str:
-    """What a model is, from its training config: biencoder, crossencoder, student, summarizer or question-writer."""
-    from medfaq.retriever.training.config import DISTILL_TASK
-
-    if not training:
-        return "model"
-    if "model_type" in training:
-        return "student" if training.get("task") == DISTILL_TASK else str(training["model_type"])
-    return "question-writer" if training.get("direction") == "ask" else "summarizer"
-
-
 def model_entry(directory: Path, hashed: bool = True) -> dict[str, Any]:
     """A model's manifest entry: its kind, files (with `hashed`, their sha256 and fingerprint), training config,
     abstention threshold (:mod:`retriever.abstention`) and the checks its ONNX export passed when it was made."""
@@ -114,7 +103,7 @@ def model_entry(directory: Path, hashed: bool = True) -> dict[str, Any]:
     export = ExportInfo.read(directory / EXPORT_DIR)
     return {
         "name": directory.name,
-        "kind": model_kind(training),
+        "kind": model_kind(directory) or "model",
         "place": MODELS,
         **_contents(directory, hashed),
         "training": training,
