@@ -1,4 +1,5 @@
-"""Every relative link in README.md and docs/*.md points to a file that exists, and to a heading of it that exists."""
+"""Every relative link in README.md, docs/*.md and docs/experiments/*.md points to a file that exists, and to a
+heading of it that exists."""
 
 from __future__ import annotations
 
@@ -8,7 +9,11 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+PAGES = [
+    REPO / "README.md",
+    *sorted((REPO / "docs").glob("*.md")),
+    *sorted((REPO / "docs" / "experiments").glob("*.md")),
+]
 # [text](target) and ![alt](target): the file up to a space, a `#` or a closing parenthesis, then the optional #anchor
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s#]*)(?:#([^)\s]*))?[^)]*\)")
 CODE_BLOCK = re.compile(r"^```.*?^```", flags=re.DOTALL | re.MULTILINE)

@@ -16,7 +16,7 @@ SUMMARY = DOCS / "results" / "summary.json"
 
 
 def sources(data: object) -> list[str]:
-    """Every `source` of the summary: the title of the results.md section its numbers come from."""
+    """Every `source` of the summary: the title of the section (results.md or experiments/) its numbers come from."""
     if not isinstance(data, dict):
         return []
     found = [data["source"]] if "source" in data else []
@@ -25,7 +25,8 @@ def sources(data: object) -> list[str]:
 
 def test_every_number_cites_a_section_and_every_stage_covers_every_benchmark():
     summary = json.loads(SUMMARY.read_text(encoding="utf-8"))
-    headings = {line.lstrip("#").strip() for line in (DOCS / "results.md").read_text(encoding="utf-8").splitlines()}
+    pages = [DOCS / "results.md", *(DOCS / "experiments").glob("*.md")]
+    headings = {line.lstrip("#").strip() for page in pages for line in page.read_text(encoding="utf-8").splitlines()}
     assert set(sources(summary)) - headings == set()
     benchmarks = set(summary["default_pipeline"]["benchmarks"])
     for name, stage in summary["stage_gains"]["stages"].items():
