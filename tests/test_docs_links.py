@@ -16,13 +16,16 @@ PAGES = [
 ]
 # [text](target) and ![alt](target): the file up to a space, a `#` or a closing parenthesis, then the optional #anchor
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s#]*)(?:#([^)\s]*))?[^)]*\)")
+# [name]: target, a reference-style link's definition
+LINK_DEFINITION = re.compile(r"^\[[^\]]+\]:\s*([^\s#]*)(?:#(\S*))?", flags=re.MULTILINE)
 CODE_BLOCK = re.compile(r"^```.*?^```", flags=re.DOTALL | re.MULTILINE)
 
 
 def relative_links(page: Path) -> list[tuple[str, str]]:
     """(file, anchor) of each link that is not a URL; file is empty for an anchor of the page itself."""
     text = CODE_BLOCK.sub("", page.read_text(encoding="utf-8"))
-    return [(target, anchor) for target, anchor in LINK.findall(text) if not re.match(r"[a-z]+:", target)]
+    found = LINK.findall(text) + LINK_DEFINITION.findall(text)
+    return [(target, anchor) for target, anchor in found if not re.match(r"[a-z]+:", target)]
 
 
 def anchors(page: Path) -> set[str]:
