@@ -15,7 +15,7 @@ from medfaq.common.runtime import MedfaqError, utc_timestamp
 @dataclass
 class AdaptationState:
     """`state`: idle (never started here), running, done or failed (`error` says why); `record`: what the run
-    recorded in the index's manifest (retriever/adaptation.py), or the rows removed by an undo."""
+    recorded in the index's manifest (retriever/decisions/adaptation.py), or the rows removed by an undo."""
 
     state: Literal["idle", "running", "done", "failed"] = "idle"
     action: str = ""
@@ -42,7 +42,7 @@ class AdaptationJob:
     def start(self, undo: bool = False, **settings: Any) -> dict[str, Any]:
         """Start adapting (`settings`: :class:`AdaptConfig` fields) or undoing; a run in progress is a one-line
         error (HTTP 409)."""
-        from medfaq.retriever.adaptation import AdaptConfig
+        from medfaq.retriever.decisions.adaptation import AdaptConfig
 
         config = None if undo else AdaptConfig(**settings)  # bad settings fail here, before anything starts
         with self._lock:
@@ -60,7 +60,7 @@ class AdaptationJob:
         return self.status()
 
     def _run(self, config: Any) -> None:
-        from medfaq.retriever import adaptation
+        from medfaq.retriever.decisions import adaptation
 
         try:
             if config is None:

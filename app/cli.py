@@ -9,7 +9,7 @@ import typer
 from typer.core import TyperGroup
 
 from medfaq.common.runtime import MedfaqError, configure_logging, one_line
-from medfaq.retriever.setup_plan import ModelNotTrained
+from medfaq.retriever.trained_models import ModelNotTrained
 
 try:  # typer >= 0.26 carries its own copy of click
     from typer._click import exceptions as click_errors

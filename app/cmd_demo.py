@@ -12,8 +12,8 @@ import typer
 
 from medfaq.app.options import NO_STAGE_FLAGS, StageFlags, port_option, takes_stage_flags
 from medfaq.app.setup_state import ENV_NO_TRAIN, EXAMPLE_QUESTIONS, SHARED_DATA, DemoSettings
-from medfaq.retriever.encoder_rule import stock_encoder
-from medfaq.retriever.setup_plan import index_built
+from medfaq.retriever.decisions.encoder_rule import stock_encoder
+from medfaq.retriever.trained_models import index_built
 
 APP_SCRIPT = Path(__file__).resolve().parent / "streamlit_app.py"
 THEME = {"primaryColor": "#0f766e", "backgroundColor": "#ffffff", "secondaryBackgroundColor": "#f1f5f9"}

@@ -21,9 +21,9 @@ from medfaq.index.collections import FORMATS
 from medfaq.index.records import FIELDS
 from medfaq.index.vector_store import INDEX_KINDS as KINDS
 from medfaq.index.vector_store import VECTOR_BACKENDS
-from medfaq.retriever.adaptation_config import PARTS, AdaptConfig
-from medfaq.retriever.encoder_rule import stock_encoder
-from medfaq.retriever.setup_plan import AUTO_ENCODER, choose_encoder, set_up_reranker
+from medfaq.retriever.decisions.adaptation_config import PARTS, AdaptConfig
+from medfaq.retriever.decisions.encoder_rule import stock_encoder
+from medfaq.retriever.trained_models import AUTO_ENCODER, choose_encoder, set_up_reranker
 
 DEV_QUERIES_OPTION = typer.Option(None, "--dev-queries", help="Your labelled queries (BEIR queries.jsonl).")
 DEV_QRELS_OPTION = typer.Option(None, "--dev-qrels", help="Their judgements (BEIR qrels.tsv or TREC).")
@@ -66,7 +66,7 @@ def open_encoder(name: str, backend: str = "auto", **options: Any) -> Any:
 def inherit_threshold(directory: Path, encoder: str, reranker: Path | None = None) -> dict[str, float]:
     """Give an index the abstention thresholds its encoder (and `reranker`, default the set-up one, when it corrects
     that encoder) were calibrated with, marked as inherited in its pipeline.json, and say so."""
-    from medfaq.retriever.abstention import inherit_thresholds
+    from medfaq.retriever.decisions.abstention import inherit_thresholds
 
     written = inherit_thresholds(directory, encoder, reranker or set_up_reranker())
     for key, value in written.items():
@@ -257,7 +257,7 @@ def add(
     typer.echo(report.summary(), err=True)
     typer.echo(f"added {added} FAQs; the index now holds {len(index)}")
     if added and index.manifest.adaptation:
-        from medfaq.retriever.adaptation import coverage
+        from medfaq.retriever.decisions.adaptation import coverage
 
         typer.echo(f"note: {coverage(index.manifest.adaptation, len(index))}", err=True)
 
@@ -281,7 +281,7 @@ def info(
 ) -> None:
     """Show an index's manifest: encoder, dimension, fingerprint, fields, kind, counts, sources, version."""
     from medfaq.index.faq_index import index_info
-    from medfaq.retriever import likelihood_choice, reranker_choice
+    from medfaq.retriever.decisions import likelihood_choice, reranker_choice
 
     details = index_info(directory)
     decisions = {"likelihood": likelihood_choice, "reranker": reranker_choice}
@@ -294,7 +294,7 @@ def info(
         return
     for key, value in details.items():
         if key == "adaptation":
-            from medfaq.retriever.adaptation import describe_adaptation
+            from medfaq.retriever.decisions.adaptation import describe_adaptation
 
             value = describe_adaptation(value, details["counts"].get("records", 0))
         elif key in decisions:
@@ -345,7 +345,7 @@ def adapt(
     the FAQs' answers as extra rows where they do not lose R@1 on held-back questions (and on --dev-queries). Those
     questions as phrasings, and an encoder trained on them, are tried only with --dev-queries and kept only where
     those gain. Interrupted runs resume; --undo removes all of it."""
-    from medfaq.retriever import adaptation
+    from medfaq.retriever.decisions import adaptation
 
     if undo:
         removed = adaptation.undo(directory)
@@ -387,7 +387,7 @@ def likelihood(
     """Decide whether the summarizer's likelihood stage ranks this bank better, on your labelled development
     questions (--dev-queries; those `medfaq index adapt` held back vote beside them), by a rule written down in
     advance; the outcome goes into the index's pipeline.json and likelihood.json."""
-    from medfaq.retriever import likelihood_choice
+    from medfaq.retriever.decisions import likelihood_choice
 
     def decide(labelled: list[Any], log: Callable[[str], None]) -> dict[str, Any]:
         return likelihood_choice.choose_likelihood(
@@ -411,7 +411,7 @@ def rerank(
     """Decide whether the cross-encoder reranker ranks this bank better than the index's pipeline without it, on
     your labelled development questions (--dev-queries; those `medfaq index adapt` held back vote beside them), by
     a rule written down in advance; the outcome goes into the index's pipeline.json and reranker.json."""
-    from medfaq.retriever import reranker_choice
+    from medfaq.retriever.decisions import reranker_choice
 
     def decide(labelled: list[Any], log: Callable[[str], None]) -> dict[str, Any]:
         return reranker_choice.choose_reranker(
@@ -446,7 +446,7 @@ def _labelled_queries(queries: Path | None, qrels: Path | None) -> list[Any]:
         return []
     from medfaq.eval.benchmarks import read_qrels
     from medfaq.index.collections import iter_jsonl
-    from medfaq.retriever.adaptation import DevQuery
+    from medfaq.retriever.decisions.adaptation import DevQuery
 
     judged = read_qrels(qrels)
     found = [

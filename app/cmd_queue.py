@@ -11,7 +11,7 @@ import typer
 from medfaq.app.cmd_index import check_choice
 from medfaq.app.options import INDEX
 from medfaq.common.runtime import plural
-from medfaq.retriever.setup_plan import set_up_index
+from medfaq.retriever.trained_models import set_up_index
 
 GROUP = typer.Argument(..., min=1, help="The group's id (see `medfaq queue list`).")
 BY = typer.Option("", "--by", help="Who answers (recorded with the change).")

@@ -23,7 +23,7 @@ from medfaq.retriever.runs import (
     write_text_atomic,
 )
 from medfaq.retriever.search import check_query
-from medfaq.retriever.setup_plan import set_up_index
+from medfaq.retriever.trained_models import set_up_index
 
 if TYPE_CHECKING:
     from medfaq.retriever.pipeline import Pipeline

@@ -14,7 +14,7 @@ from medfaq.app.batching import BatchSettings
 from medfaq.app.options import INDEX, port_option
 from medfaq.common.runtime import MedfaqError
 from medfaq.retriever.runs import check_output, write_text_atomic
-from medfaq.retriever.setup_plan import set_up_index
+from medfaq.retriever.trained_models import set_up_index
 
 SERVE_THREADS = 1
 """Threads per model run and vector search: one, so that concurrent requests share the cores without contention

@@ -1,6 +1,6 @@
 """`medfaq setup`: fetch the data and train the models the default pipeline uses, skipping those present.
 
-The steps come from :mod:`retriever.setup_plan` (through :func:`app.setup_state.default_steps`, which the demo's
+The steps come from :mod:`app.setup_plan` (through :func:`app.setup_state.default_steps`, which the demo's
 first-run set-up runs too); each command runs as ``medfaq ...`` with its own progress bars.
 """
 
@@ -13,9 +13,10 @@ from pathlib import Path
 
 import typer
 
+from medfaq.app.setup_plan import MODEL_STEPS, left_out, step_of
 from medfaq.app.setup_state import REPO_ROOT, DemoSettings, SetupStep, default_steps
 from medfaq.common.runtime import MedfaqError
-from medfaq.retriever.setup_plan import MODEL_STEPS, ModelNotTrained, left_out
+from medfaq.retriever.trained_models import ModelNotTrained
 
 
 def plan_lines(steps: list[SetupStep], fast: bool = False, everything: bool = False) -> list[str]:
@@ -115,14 +116,17 @@ def train_on_first_need(missing: ModelNotTrained, yes: bool) -> None:
         if steps[key].status == "pending" and steps[key] not in wanted:
             wanted.append(steps[key])
 
-    add(missing.step.key)
+    plan = step_of(missing.model)
+    if plan is None:
+        raise missing
+    add(plan.key)
     if not wanted:
         raise missing
     minutes = sum(step.minutes for step in wanted)
     if not yes and not sys.stdin.isatty():
-        raise MedfaqError(f"{missing}; training it takes about {minutes:g} min") from missing
+        raise MedfaqError(f"{missing}, or `{plan.shown()}`; training it takes about {minutes:g} min") from missing
     titles = "; ".join(step.title for step in wanted)
-    typer.echo(f"{missing.step.model} is not trained yet: {titles} (about {minutes:g} min)", err=True)
+    typer.echo(f"{missing.model} is not trained yet: {titles} (about {minutes:g} min)", err=True)
     if not yes and not typer.confirm("Train it now?", err=True):
         raise missing
     run_steps(wanted)

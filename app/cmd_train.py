@@ -10,7 +10,7 @@ import typer
 
 from medfaq.app.options import DEVICE, NO_OVERRIDES, positive, takes_training_overrides
 from medfaq.common.runtime import PRECISION_HELP, UNFINISHED_FILE, MedfaqError, check_out_dir, resolve_model
-from medfaq.retriever.training.student_config import StudentTrainConfig
+from medfaq.retriever.biencoder.student_config import StudentTrainConfig
 
 if TYPE_CHECKING:
     from medfaq.retriever.training.config import EncoderTrainConfig
@@ -24,7 +24,7 @@ UNFINISHED_EXIT = 3  # a summarizer run stopped before its end (--max-steps): it
 def retrieval_negatives_index(index: Path | None) -> Path:
     """The index `--retrieval-negatives` searches (None: the set-up index); a path that is no index fails here."""
     from medfaq.index.faq_index import read_manifest
-    from medfaq.retriever.setup_plan import set_up_index
+    from medfaq.retriever.trained_models import set_up_index
 
     index = Path(index).expanduser() if index is not None else set_up_index()
     read_manifest(index)
@@ -338,7 +338,7 @@ def train_command(model_type: str) -> Callable[..., None]:
         device: str | None = DEVICE,
         force: bool = typer.Option(False, "--force", help="Overwrite a non-empty --out directory."),
     ) -> None:
-        from medfaq.retriever.setup_plan import set_up_index
+        from medfaq.retriever.trained_models import set_up_index
         from medfaq.retriever.training.config import make_config
         from medfaq.retriever.training.pair_data import pair_counts, task_pairs
         from medfaq.retriever.training.pair_models import save_trained, train_pair_model
@@ -386,7 +386,7 @@ def _calibrate_after_training(model: Path, data_from: Path | None = None) -> Non
 
 
 def _report_threshold(model: Path | str, data_from: Path | None = None, seed: int = 0) -> None:
-    from medfaq.retriever.abstention import THRESHOLD_FILE, calibrate_model
+    from medfaq.retriever.decisions.abstention import THRESHOLD_FILE, calibrate_model
 
     stored = calibrate_model(model, data_from, seed)
     development = stored.development
@@ -478,9 +478,9 @@ def train_student(
     The teacher's vectors are encoded once into OUT.teacher beside OUT; a run stopped while encoding them, repeated,
     encodes only what is missing."""
     from medfaq.index.model_files import check_model_directory, declared_dimension
-    from medfaq.retriever.training.distill import check_alignable
-    from medfaq.retriever.training.distill import train_student as fit_student
-    from medfaq.retriever.training.distill_data import (
+    from medfaq.retriever.biencoder.distill import check_alignable
+    from medfaq.retriever.biencoder.distill import train_student as fit_student
+    from medfaq.retriever.biencoder.distill_data import (
         distillation_texts,
         source_counts,
         split_texts,

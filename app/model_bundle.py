@@ -93,10 +93,11 @@ def fingerprint(files: dict[str, str]) -> str:
 
 def model_entry(directory: Path, hashed: bool = True) -> dict[str, Any]:
     """A model's manifest entry: its kind, files (with `hashed`, their sha256 and fingerprint), training config,
-    abstention threshold (:mod:`retriever.abstention`) and the checks its ONNX export passed when it was made."""
+    abstention threshold (:mod:`retriever.decisions.abstention`) and the checks its ONNX export passed when it was
+    made."""
     from medfaq.index.onnx.graph import EXPORT_DIR, ExportInfo
-    from medfaq.retriever.abstention import ModelThreshold
-    from medfaq.retriever.stage_choice import read_record
+    from medfaq.retriever.decisions.abstention import ModelThreshold
+    from medfaq.retriever.decisions.stage_choice import read_record
 
     training = read_record(directory / TRAIN_CONFIG)
     threshold = ModelThreshold.load(directory)
@@ -116,7 +117,7 @@ def index_entry(directory: Path, hashed: bool = True) -> dict[str, Any]:
     """The set-up index's manifest entry: its files, the encoder it was encoded by, the check that encoder's runtime
     passed, and the decisions recorded beside it."""
     from medfaq.index.faq_index import read_manifest
-    from medfaq.retriever.stage_choice import read_record
+    from medfaq.retriever.decisions.stage_choice import read_record
 
     manifest = read_manifest(directory)
     if manifest.backend.get("name", "faiss") != "faiss":
@@ -139,7 +140,7 @@ def index_entry(directory: Path, hashed: bool = True) -> dict[str, Any]:
 
 def decision_files(directory: Path) -> tuple[Path, ...]:
     """The files beside the index at `directory` that record how its pipeline was decided."""
-    from medfaq.retriever import likelihood_choice, reranker_choice
+    from medfaq.retriever.decisions import likelihood_choice, reranker_choice
     from medfaq.retriever.pipeline_file import config_path
 
     return config_path(directory), directory / likelihood_choice.CHOICE_FILE, directory / reranker_choice.CHOICE_FILE
@@ -157,7 +158,8 @@ def shipped_items(everything: bool = False) -> tuple[list[Path], Path | None]:
     """The model directories an export ships and the set-up's MedQuAD index (None before it is built). Models: those
     of the set-up saved (`saved_models`), and those the index is encoded by or its pipeline names under the models
     directory; with `everything`, every model `medfaq train` saved under it."""
-    from medfaq.retriever.setup_plan import FAQ_INDEX, index_built, saved_models
+    from medfaq.app.setup_plan import saved_models
+    from medfaq.retriever.trained_models import FAQ_INDEX, index_built
 
     index = indexes_dir() / FAQ_INDEX
     index = index if index_built(index) else None
@@ -173,7 +175,7 @@ def shipped_items(everything: bool = False) -> tuple[list[Path], Path | None]:
 
 def trained_models() -> list[Path]:
     """Every model directory under the models directory that `medfaq train` saved and finished."""
-    from medfaq.retriever.setup_plan import model_ready
+    from medfaq.retriever.trained_models import model_ready
 
     found = sorted(models_dir().iterdir()) if models_dir().is_dir() else []
     return [p for p in found if not p.name.startswith(".") and model_ready(p) and (p / TRAIN_CONFIG).is_file()]
@@ -472,7 +474,8 @@ def installed_items() -> list[dict[str, Any]]:
     """What this home holds that an export ships (entries without hashes): every trained model under the models
     directory and the set-up's MedQuAD index, each marked ``setup`` where `medfaq models export` ships it without
     --all."""
-    from medfaq.retriever.setup_plan import FAQ_INDEX, index_built, saved_models
+    from medfaq.app.setup_plan import saved_models
+    from medfaq.retriever.trained_models import FAQ_INDEX, index_built
 
     default = saved_models()
     models = sorted(set(default + trained_models()))

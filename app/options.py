@@ -17,7 +17,7 @@ import typer
 from medfaq.common.runtime import PRECISION_HELP, MedfaqError, choose_device
 from medfaq.common.settings import Declared, check_setting
 from medfaq.retriever.pipeline import PipelineConfig, pipeline_settings
-from medfaq.retriever.setup_plan import AUTO_ENCODER
+from medfaq.retriever.trained_models import AUTO_ENCODER
 
 
 def finite(value: float | None) -> float | None:

@@ -53,7 +53,7 @@ from medfaq.app.service import SearchService, ServiceStatus, ServiceUnavailable
 from medfaq.common.runtime import IndexCorrupt, MedfaqError, NotFound
 from medfaq.common.settings import Declared, check_setting
 from medfaq.index.records import FaqRecord, record_problem
-from medfaq.retriever.adaptation_config import PARTS, AdaptConfig
+from medfaq.retriever.decisions.adaptation_config import PARTS, AdaptConfig
 from medfaq.retriever.pipeline import pipeline_settings
 from medfaq.retriever.search import check_query, invalid_text_position
 

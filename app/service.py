@@ -23,7 +23,7 @@ from medfaq.common.runtime import MedfaqError, NotFound
 from medfaq.index import verified
 from medfaq.index.faq_index import FaqIndex, disk_version, verify_checksums
 from medfaq.index.records import FaqRecord
-from medfaq.retriever import likelihood_choice, reranker_choice
+from medfaq.retriever.decisions import likelihood_choice, reranker_choice
 from medfaq.retriever.model_cache import StageError, shared_cache, wanted_stages
 from medfaq.retriever.pipeline import Pipeline
 from medfaq.retriever.pipeline_file import config_bytes, parse_config

@@ -18,20 +18,17 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TextIO
 
+from medfaq.app.setup_plan import FAQ_INDEX_BUILDS, RERANKER, ModelStep, steps_for
 from medfaq.common.runtime import MedfaqError, medfaq_home, models_dir
-from medfaq.retriever.encoder_rule import stock_encoder
-from medfaq.retriever.setup_plan import (
-    FAQ_INDEX_BUILDS,
-    RERANKER,
+from medfaq.retriever.decisions.encoder_rule import stock_encoder
+from medfaq.retriever.trained_models import (
     RETRIEVAL_ENCODERS,
     SUMMARIZERS,
-    ModelStep,
     encoded_by,
     index_built,
     model_ready,
     reranker_corrects,
     set_up_index_dirs,
-    steps_for,
 )
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -144,7 +141,7 @@ class SetupStep:
     title: str
     commands: tuple[tuple[str, ...], ...] = ()
     model: Path | None = None  # the model directory the step must leave behind
-    minutes: float = 0.0  # measured wall time (retriever.setup_plan)
+    minutes: float = 0.0  # measured wall time (app.setup_plan)
     status: str = "pending"  # pending | running | done | failed | skipped
     detail: str = ""
     started: float | None = None
@@ -186,7 +183,7 @@ def model_targets(settings: DemoSettings) -> list[tuple[ModelStep, Path | None]]
 
 
 def default_steps(settings: DemoSettings) -> list[SetupStep]:
-    """The set-up steps of :mod:`retriever.setup_plan`: fetch MedQuAD and build the index when it is missing,
+    """The set-up steps of :mod:`app.setup_plan`: fetch MedQuAD and build the index when it is missing,
     then train the missing models (or skip them when training is off). Steps with nothing to do are marked done."""
     source = ("--from", str(settings.shared_data)) if settings.shared_data else ()
 

@@ -3,9 +3,9 @@ seen in its training data.
 
 Every benchmark's questions are compared with every text of the training sources: the splits index/datasets.py
 declares (`TRAINING_SPLITS`), read as training reads them (a `train` split through
-:func:`~retriever.training.distill_data.source_texts`: its questions and what they are paired with, MedQuAD's
+:func:`~retriever.biencoder.distill_data.source_texts`: its questions and what they are paired with, MedQuAD's
 questions; a calibration split's CHQs and summaries), and the training part of ``medquad-chq`` that the rank
-summarizer learns from (`RANK_SOURCE`, `retriever.setup_plan.RANK_SPLIT`). A question overlaps a source exactly when
+summarizer learns from (`RANK_SOURCE`, `retriever.trained_models.RANK_SPLIT`). A question overlaps a source exactly when
 their normalised texts are equal (:func:`~eval.benchmarks.question_key`), and is a near-duplicate of it when the
 Jaccard similarity of their sets of character `SHINGLE`-grams reaches `NEAR`. Near-duplicates are found through an
 inverted index of the rarest shingles of each set (prefix filtering: two sets that similar share one of them), which
@@ -56,8 +56,8 @@ def audited_benchmark(name: str, data_root: Path | None = None) -> Benchmark:
 def training_texts(data_root: Path | None = None) -> dict[str, list[str]]:
     """Every training source (``<dataset>:<split>``, `RANK_SOURCE`) -> its texts."""
     from medfaq.eval.summarization_data import load_pairs
-    from medfaq.retriever.setup_plan import RANK_SPLIT
-    from medfaq.retriever.training.distill_data import source_texts
+    from medfaq.retriever.biencoder.distill_data import source_texts
+    from medfaq.retriever.trained_models import RANK_SPLIT
 
     sources: dict[str, list[str]] = {}
     for name, split in TRAINING_SPLITS:

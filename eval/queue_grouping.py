@@ -161,7 +161,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from tqdm.auto import tqdm
 
     from medfaq.index.encoder import load_encoder
-    from medfaq.retriever.setup_plan import choose_encoder
+    from medfaq.retriever.trained_models import choose_encoder
 
     encoder = load_encoder(choose_encoder(args.encoder))
     detector = None

@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 from medfaq.common.runtime import MedfaqError
 from medfaq.eval.benchmarks import Qrels, Run
 from medfaq.index.faq_index import FaqIndex
-from medfaq.retriever.abstention import as_scores, at_threshold, calibrate_threshold
+from medfaq.retriever.decisions.abstention import as_scores, at_threshold, calibrate_threshold
 from medfaq.retriever.pipeline import (
     RERANK_MARGIN,
     LikelihoodScorer,

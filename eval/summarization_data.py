@@ -113,7 +113,7 @@ def load_pairs(spec: str, data_root: Path | None = None) -> list[SummaryPair]:
             pairs.extend(file_pairs(Path(part).expanduser()))
             continue
         if Path(part).expanduser().is_dir():
-            from medfaq.retriever.adaptation import training_pairs_file
+            from medfaq.retriever.decisions.adaptation import training_pairs_file
 
             pairs.extend(file_pairs(training_pairs_file(Path(part).expanduser())))
             continue

@@ -1,6 +1,6 @@
 """Two systems' TREC runs on one benchmark, paired question by question: how many test questions each answers at
 rank 1 where the other does not, and the one-sided sign test of the second against the first (the test the per-index
-stage decisions use, `retriever.stage_choice.sign_test`). Produced the "fine-tuned over stock MPNet" pairs of
+stage decisions use, `retriever.decisions.stage_choice.sign_test`). Produced the "fine-tuned over stock MPNet" pairs of
 docs/results.md's summary:
 
     python experiments/paired_rank1.py BENCH_DIR STOCK_RUN.trec TUNED_RUN.trec
@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 
 from medfaq.eval.benchmarks import Benchmark, read_trec_run
-from medfaq.retriever.stage_choice import sign_test
+from medfaq.retriever.decisions.stage_choice import sign_test
 
 
 def first_hits(path: str) -> dict[str, str]:

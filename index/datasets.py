@@ -49,7 +49,9 @@ class DatasetSpec:
     benchmarks: tuple[BenchmarkSpec, ...] = ()  # retrieval benchmarks made from it (eval/benchmarks.py)
     training_source: str = ""  # query -> FAQ training: "default" (on by default), "optional" or "" (not a source)
     held_out: tuple[str, ...] = ()  # evaluation splits whose questions no training pair may contain
-    calibration: bool = False  # its valid split calibrates the abstention thresholds (retriever/abstention.py)
+    calibration: bool = (
+        False  # its valid split calibrates the abstention thresholds (retriever/decisions/abstention.py)
+    )
 
 
 REAL_BANK = "real-bank"

@@ -93,11 +93,10 @@ class IndexManifest:
 
     `encoder_fingerprint` identifies the encoder's weights (empty in indexes built before it was recorded);
     `encoder_backend` the runtime that encoded the FAQs (torch, onnx, onnx-int8; empty before it was recorded);
-    `encoder_check` how that runtime's graph agreed with its source (index/onnx/check.py; empty for torch);
-    `generation` counts the saves of this directory; `sources` counts FAQs per source (for `index info`);
-    `concepts` describes the concept lexicon FAQs are encoded with (empty: none); `adaptation` records what
-    `medfaq index adapt` added and the development numbers it decided by (retriever/adaptation.py; empty: none).
-    """
+    `encoder_check` how that runtime's graph agreed with its source (index/onnx/check.py; empty for torch); `generation`
+    counts the saves of this directory; `sources` counts FAQs per source (for `index info`); `concepts` describes the
+    concept lexicon FAQs are encoded with (empty: none); `adaptation` records what `medfaq index adapt` added and the
+    development numbers it decided by (retriever/decisions/adaptation.py; empty: none). """
 
     encoder: str
     dimension: int

@@ -2,7 +2,7 @@
 (:mod:`retriever.model_cache`) imports: every process that builds a pipeline has all of them.
 
 * ``rewrite``: :class:`summarizer.generation.Summarizer` (default: the best summarizer `medfaq setup` trained
-  under ``$MEDFAQ_HOME/models``, see :mod:`retriever.setup_plan`), generating with the config's beams and length;
+  under ``$MEDFAQ_HOME/models``, see :mod:`retriever.trained_models`), generating with the config's beams and length;
 * ``rerank``: the cross-encoder (default: the one `medfaq setup` trains) on the runtime :func:`rerank_backend`
   picks: :class:`retriever.reranker.onnx.OnnxReranker` (ONNX Runtime, no torch) or
   :class:`retriever.reranker.model.CrossEncoderReranker` (PyTorch);
@@ -28,9 +28,9 @@ from typing import Any
 from medfaq.common.model_kinds import SUMMARIZER, check_model_kind
 from medfaq.common.runtime import resolve_model
 from medfaq.retriever.reranker.base import trained_crossencoder
-from medfaq.retriever.setup_plan import RERANKER, SUMMARIZER_ECL, best_summarizer, require_trained
+from medfaq.retriever.trained_models import RERANKER_MODEL, SUMMARIZER_ECL_MODEL, best_summarizer, require_trained
 
-DEFAULT_RERANKER = RERANKER.model
+DEFAULT_RERANKER = RERANKER_MODEL
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,7 @@ class StageSettings:
 
 def set_up_model(name: str | None, kind: str, default: str | None) -> str:
     """`name` (or `default`), with a one-line error naming the fix when it is a set-up model not trained yet."""
-    chosen = name or default or SUMMARIZER_ECL.model
+    chosen = name or default or SUMMARIZER_ECL_MODEL
     require_trained(chosen, kind)
     return chosen
 

@@ -13,9 +13,8 @@ from typer.testing import CliRunner
 from medfaq.app.cli import app
 from medfaq.common.runtime import DEFAULT_ENCODER, models_dir
 from medfaq.retriever import threshold_files
-from medfaq.retriever.abstention import at_threshold, calibrate_model, inherit_thresholds
+from medfaq.retriever.decisions.abstention import at_threshold, calibrate_model, inherit_thresholds
 from medfaq.retriever.pipeline_file import PIPELINE_FILE, read_config, store_threshold
-from medfaq.retriever.setup_plan import BIENCODER_MODEL, MPNET_BIENCODER_MODEL, choose_encoder
 from medfaq.retriever.threshold_files import (
     THRESHOLD_FILE,
     ModelThreshold,
@@ -23,6 +22,7 @@ from medfaq.retriever.threshold_files import (
     save_stock_threshold,
     stock_threshold,
 )
+from medfaq.retriever.trained_models import BIENCODER_MODEL, MPNET_BIENCODER_MODEL, choose_encoder
 
 QUESTIONS = [
     ("i drink beer every night and take amoxicillin, is that bad?", "Can I drink alcohol while taking amoxicillin?"),

@@ -8,17 +8,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from typer.testing import CliRunner
-
-from medfaq.app.cli import app
-from medfaq.common.runtime import UNFINISHED_FILE, MedfaqError
-from medfaq.index.faq_index import MANIFEST, FaqIndex, read_manifest
-from medfaq.retriever import adaptation
-from medfaq.retriever.adaptation import DevQuery
-from medfaq.retriever.adaptation_config import AdaptConfig
-from medfaq.summarizer.generation import Summarizer
-from medfaq.summarizer.question_writer import QuestionWriter, reversed_pairs, writer_input
-from medfaq.summarizer.training.trainer import train_summarizer
 from tests.conftest import (
     FAQ_ROWS,
     SUMMARY_PAIRS,
@@ -27,6 +16,17 @@ from tests.conftest import (
     tiny_summarizer_config,
     write_jsonl,
 )
+from typer.testing import CliRunner
+
+from medfaq.app.cli import app
+from medfaq.common.runtime import UNFINISHED_FILE, MedfaqError
+from medfaq.index.faq_index import MANIFEST, FaqIndex, read_manifest
+from medfaq.retriever.decisions import adaptation
+from medfaq.retriever.decisions.adaptation import DevQuery
+from medfaq.retriever.decisions.adaptation_config import AdaptConfig
+from medfaq.summarizer.generation import Summarizer
+from medfaq.summarizer.question_writer import QuestionWriter, reversed_pairs, writer_input
+from medfaq.summarizer.training.trainer import train_summarizer
 
 ROW_PARTS = ["answers", "phrasings"]
 USER_DEV = [DevQuery("alcohol and amoxicillin", frozenset({"f1"}))]
@@ -113,7 +113,7 @@ def test_adapt_keeps_winning_parts_records_them_and_undo_restores_the_index(inde
     assert "Moderate drinking is usually fine." in answer_rows
     assert "Can I drink alcohol while taking amoxicillin? Moderate drinking is usually fine." in answer_rows
     assert read_manifest(index_dir).adaptation["parts"]["phrasings"]["dev"]["generated"]["r@1"] == 70.0
-    from medfaq.retriever.stage_choice import development_questions
+    from medfaq.retriever.decisions.stage_choice import development_questions
 
     held = development_questions(index_dir)  # saved for other per-bank decisions (`medfaq index likelihood`)
     assert len(held) == 2 and all(len(query.golds) == 1 and query.text for query in held)
@@ -332,7 +332,7 @@ def test_adapted_encoder_is_saved_with_its_fingerprint_and_undo_restores_the_vec
 
 
 def test_margin_labels_scale_the_rerankers_margins_to_the_students(tiny_encoder_dir):
-    from medfaq.retriever.training.adapted_encoder import cosine_margins, train_adapted_encoder
+    from medfaq.retriever.biencoder.adapted import cosine_margins, train_adapted_encoder
     from medfaq.retriever.training.config import EncoderTrainConfig
 
     triplets = [(f"question {i}", f"faq {i}", f"other faq {i}") for i in range(8)]
@@ -346,9 +346,8 @@ def test_margin_labels_scale_the_rerankers_margins_to_the_students(tiny_encoder_
 def test_train_question_writer_on_a_tiny_causal_model_writes_with_its_training_vocabulary(
     tmp_path, minilm_dir, shared_data
 ):
-    from transformers import Gemma3TextConfig
-
     from tests.test_summarizer_causal import _save_causal, _tiny_sizes
+    from transformers import Gemma3TextConfig
 
     config = Gemma3TextConfig(**_tiny_sizes(30522), sliding_window=16, layer_types=["sliding_attention"] * 2)
     backbone = _save_causal(tmp_path / "tiny", config, minilm_dir)
@@ -393,9 +392,10 @@ def test_answer_rows_are_the_answers_head_and_the_question_before_it(faq_records
 
 
 def test_answer_rows_are_measured_without_a_writer_and_leave_the_index_as_it_was(index_dir, tmp_path):
+    from tests.conftest import CONSUMER_QUESTIONS
+
     from medfaq.eval.adaptation_gain import measure
     from medfaq.eval.benchmarks import Benchmark
-    from tests.conftest import CONSUMER_QUESTIONS
 
     queries = [{"_id": f"q{n}", "text": text} for n, (text, _) in enumerate(CONSUMER_QUESTIONS)]
     qrels = {f"q{n}": {faq: 1} for n, (_, faq) in enumerate(CONSUMER_QUESTIONS)}

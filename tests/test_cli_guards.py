@@ -10,10 +10,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from tests.test_summarization_eval import FakeSummarizer
 from typer.testing import CliRunner
 
 from medfaq.app.cli import app
-from tests.test_summarization_eval import FakeSummarizer
 
 runner = CliRunner()
 REPO = Path(__file__).resolve().parents[1]
@@ -442,7 +442,7 @@ TRAIN_COMMANDS = [
 @pytest.mark.parametrize("args", TRAIN_COMMANDS, ids=lambda args: args[1])
 def test_a_train_output_that_is_a_file_is_refused_before_any_work(tmp_path, monkeypatch, args):
     import medfaq.eval.summarization_data as summarization_data
-    import medfaq.retriever.training.distill_data as distill_data
+    import medfaq.retriever.biencoder.distill_data as distill_data
     import medfaq.retriever.training.pair_data as pair_data
 
     def no_work(*args, **kwargs):

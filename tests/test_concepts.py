@@ -138,7 +138,7 @@ def test_the_reranker_reads_faqs_with_the_synonyms_they_were_encoded_with(tiny_e
 def test_a_correction_reranker_corrects_the_cosine_the_index_searched_with(tiny_encoder, lexicon):
     """Its bi-encoder scores an FAQ read with synonyms by the vector the index stores (written + expanded, summed),
     so the prior equals the dense score of every hit, expanded or not."""
-    from medfaq.retriever.biencoder import BiEncoderScorer
+    from medfaq.retriever.biencoder.scorer import BiEncoderScorer
     from medfaq.retriever.pipeline import Pipeline, PipelineConfig
 
     records = [FaqRecord("m", "How is kinky hair syndrome treated?"), FaqRecord("x", "How much water should I drink?")]

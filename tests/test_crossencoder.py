@@ -226,7 +226,7 @@ def test_listwise_loss_needs_the_faq_task_and_fits_cross_encoders_only():
 def test_a_reranker_with_a_prior_scores_its_cosine_plus_a_learned_correction_and_saves_the_prior(
     tmp_path, tiny_bert_dir
 ):
-    from medfaq.retriever.biencoder import BiEncoderScorer, load_biencoder
+    from medfaq.retriever.biencoder.scorer import BiEncoderScorer, load_biencoder
 
     settings = {"init": str(tiny_bert_dir), "loss": "listwise", "batch_size": 2, "precision": "fp32", "epochs": 3}
     config = make_config(
@@ -248,7 +248,7 @@ def test_a_reranker_with_a_prior_scores_its_cosine_plus_a_learned_correction_and
 def test_a_duplicate_detector_with_a_prior_learns_a_centred_correction_and_scores_both_orders_alike(
     tmp_path, tiny_bert_dir
 ):
-    from medfaq.retriever.biencoder import BiEncoderScorer, load_biencoder
+    from medfaq.retriever.biencoder.scorer import BiEncoderScorer, load_biencoder
     from medfaq.retriever.reranker.training import training_prior
     from medfaq.retriever.training.pair_models import as_scorer, saved_threshold
 
@@ -302,7 +302,7 @@ def test_reranker_precision_bf16_scores_close_to_fp32_and_is_validated(tmp_path,
 
 
 def test_a_remembering_bi_encoder_encodes_each_text_once_and_scores_as_before(tiny_bert_dir):
-    from medfaq.retriever.biencoder import BiEncoderScorer, load_biencoder
+    from medfaq.retriever.biencoder.scorer import BiEncoderScorer, load_biencoder
 
     model = load_biencoder(str(tiny_bert_dir), "cpu")
     plain, remembering = BiEncoderScorer(model), BiEncoderScorer(model, remember=True)

@@ -10,11 +10,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from tests.conftest import save_tiny_bert, write_jsonl
 from typer.testing import CliRunner
 
 from medfaq.app.cli import app
 from medfaq.index import faq_index
-from medfaq.retriever.training.distill_data import (
+from medfaq.retriever.biencoder.distill_data import (
     TEACHER_VECTORS,
     SourceText,
     distillation_texts,
@@ -24,7 +25,6 @@ from medfaq.retriever.training.distill_data import (
     teacher_vectors,
 )
 from medfaq.retriever.training.pair_data import normalise, quebec_query_split
-from tests.conftest import save_tiny_bert, write_jsonl
 
 runner = CliRunner()
 TOPICS = ["gout", "asthma", "acne", "eczema", "migraine", "shingles", "measles", "anemia", "lupus", "psoriasis"]
@@ -161,9 +161,9 @@ def test_a_student_learns_its_teacher_saves_and_indexes_on_onnx(
 ):
     from medfaq.index.encoder import Encoder
     from medfaq.index.faq_index import FaqIndex
+    from medfaq.retriever.biencoder.student_config import StudentTrainConfig
     from medfaq.retriever.training.config import EncoderTrainConfig
     from medfaq.retriever.training.pair_models import model_type_of
-    from medfaq.retriever.training.student_config import StudentTrainConfig
 
     out = tmp_path / "student"
     command = [
@@ -208,7 +208,7 @@ def test_a_student_learns_its_teacher_saves_and_indexes_on_onnx(
 def test_the_aligned_teacher_map_recovers_a_teacher_that_is_the_student_turned(tiny_encoder_dir):
     """A teacher whose vectors are the student's, turned and embedded in a wider space: the map brings them back
     onto the student's exactly, keeping all of the teacher."""
-    from medfaq.retriever.training.distill import aligned_teacher_map, build_student, unit_rows
+    from medfaq.retriever.biencoder.distill import aligned_teacher_map, build_student, unit_rows
 
     student = build_student(str(tiny_encoder_dir), None, "cpu")
     texts = [f"What {kind} {topic} ?" for topic in TOPICS for kind in ("causes", "is", "treats", "prevents")]
@@ -222,7 +222,7 @@ def test_the_aligned_teacher_map_recovers_a_teacher_that_is_the_student_turned(t
 
 def test_an_aligned_student_keeps_its_width_and_learns(data_root, tiny_teacher_dir, tiny_encoder_dir, tmp_path):
     from medfaq.index.encoder import Encoder
-    from medfaq.retriever.training.student_config import StudentTrainConfig
+    from medfaq.retriever.biencoder.student_config import StudentTrainConfig
 
     out = tmp_path / "student"
     result = medfaq(

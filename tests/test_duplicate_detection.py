@@ -17,8 +17,8 @@ from medfaq.common.runtime import MedfaqError
 from medfaq.eval.duplicate_detection import DuplicateEvaluator, binary_metrics, fold_metrics, make_folds, tune_threshold
 from medfaq.eval.keep_ratio_sweep import keep_ratio_sweep
 from medfaq.index.pair_sources import load_mqp
-from medfaq.retriever.biencoder import BiEncoderScorer, load_biencoder
-from medfaq.retriever.training.biencoder import train_biencoder
+from medfaq.retriever.biencoder.scorer import BiEncoderScorer, load_biencoder
+from medfaq.retriever.biencoder.training import train_biencoder
 from medfaq.retriever.training.config import EncoderTrainConfig, make_config
 from medfaq.retriever.training.pair_data import Pair, mnrl_triplets, mqp_pairs, mqp_sibling_negatives, read_pairs_file
 from medfaq.retriever.training.pair_models import (

@@ -75,7 +75,7 @@ def test_the_rule_reads_the_median_of_the_rounds():
 def test_auto_without_set_up_applies_the_rule_to_the_stock_encoders_measurements():
     """Stock MPNet leads the development R@1 within the speed bounds; the first-run index's build bound keeps the
     demo's first MedQuAD index on MiniLM (MPNet's whole build measured at 11.5 min against the 10-minute bound)."""
-    from medfaq.retriever.encoder_rule import stock_encoder, stock_record
+    from medfaq.retriever.decisions.encoder_rule import stock_encoder, stock_record
 
     assert {row["model"] for row in stock_record()["candidates"]} == {"minilm", "mpnet"}
     assert stock_encoder() == "mpnet" and stock_encoder(first_run=True) == "minilm"

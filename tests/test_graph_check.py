@@ -140,8 +140,9 @@ def test_a_graph_checked_on_another_cpu_is_checked_again_here(model_copy):
 
 def test_a_pytorch_int8_reranker_that_disagrees_is_refused(tmp_path, tiny_bert_dir, monkeypatch):
 
-    from medfaq.retriever.reranker import model as crossencoder
     from tests.test_onnx_reranker import trained
+
+    from medfaq.retriever.reranker import model as crossencoder
 
     model = trained(tmp_path, tiny_bert_dir, head="mean")
 
@@ -160,7 +161,7 @@ def test_activation_outliers_measures_each_layer(tiny_encoder_dir, capsys):
 
 def test_a_pytorch_int8_bi_encoder_that_disagrees_is_refused(tiny_encoder_dir, monkeypatch):
 
-    from medfaq.retriever import biencoder
+    from medfaq.retriever.biencoder import scorer as biencoder
 
     assert biencoder.BiEncoderScorer.load(tiny_encoder_dir, quantize=True).encode(["What is asthma?"]).shape[0] == 1
     monkeypatch.setattr(biencoder, "quantize_linear", scramble_parameters)

@@ -1,4 +1,5 @@
-"""The per-index choice of the likelihood stage (retriever/likelihood_choice.py) on a tiny index: the rule turns the
+"""The per-index choice of the likelihood stage (retriever/decisions/likelihood_choice.py) on a tiny index: the rule
+turns the
 stage on where it wins on the development questions and off where it does not, records the decision beside the
 index, reloads it, and reads the questions `medfaq index adapt` held back."""
 
@@ -8,14 +9,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from tests.conftest import DEVELOPMENT_QUESTIONS as QUESTIONS
+from tests.conftest import FAQ_ROWS, assert_decision_kept_and_shown
 from typer.testing import CliRunner
 
 from medfaq.app.cli import app
 from medfaq.common.runtime import MedfaqError
 from medfaq.index.faq_index import FaqIndex
 from medfaq.index.records import FaqRecord
-from medfaq.retriever.adaptation import DEVELOPMENT_FILE, DevQuery, save_development, work_dir
-from medfaq.retriever.likelihood_choice import (
+from medfaq.retriever.decisions.adaptation import DEVELOPMENT_FILE, DevQuery, save_development, work_dir
+from medfaq.retriever.decisions.likelihood_choice import (
     CHOICE_FILE,
     choose_likelihood,
     decided_among,
@@ -26,8 +29,6 @@ from medfaq.retriever.likelihood_choice import (
 from medfaq.retriever.pipeline import Pipeline, PipelineConfig
 from medfaq.retriever.pipeline_file import read_config
 from medfaq.summarizer.likelihood import TokenScores
-from tests.conftest import DEVELOPMENT_QUESTIONS as QUESTIONS
-from tests.conftest import FAQ_ROWS, assert_decision_kept_and_shown
 
 
 class KnowingScorer:

@@ -13,12 +13,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from tests.conftest import CONSUMER_QUESTIONS, FAQ_ROWS, write_jsonl
 from typer.testing import CliRunner
 
 from medfaq.app.cli import app
+from medfaq.app.setup_plan import RERANKER
 from medfaq.common.runtime import indexes_dir, medfaq_home, models_dir, utc_timestamp
-from medfaq.retriever.setup_plan import FAQ_INDEX, MPNET_BIENCODER_MODEL, RERANKER, encoded_by
-from tests.conftest import CONSUMER_QUESTIONS, FAQ_ROWS, write_jsonl
+from medfaq.retriever.trained_models import FAQ_INDEX, MPNET_BIENCODER_MODEL, encoded_by
 
 QUESTIONS = [question for question, _ in CONSUMER_QUESTIONS] + ["what is the capital of france"]
 
@@ -43,7 +44,7 @@ def exported(tmp_path_factory, tiny_encoder_dir) -> tuple[Path, list[dict]]:
     encoded the MedQuAD index with it, the reranker's decision recorded beside the index; its export and the
     results of searching it."""
     from medfaq.index.faq_index import read_manifest
-    from medfaq.retriever.abstention import ModelThreshold
+    from medfaq.retriever.decisions.abstention import ModelThreshold
     from medfaq.retriever.training.config import EncoderTrainConfig
 
     root = tmp_path_factory.mktemp("gpu")
@@ -74,8 +75,8 @@ def exported(tmp_path_factory, tiny_encoder_dir) -> tuple[Path, list[dict]]:
 
 
 def test_a_model_file_imported_into_an_empty_home_searches_the_same(tmp_path, exported):
+    from medfaq.retriever.decisions.reranker_choice import decided_for
     from medfaq.retriever.pipeline_file import read_config
-    from medfaq.retriever.reranker_choice import decided_for
 
     file, results = exported
     shutil.rmtree(file.parent / "home")  # nothing may still point into the home it was exported from

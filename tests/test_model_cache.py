@@ -13,6 +13,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
+from tests.conftest import FAQ_ROWS
+from tests.servers import serving
+from tests.test_onnx_reranker import trained
 
 from medfaq.app.server import create_app
 from medfaq.app.service import SearchService
@@ -21,9 +24,6 @@ from medfaq.retriever import model_cache
 from medfaq.retriever.model_cache import StageCache, StageLoader, register_stage_loader, shared_cache
 from medfaq.retriever.pipeline import PipelineConfig
 from medfaq.retriever.pipeline_file import PIPELINE_FILE, read_config, write_config
-from tests.conftest import FAQ_ROWS
-from tests.servers import serving
-from tests.test_onnx_reranker import trained
 
 QUESTION = FAQ_ROWS[2]["question"]
 

@@ -8,11 +8,11 @@ import shutil
 from pathlib import Path
 
 import pytest
+from tests.conftest import FAQ_ROWS, write_jsonl
 from typer.testing import CliRunner
 
 from medfaq.app.cli import app
 from medfaq.common.runtime import MedfaqError
-from tests.conftest import FAQ_ROWS, write_jsonl
 
 runner = CliRunner()
 
@@ -48,8 +48,8 @@ def trained_biencoder(tmp_path, tiny_encoder_dir) -> Path:
 
 def test_training_configs_declare_the_kind_and_older_directories_show_it_by_their_files(tmp_path, tiny_encoder_dir):
     from medfaq.common.model_kinds import KIND_KEY, TRAIN_CONFIG, check_model_kind, model_kind
+    from medfaq.retriever.biencoder.student_config import StudentTrainConfig
     from medfaq.retriever.training.config import EncoderTrainConfig
-    from medfaq.retriever.training.student_config import StudentTrainConfig
     from medfaq.summarizer.training.config import SummarizerTrainConfig
 
     saved = {

@@ -1,21 +1,22 @@
-"""The per-index choice of the reranker (retriever/reranker_choice.py) on a tiny index: the rule turns it on where it
+"""The per-index choice of the reranker (retriever/decisions/reranker_choice.py) on a tiny index: the rule turns it on
+where it
 wins on the development questions and the index can still abstain, off where it does not, records the decision
 beside the index, and `medfaq setup` retrains the reranker when the index's encoder changes."""
 
 from __future__ import annotations
 
 import pytest
+from tests.conftest import DEVELOPMENT_QUESTIONS as QUESTIONS
+from tests.conftest import FAQ_ROWS, assert_decision_kept_and_shown
 from typer.testing import CliRunner
 
 from medfaq.app.cli import app
 from medfaq.common.runtime import MedfaqError
 from medfaq.index.faq_index import FaqIndex
-from medfaq.retriever.adaptation import DevQuery
+from medfaq.retriever.decisions.adaptation import DevQuery
+from medfaq.retriever.decisions.reranker_choice import CHOICE_FILE, choose_reranker, decided_for, read_choice
 from medfaq.retriever.pipeline import RERANK_MARGIN, Pipeline, PipelineConfig
 from medfaq.retriever.pipeline_file import read_config, write_config
-from medfaq.retriever.reranker_choice import CHOICE_FILE, choose_reranker, decided_for, read_choice
-from tests.conftest import DEVELOPMENT_QUESTIONS as QUESTIONS
-from tests.conftest import FAQ_ROWS, assert_decision_kept_and_shown
 
 GOLD_QUESTIONS = {text: next(r["question"] for r in FAQ_ROWS if r["id"] == gold) for text, gold in QUESTIONS}
 

@@ -10,14 +10,14 @@ import urllib.request
 
 import pytest
 from fastapi.testclient import TestClient
+from tests.conftest import FAQ_ROWS
+from tests.servers import free_port, serving
 
 from medfaq.app.server import API_KEY_ENV, NOT_JSON, ServerLimits, create_app
 from medfaq.app.service import SearchService
 from medfaq.eval.load_test import run_load, serial_answers
 from medfaq.index.faq_index import FaqIndex
 from medfaq.index.records import FaqRecord
-from tests.conftest import FAQ_ROWS
-from tests.servers import free_port, serving
 
 QUESTIONS = ["can i drink alcohol on amoxicillin", "what are diabetes symptoms", "is parkinson inherited"]
 
@@ -237,7 +237,7 @@ def test_index_writes_only_when_allowed_and_served_at_once(service):
 def test_adaptation_starts_in_the_background_as_a_write_one_run_at_a_time(service, monkeypatch):
     import threading
 
-    from medfaq.retriever import adaptation
+    from medfaq.retriever.decisions import adaptation
 
     release = threading.Event()
 
@@ -288,7 +288,7 @@ def test_health_and_reload_of_a_newer_index_on_disk(service, index_dir, tiny_enc
     assert before["likelihood"] is None and before["reranker"] is None  # no decision recorded for this index
     client.post("/search", json={"question": QUESTIONS[0], "mode": "dense"})
     assert client.get("/health").json()["encoder_backend"] in ("onnx", "torch-bf16")  # `auto` on a CPU
-    from medfaq.retriever import likelihood_choice, reranker_choice
+    from medfaq.retriever.decisions import likelihood_choice, reranker_choice
 
     likelihood_choice.write_choice(index_dir, {"on": False, "rule": "r"})
     reranker_choice.write_choice(index_dir, {"on": True, "rule": "q"})

@@ -7,8 +7,9 @@ from __future__ import annotations
 from typer.testing import CliRunner
 
 from medfaq.app.cli import app
+from medfaq.app.setup_plan import MODEL_STEPS, SUMMARIZER_GEMMA, SUMMARIZER_RANK
 from medfaq.common.runtime import CHECKPOINT_DIR, CHECKPOINT_STATE, UNFINISHED_FILE, indexes_dir, models_dir
-from medfaq.retriever.setup_plan import SUMMARIZER_GEMMA, SUMMARIZER_RANK, model_ready
+from medfaq.retriever.trained_models import SET_UP_MODELS, model_ready
 
 
 def dry_run(*flags: str) -> str:
@@ -111,7 +112,8 @@ def test_the_medquad_index_build_takes_the_time_measured_on_the_runtime_auto_pic
     import re
 
     import medfaq.index.encoder as encoder_module
-    from medfaq.retriever.setup_plan import FAQ_INDEX_BUILDS, MPNET_BIENCODER_MODEL
+    from medfaq.app.setup_plan import FAQ_INDEX_BUILDS
+    from medfaq.retriever.trained_models import MPNET_BIENCODER_MODEL
 
     build = FAQ_INDEX_BUILDS[MPNET_BIENCODER_MODEL]
     assert build.bf16_minutes is not None and build.bf16_minutes < build.minutes
@@ -150,6 +152,10 @@ def test_an_interrupted_training_is_resumed_and_a_saved_seed_is_kept():
     _saved(seed1)
     (seed2 / UNFINISHED_FILE).unlink()
     assert "three seeds): ready" in dry_run("--all")
+
+
+def test_the_recipe_trains_every_model_the_search_path_knows_by_name_and_no_other():
+    assert sorted(step.model for step in MODEL_STEPS) == sorted(SET_UP_MODELS)
 
 
 def test_set_up_trains_only_what_the_default_pipeline_uses():

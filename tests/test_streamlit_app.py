@@ -79,7 +79,7 @@ def test_search_shows_summary_entities_ranked_cards_and_stores_feedback(demo_env
 
 
 def test_the_sidebar_shows_the_indexs_likelihood_and_reranker_decisions(demo_env):
-    from medfaq.retriever import likelihood_choice, reranker_choice
+    from medfaq.retriever.decisions import likelihood_choice, reranker_choice
 
     development = {"labelled": {"questions": 140, "before": {"recall@1": 60.0}, "delta_r1": 6.4}}
     likelihood_choice.write_choice(Path(demo_env["MEDFAQ_DEMO_INDEX"]), {"on": True, "development": development})
@@ -385,8 +385,8 @@ def test_stopping_medfaq_demo_by_its_pid_stops_the_server(tmp_path):
 
 def test_adapt_page_starts_a_background_run_and_reports_it(demo_env, monkeypatch):
     from medfaq.app.ui import adapt_page, resources
-    from medfaq.retriever import adaptation
-    from medfaq.retriever.adaptation_config import AdaptConfig
+    from medfaq.retriever.decisions import adaptation
+    from medfaq.retriever.decisions.adaptation_config import AdaptConfig
 
     asked = []
     monkeypatch.setattr(adaptation, "adapt", lambda directory, config, **_: asked.append(config) or {"applied": []})

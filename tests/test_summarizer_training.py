@@ -6,17 +6,17 @@ import json
 
 import pytest
 import torch
+from tests.conftest import SUMMARY_PAIRS as PAIRS
+from tests.conftest import tiny_summarizer_config
 
 from medfaq.common.runtime import UNFINISHED_FILE, MedfaqError, resumable_run
-from medfaq.retriever.setup_plan import model_ready
+from medfaq.retriever.trained_models import model_ready
 from medfaq.summarizer.decoding import Decoding
 from medfaq.summarizer.generation import Summarizer
 from medfaq.summarizer.training.collator import Collator
 from medfaq.summarizer.training.config import CONFIG_FILE, VARIANTS, preset_config
 from medfaq.summarizer.training.examples import Example, build_examples, epoch_batches
 from medfaq.summarizer.training.trainer import LAST_DIR, SummarizerTrainer, train_summarizer
-from tests.conftest import SUMMARY_PAIRS as PAIRS
-from tests.conftest import tiny_summarizer_config
 
 
 def tiny_config(variant: str, **overrides):

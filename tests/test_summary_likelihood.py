@@ -9,6 +9,7 @@ import json
 import numpy as np
 import pytest
 import torch
+from tests.test_summarizer_causal import _save_causal, _tiny_sizes
 
 from medfaq.common.runtime import MedfaqError
 from medfaq.index.faq_index import FaqIndex
@@ -16,7 +17,6 @@ from medfaq.retriever.pipeline import Pipeline, PipelineConfig
 from medfaq.retriever.pipeline_file import write_config
 from medfaq.summarizer.likelihood import SummaryLikelihood, TokenScores, combine
 from medfaq.summarizer.modeling import load_backbone, prompt_ids
-from tests.test_summarizer_causal import _save_causal, _tiny_sizes
 
 QUESTION = "i take ibuprofen every day for my back, can it hurt my stomach? my doctor is away this week"
 CANDIDATES = [
@@ -186,8 +186,9 @@ class PreferringScorer:
 
 @pytest.fixture(scope="module")
 def index(tiny_encoder):
-    from medfaq.index.records import FaqRecord
     from tests.conftest import FAQ_ROWS
+
+    from medfaq.index.records import FaqRecord
 
     return FaqIndex.build([FaqRecord.from_dict(row) for row in FAQ_ROWS], tiny_encoder, progress=False)
 
@@ -344,7 +345,7 @@ def test_the_beams_rankings_fuse_with_the_raw_ranking_by_weighted_rrf():
 
 
 def test_the_development_rule_puts_the_worst_set_first_then_fewest_losses():
-    from medfaq.retriever.stage_choice import choose_on_dev
+    from medfaq.retriever.decisions.stage_choice import choose_on_dev
 
     outcomes = {  # setting -> per set: (R@1, questions answered at rank 1)
         None: {"a": (50.0, {"1", "2"}), "b": (50.0, {"3"})},

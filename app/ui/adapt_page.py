@@ -9,7 +9,7 @@ from medfaq.app.adaptation_job import AdaptationJob
 from medfaq.app.ui import resources
 from medfaq.common.runtime import MedfaqError
 from medfaq.index.faq_index import read_manifest
-from medfaq.retriever.adaptation import describe_adaptation
+from medfaq.retriever.decisions.adaptation import describe_adaptation
 
 
 @st.cache_resource

@@ -68,8 +68,8 @@ def index_line(demo: DemoSettings) -> str:
 
 def in_use_panel(demo: DemoSettings, notes: dict[str, str]) -> None:
     """The sidebar box that always says which index and models the page uses."""
-    from medfaq.retriever import likelihood_choice, reranker_choice
-    from medfaq.retriever.stage_choice import development_line
+    from medfaq.retriever.decisions import likelihood_choice, reranker_choice
+    from medfaq.retriever.decisions.stage_choice import development_line
 
     rows = [("Index", index_line(demo)), *((name.capitalize(), note) for name, note in notes.items())]
     decisions = {"Likelihood stage": likelihood_choice, "Reranker": reranker_choice}  # `medfaq index likelihood|rerank`

@@ -18,7 +18,7 @@ from medfaq.common.model_kinds import CROSSENCODER, check_model_kind
 from medfaq.common.runtime import MedfaqError, resolve_model
 
 if TYPE_CHECKING:
-    from medfaq.retriever.biencoder import BiEncoderScorer
+    from medfaq.retriever.biencoder.scorer import BiEncoderScorer
     from medfaq.retriever.training.config import EncoderTrainConfig
 
 PRIOR_DIR = "prior"  # a reranker trained as a correction of a bi-encoder keeps that bi-encoder here
@@ -43,7 +43,7 @@ def decision_boundary(config: EncoderTrainConfig) -> float:
 
 
 def calibration_first_stage(config: EncoderTrainConfig) -> str:
-    """The encoder a reranker's abstention threshold is calibrated behind (:mod:`retriever.abstention`): the
+    """The encoder a reranker's abstention threshold is calibrated behind (:mod:`retriever.decisions.abstention`): the
     bi-encoder it corrects (its prior), else the one that mined its negatives."""
     return config.prior_model if config.prior_scale else config.negatives_encoder
 

@@ -28,7 +28,7 @@ from medfaq.common.runtime import (
     resolve_model,
     resolve_precision,
 )
-from medfaq.retriever.biencoder import BiEncoderScorer
+from medfaq.retriever.biencoder.scorer import BiEncoderScorer
 from medfaq.retriever.reranker.base import PRIOR_DIR, PairReranker, cut_first, decision_boundary, trained_crossencoder
 from medfaq.retriever.training.config import CONFIG_FILE, HEADS, EncoderTrainConfig
 

@@ -134,7 +134,7 @@ class OnnxReranker(PairReranker):
     ) -> OnnxReranker:
         """The reranker saved at `model` (any name `resolve_model` accepts), exported on first use (with torch);
         `quantize`: the int8 graphs; `max_length`: tokens per pair (None = the trained length)."""
-        from medfaq.retriever.biencoder import BiEncoderScorer
+        from medfaq.retriever.biencoder.scorer import BiEncoderScorer
         from medfaq.retriever.training.config import CONFIG_FILE, EncoderTrainConfig
 
         path = trained_crossencoder(model)

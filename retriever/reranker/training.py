@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from medfaq.common.runtime import MedfaqError, seed_everything
-from medfaq.retriever.biencoder import BiEncoderScorer, load_biencoder
+from medfaq.retriever.biencoder.scorer import BiEncoderScorer, load_biencoder
 from medfaq.retriever.reranker.base import PRIOR_DIR
 from medfaq.retriever.reranker.losses import BinaryCrossEntropyLoss, ListwiseSoftmaxLoss
 from medfaq.retriever.reranker.model import CrossEncoderReranker, load_crossencoder, truncate_first

@@ -19,7 +19,7 @@ CONFIG_FILE = TRAIN_CONFIG
 MODEL_TYPES = ("biencoder", "crossencoder")
 TASKS = ("mqp", "qa", "faq")
 DISTILL_TASK = "distill"
-"""The task of a student fitted to a teacher's vectors (`medfaq train student`, retriever/training/distill.py)."""
+"""The task of a student fitted to a teacher's vectors (`medfaq train student`, retriever/biencoder/distill.py)."""
 PRESETS = ("quick", "full")
 LOSSES = ("contrastive", "mnrl", "bce", "listwise", "mse")
 CROSSENCODER_LOSSES = ("bce", "listwise")

@@ -12,11 +12,11 @@ import numpy as np
 
 from medfaq.common.model_kinds import BIENCODER, CROSSENCODER, STUDENT, check_model_kind, model_kind
 from medfaq.common.runtime import resolve_model
-from medfaq.retriever.biencoder import BiEncoderScorer, load_biencoder
+from medfaq.retriever.biencoder.scorer import BiEncoderScorer, load_biencoder
+from medfaq.retriever.biencoder.training import train_biencoder
 from medfaq.retriever.reranker.base import decision_boundary
 from medfaq.retriever.reranker.model import CrossEncoderReranker
 from medfaq.retriever.reranker.training import initial_crossencoder, save_prior, shared_prior, train_crossencoder
-from medfaq.retriever.training.biencoder import train_biencoder
 from medfaq.retriever.training.config import CONFIG_FILE, EncoderTrainConfig
 from medfaq.retriever.training.pair_data import Pair, mqp_sibling_negatives
 

@@ -1,6 +1,6 @@
-"""What the per-index stage decisions share (`medfaq index likelihood`: retriever/likelihood_choice.py; `medfaq
-index rerank`: retriever/reranker_choice.py): the development sets a bank is decided on, the rule's ordering of
-settings by what they gain there, and the decision record kept beside the index.
+"""What the per-index stage decisions share (`medfaq index likelihood`: retriever/decisions/likelihood_choice.py;
+`medfaq index rerank`: retriever/decisions/reranker_choice.py): the development sets a bank is decided on, the rule's
+ordering of settings by what they gain there, and the decision record kept beside the index.
 
 Development sets: the user's labelled questions (required: generated questions alone never turn a stage on), and
 beside them the questions `medfaq index adapt` wrote and held back for this bank (``development.jsonl`` in its work
@@ -105,7 +105,7 @@ def rank_metrics(ranked: dict[str, list[str]], golds: dict[str, frozenset[str]])
 
 def development_questions(directory: Path) -> list[Any]:
     """The questions `medfaq index adapt` held back for this bank (none when it has not run)."""
-    from medfaq.retriever.adaptation import DEVELOPMENT_FILE, DevQuery, work_dir
+    from medfaq.retriever.decisions.adaptation import DEVELOPMENT_FILE, DevQuery, work_dir
 
     path = work_dir(directory) / DEVELOPMENT_FILE
     if not path.is_file():

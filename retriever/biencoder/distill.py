@@ -1,6 +1,6 @@
 """A fast student fitted to a better teacher (sentence-transformers' model distillation recipe, Reimers & Gurevych,
 EMNLP 2020): the mean squared error between the student's sentence vectors and the teacher's
-(``sentence_transformers.losses.MSELoss``), over the question texts of :mod:`retriever.training.distill_data`.
+(``sentence_transformers.losses.MSELoss``), over the question texts of :mod:`retriever.biencoder.distill_data`.
 
 The student learns the teacher in one of two spaces (`StudentTrainConfig.teacher_space`):
 
@@ -22,9 +22,9 @@ import numpy as np
 
 from medfaq.common.runtime import MedfaqError, seed_everything
 from medfaq.index.model_files import model_fingerprint
-from medfaq.retriever.biencoder import load_biencoder
+from medfaq.retriever.biencoder.scorer import load_biencoder
+from medfaq.retriever.biencoder.student_config import StudentTrainConfig
 from medfaq.retriever.training.loop import train_loop
-from medfaq.retriever.training.student_config import StudentTrainConfig
 
 logger = logging.getLogger("medfaq.training")
 

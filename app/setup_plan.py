@@ -1,32 +1,32 @@
-"""The models the default pipeline uses, and how `medfaq setup` (and the demo's first run) trains each one.
+"""The set-up recipe: how `medfaq setup` (and the demo's first run, and a command that finds a model missing)
+trains each model of `retriever.trained_models`, and which of them the default pipeline uses.
 
-This is the one place the set-up steps are listed: `app.cmd_setup`, `app.setup_state` (the demo) and the stage
-loaders' "model missing" errors all read it. Each step states its wall time as measured on 2 CPU cores shared with
-other jobs (docs/results.md), so the set-up can say up front how long it will take.
-"""
+This is the one place the set-up steps are listed: `app.cmd_setup`, `app.setup_state` (the demo) and the first-need
+training of `app.cmd_setup.train_on_first_need` all read it. Each step states its wall time as measured on 2 CPU cores
+shared with other jobs (docs/results.md), so the set-up can say up front how long it will take."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
 
-from medfaq.common.runtime import (
-    UNFINISHED_FILE,
-    MedfaqError,
-    indexes_dir,
-    medfaq_home,
-    models_dir,
-    resolve_model,
-    resumable_run,
-)
+from medfaq.common.runtime import indexes_dir, medfaq_home, models_dir, resumable_run
 from medfaq.index.datasets import FAQ_TRAINING_DATA
-from medfaq.retriever.encoder_rule import stock_encoder
-
-FAQ_INDEX = "medquad-faq"  # the MedQuAD index encoded by the fine-tuned retrieval bi-encoder (under indexes_dir())
-STOCK_INDEX = "medquad-minilm"  # the MedQuAD index encoded by stock MiniLM: search works before any training
-BIENCODER_MODEL = "biencoder-faq-quick"  # the fine-tuned MiniLM: RERANKER's start and prior, `--fast`'s encoder
-MPNET_BIENCODER_MODEL = "biencoder-mpnet-faq-quick"  # fine-tuned MPNet: the default retrieval encoder, FAQ_INDEX's
-AUTO_ENCODER = "auto"  # `--encoder auto`: the best encoder this machine has (`choose_encoder`)
+from medfaq.retriever.trained_models import (
+    AUTO_ENCODER,
+    BIENCODER_MODEL,
+    FAQ_INDEX,
+    MPNET_BIENCODER_MODEL,
+    QUESTION_WRITER_MODEL,
+    RANK_BENCHMARK,
+    RANK_SPLIT,
+    RERANKER_MODEL,
+    SUMMARIZER_ECL_MODEL,
+    SUMMARIZER_GEMMA_MODEL,
+    SUMMARIZER_RANK_MODEL,
+    choose_encoder,
+    model_ready,
+)
 
 
 @dataclass(frozen=True)
@@ -129,7 +129,7 @@ MPNET_BIENCODER = ModelStep(
 )
 SUMMARIZER_ECL = ModelStep(
     key="summarizer-ecl",
-    model="summarizer-ecl-quick",
+    model=SUMMARIZER_ECL_MODEL,
     title="Train the MiniLM ECL question summarizer (quick preset)",
     stage="rewrite",
     data=("meqsum",),
@@ -139,7 +139,7 @@ SUMMARIZER_ECL = ModelStep(
 )
 RERANKER = ModelStep(
     key="reranker",
-    model="reranker-correction-quick",
+    model=RERANKER_MODEL,
     title="Train the FAQ reranker as a correction of the index's bi-encoder (MiniLM cross-encoder, listwise)",
     stage="rerank",
     data=BIENCODER.data,
@@ -158,7 +158,7 @@ RERANKER = ModelStep(
 )
 SUMMARIZER_GEMMA = ModelStep(
     key="summarizer-gemma",
-    model="summarizer-gemma-quick",
+    model=SUMMARIZER_GEMMA_MODEL,
     title="Fine-tune the Gemma 3 270M question summarizer (quick preset)",
     stage="rewrite",
     data=("meqsum",),
@@ -185,7 +185,7 @@ SUMMARIZER_GEMMA = ModelStep(
 )
 QUESTION_WRITER = ModelStep(
     key="question-writer",
-    model="question-writer",
+    model=QUESTION_WRITER_MODEL,
     title="Fine-tune the question writer `medfaq index adapt` uses (Gemma 3 270M, FAQ -> consumer questions)",
     stage="adapt",
     data=("meqsum", "healthcaremagic", "chq_summ", "rqe"),
@@ -195,8 +195,6 @@ QUESTION_WRITER = ModelStep(
     "(docs/results.md, medfaq learns your bank)",
     slow=True,
 )
-RANK_BENCHMARK = "medquad-chq"  # under $MEDFAQ_HOME/benchmarks: the bank-question golds the rank model trains on
-RANK_SPLIT = "split-0"  # its seeded train / dev / test parts (`medfaq data split-benchmark --seed 0`)
 RANK_BENCHMARK_COMMANDS = (
     ("data", "make-benchmark", RANK_BENCHMARK, "--out", "{benchmark}", "--bank", "{faq_index}"),
     ("data", "split-benchmark", "{benchmark}", "--seed", "0"),
@@ -208,7 +206,7 @@ set-ups), and the one kept gained +9.0 to +10.4 for every three of six seeds of 
 model over three seeds; a fresh set-up of the MPNet pipeline)."""
 SUMMARIZER_RANK = ModelStep(
     key="summarizer-rank",
-    model="summarizer-gemma-rank",
+    model=SUMMARIZER_RANK_MODEL,
     title="Train the Gemma summarizer to rank the MedQuAD bank (variant rank on medquad-chq's training questions, "
     "three seeds)",
     stage="likelihood",
@@ -270,15 +268,6 @@ FAQ_INDEX_BUILDS = {
 chosen encoder")."""
 
 
-def encoded_by(index: Path, encoder: Path) -> bool:
-    """Whether the index at `index` is built and was encoded by the model directory `encoder`."""
-    from medfaq.index.faq_index import read_manifest
-
-    if not index_built(index):
-        return False
-    return Path(read_manifest(index).encoder).expanduser().resolve() == encoder.expanduser().resolve()
-
-
 MODEL_STEPS = (
     BIENCODER,
     MPNET_BIENCODER,
@@ -291,9 +280,6 @@ MODEL_STEPS = (
 """In the order they are trained: the retrieval encoders first (the MedQuAD index is encoded by the last one the
 set-up trains), then the optional stages and the question writer, the quick ones before the slow Gemma summarizers
 (the rank model continues the first)."""
-RETRIEVAL_ENCODERS = (MPNET_BIENCODER_MODEL, BIENCODER_MODEL)
-"""The fine-tuned retrieval encoders, best first: fine-tuned MPNet is the one the encoder rule chose (best
-development R@1 within the speed bounds, docs/results.md); the MiniLM one is `medfaq setup --fast`'s."""
 
 
 def places() -> dict[str, str | list[str]]:
@@ -309,76 +295,6 @@ def places() -> dict[str, str | list[str]]:
         "{benchmark_index}": str(benchmark / "index"),
         "{train_pairs}": str(split / "train" / "pairs.jsonl"),
     }
-
-
-def reranker_corrects(reranker: Path, encoder: Path) -> bool:
-    """Whether the saved reranker at `reranker` was trained as a correction of the bi-encoder at `encoder`."""
-    from medfaq.retriever.reranker.base import calibration_first_stage
-    from medfaq.retriever.training.config import EncoderTrainConfig
-
-    if not model_ready(reranker):
-        return False
-    try:
-        first_stage = Path(resolve_model(calibration_first_stage(EncoderTrainConfig.load(reranker))))
-    except MedfaqError:  # its train config is unreadable, or the encoder it corrects is gone
-        return False
-    return first_stage.resolve() == encoder.expanduser().resolve()
-
-
-SUMMARIZERS = (SUMMARIZER_GEMMA.model, SUMMARIZER_ECL.model)
-"""Summarizer model names, best first (the Gemma fine-tune scores ROUGE-1 50.75 on MeQSum test against 35.3)."""
-
-
-def model_ready(path: Path | None) -> bool:
-    """A saved model directory is complete once its ``config.json`` is written and its training has finished (a
-    summarizer's run saves its best epoch before it ends)."""
-    return path is not None and (path / "config.json").is_file() and not (path / UNFINISHED_FILE).is_file()
-
-
-def choose_encoder(name: str) -> str:
-    """The encoder `--encoder NAME` means: for ``auto``, the best fine-tuned retrieval bi-encoder ``medfaq setup``
-    saved (`RETRIEVAL_ENCODERS`: its directory), else the stock encoder the encoder rule chooses from the installed
-    ones' shipped measurements (`retriever.encoder_rule.stock_encoder`); any other name as given."""
-    if name != AUTO_ENCODER:
-        return name
-    saved = (str(path) for path in map(models_dir().joinpath, RETRIEVAL_ENCODERS) if model_ready(path))
-    return next(saved, None) or stock_encoder()
-
-
-def set_up_reranker() -> Path | None:
-    """The reranker ``medfaq setup`` saved (the pipeline's default one), or None before it is trained."""
-    path = models_dir() / RERANKER.model
-    return path if model_ready(path) else None
-
-
-def index_built(path: Path) -> bool:
-    """Whether `path` holds a built index (its manifest)."""
-    from medfaq.index.faq_index import is_index  # imported late: the command line starts without the index stack
-
-    return is_index(path)
-
-
-def set_up_index_dirs() -> tuple[Path, Path]:
-    """Where ``medfaq setup`` builds its indexes, best first: the fine-tuned encoder's, then the stock MiniLM one."""
-    return indexes_dir() / FAQ_INDEX, indexes_dir() / STOCK_INDEX
-
-
-def set_up_index() -> Path:
-    """The best index ``medfaq setup`` built (`set_up_index_dirs`)."""
-    built = next((path for path in set_up_index_dirs() if index_built(path)), None)
-    if built is None:
-        raise MedfaqError(
-            f"no --index given and no index under {indexes_dir()} yet: run `medfaq setup` "
-            "(or `medfaq index build ...`), or pass --index DIR"
-        )
-    return built
-
-
-def trained(name: str, models: Path | None = None) -> bool:
-    """False only for a set-up model (by name) that is not saved yet; other names are left to the loaders."""
-    if name not in {step.model for step in MODEL_STEPS} or Path(name).expanduser().exists():
-        return True
-    return model_ready((models or models_dir()) / name)
 
 
 DEFAULT_PIPELINE_MODELS = (MPNET_BIENCODER_MODEL,)
@@ -409,36 +325,6 @@ def saved_models() -> list[Path]:
     return [path for step in MODEL_STEPS for path in step.outputs() if model_ready(path)]
 
 
-def best_summarizer(models: Path | None = None) -> str | None:
-    """The best summarizer trained under the models directory, or None."""
-    where = models or models_dir()
-    return next((name for name in SUMMARIZERS if model_ready(where / name)), None)
-
-
-def missing_model_hint(model: str) -> str:
-    """What to run to get `model`: the command again with ``--yes``, ``medfaq setup --all``, or the exact train
-    command when the model is a set-up one."""
-    step = step_of(model)
-    exact = f", or `{step.shown()}`" if step else ""
-    return f"run the command again as `medfaq --yes ...` to train it now, or `medfaq setup --all`{exact}"
-
-
 def step_of(model: str) -> ModelStep | None:
     """The set-up step that trains the model named `model` (None: not a set-up model)."""
     return next((step for step in MODEL_STEPS if model == step.model), None)
-
-
-class ModelNotTrained(MedfaqError):
-    """A set-up model a command needs is not trained yet (`step` trains it): the command line offers to train it
-    there and then, and to run the command again (`app.cmd_setup.train_on_first_need`)."""
-
-    def __init__(self, step: ModelStep, kind: str) -> None:
-        self.step = step
-        super().__init__(f"no {kind} model {step.model!r} is trained yet: {missing_model_hint(step.model)}")
-
-
-def require_trained(name: str, kind: str) -> None:
-    """Raise :class:`ModelNotTrained` where `name` is a set-up model (by name) not saved yet."""
-    step = step_of(name)
-    if step is not None and not trained(name):
-        raise ModelNotTrained(step, kind)

@@ -28,7 +28,7 @@ class StudentTrainConfig(EncoderTrainConfig):
     teacher: str = "mpnet"
     teacher_backend: str = "auto"  # auto: torch on a GPU; on the CPU the int8 graph where its check passed, else fp32
     max_texts: int | None = None
-    teacher_space: str = "aligned"  # aligned | projection (retriever/training/distill.py)
+    teacher_space: str = "aligned"  # aligned | projection (retriever/biencoder/distill.py)
     teacher_fingerprint: str = ""  # filled in by training, as everything below
     projection: list[int] = field(default_factory=list)  # [student dim, teacher dim] of the Dense layer added, if any
     teacher_variance_kept: float | None = None  # aligned: the share of the teacher's squared singular values kept

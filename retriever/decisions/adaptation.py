@@ -10,7 +10,7 @@ each part is tried in `PARTS` order and kept by the rule below:
 - ``phrasings``: the kept questions as the FAQ's phrasings (marked ``adapt:question``);
 - ``encoder``: the index's bi-encoder continued on (kept question, its FAQ, a near miss from the same bank), labelled
   by the reranker's margins (GPL's margin-MSE) or, without a reranker or with ``encoder_labels="hard"``, hard labels
-  (retriever/training/adapted_encoder.py); saved beside the index (`work_dir`) and the bank encoded again with it.
+  (retriever/biencoder/adapted.py); saved beside the index (`work_dir`) and the bank encoded again with it.
 
 The rule, fixed before any bank was scored: a part is kept when, added to the parts kept before it, it does not lower
 R@1 on the development queries (the held-back generated questions, and the user's labelled queries when given: on
@@ -18,7 +18,7 @@ each set separately), and it raises R@1 or MRR@10 on at least one of them. Added
 (docs/results.md, "Generated questions alone keep only the answer rows"): the parts learned from the generated
 questions (:data:`LEARNED_PARTS`) must raise R@1 or MRR@10 on the user's labelled queries; without labelled queries
 they are not tried. Held-back generated questions had kept them on three banks where the bank's real questions then
-lost, as they had turned on the likelihood stage (retriever/stage_choice.py). Added after a sample of MedQuAD
+lost, as they had turned on the likelihood stage (retriever/decisions/stage_choice.py). Added after a sample of MedQuAD
 (docs/results.md, "Answer rows on a sample of MedQuAD"): a part that adds rows to some FAQs only is also judged on the
 held-back questions of the FAQs it gives no row (:data:`WITHOUT_ROWS`), which the rows can only push down; there the
 answer rows had gained on all held-back questions together while losing on those, and the bank's real questions,
@@ -46,7 +46,7 @@ from typing import Any
 from medfaq.common.runtime import MedfaqError, resolve_model, utc_timestamp
 from medfaq.index.faq_index import MANIFEST, FaqIndex, disk_version, is_index, read_manifest, write_lock
 from medfaq.index.records import FaqRecord
-from medfaq.retriever.adaptation_config import PARTS, AdaptConfig
+from medfaq.retriever.decisions.adaptation_config import PARTS, AdaptConfig
 
 ORIGIN_PREFIX = "adapt:"
 ORIGINS = {"answers": "adapt:answer", "phrasings": "adapt:question"}
@@ -86,7 +86,7 @@ def writer_location(name: str) -> str:
     """The question writer's directory; a missing one (or a directory that is no trained model, or whose training
     stopped before its end) is a one-line error saying how to make it."""
     from medfaq.common.model_kinds import QUESTION_WRITER
-    from medfaq.retriever.setup_plan import require_trained
+    from medfaq.retriever.trained_models import require_trained
     from medfaq.summarizer.modeling import TRAIN_CONFIG_FILE, trained_summarizer
 
     require_trained(name, "question writer")
@@ -473,9 +473,9 @@ def adapt_encoder(
     queries with the `searched` pipeline config: (the decision, the index to keep: the re-encoded one where the rule
     keeps it, else `index`). The model is saved beside the index under the generated questions' `key`."""
     from medfaq.index.encoder import load_encoder
+    from medfaq.retriever.biencoder.adapted import adaptation_triplets, teacher_margins, train_adapted_encoder
     from medfaq.retriever.model_cache import build_pipeline
     from medfaq.retriever.reranker.model import CrossEncoderReranker
-    from medfaq.retriever.training.adapted_encoder import adaptation_triplets, teacher_margins, train_adapted_encoder
     from medfaq.retriever.training.config import EncoderTrainConfig
 
     if not any(kept.values()):
@@ -519,7 +519,7 @@ def adapt_encoder(
 def encoder_labels(config: AdaptConfig, named: str | None) -> tuple[str, Path | None]:
     """The encoder's labels and the reranker that gives margins: the index pipeline's reranker (`named`), else the
     set-up one; ``auto`` falls back to hard labels without either, ``margin`` then is a one-line error."""
-    from medfaq.retriever.setup_plan import set_up_reranker
+    from medfaq.retriever.trained_models import set_up_reranker
 
     if config.encoder_labels == "hard":
         return "hard", None

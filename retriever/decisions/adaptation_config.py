@@ -1,4 +1,5 @@
-"""How `medfaq index adapt` runs (retriever/adaptation.py): a leaf the command line reads its defaults from."""
+"""How `medfaq index adapt` runs (retriever/decisions/adaptation.py): a leaf the command line reads its defaults
+from."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """`medfaq index rerank DIR`: whether the cross-encoder reranker ranks this bank better than the index's pipeline
 without it, decided per index on that bank's development questions, and kept in its ``pipeline.json``.
 
-Development questions as for the likelihood stage (:mod:`retriever.stage_choice`): the user's labelled ones
+Development questions as for the likelihood stage (:mod:`retriever.decisions.stage_choice`): the user's labelled ones
 required, the questions `medfaq index adapt` held back voting beside them. Each question is searched twice by the
 index's own pipeline as it stands (its likelihood stage as decided, abstention off): without the reranker and with
 it, at the pipeline's rerank settings (depth, fusion, RRF weight and k, the ``rerank_margin`` gate; where the index
@@ -29,10 +29,10 @@ from pathlib import Path
 from typing import Any
 
 from medfaq.common.runtime import utc_timestamp
-from medfaq.retriever import stage_choice
+from medfaq.retriever.decisions import stage_choice
+from medfaq.retriever.decisions.stage_choice import CUTOFF, choose_on_dev, development_line, rank_metrics
 from medfaq.retriever.pipeline import RERANK_MARGIN, PipelineConfig
 from medfaq.retriever.pipeline_file import read_config, update_config
-from medfaq.retriever.stage_choice import CUTOFF, choose_on_dev, development_line, rank_metrics
 
 CHOICE_FILE = "reranker.json"
 COMMAND = "medfaq index rerank"
@@ -79,7 +79,7 @@ def choose_reranker(
     its ``pipeline.json`` and ``reranker.json``, and return the record. `reranker`: a name or directory (None: the
     one `medfaq setup` trains); `stage`: a loaded reranker to use instead (its ``name`` is recorded); `limit` and
     `measured_on` as for :func:`stage_choice.development_sets`."""
-    from medfaq.retriever.abstention import inherit_thresholds
+    from medfaq.retriever.decisions.abstention import inherit_thresholds
     from medfaq.retriever.model_cache import build_pipeline
     from medfaq.retriever.pipeline import Pipeline
     from medfaq.retriever.stages import locate_reranker

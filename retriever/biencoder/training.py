@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from medfaq.retriever.biencoder import BiEncoderScorer, load_biencoder
+from medfaq.retriever.biencoder.scorer import BiEncoderScorer, load_biencoder
 from medfaq.retriever.training.config import EncoderTrainConfig
 from medfaq.retriever.training.loop import train_loop
 from medfaq.retriever.training.pair_data import Pair, mnrl_triplets, normalise

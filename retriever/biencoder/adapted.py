@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from medfaq.common.runtime import MedfaqError
-from medfaq.retriever.biencoder import load_biencoder
+from medfaq.retriever.biencoder.scorer import load_biencoder
 from medfaq.retriever.training.config import EncoderTrainConfig
 from medfaq.retriever.training.loop import train_loop
 from medfaq.retriever.training.pair_data import NEAR_DUPLICATE, normalise, retrieval_near_misses

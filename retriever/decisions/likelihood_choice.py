@@ -24,7 +24,7 @@ The rule, written before any bank was scored:
 5. (added when a stage decided on medquad-chq lost on real consumer questions judged against real MedQuAD FAQs,
    docs/results.md) only judgments pointing into the bank itself are evidence: a labelled question whose gold FAQs
    exist only in the copy it is measured on is left out; and the labelled questions' rank-1 gains must beat their
-   losses by a one-sided sign test at p <= 0.05 (:func:`retriever.stage_choice.refusal`), so that a handful of
+   losses by a one-sided sign test at p <= 0.05 (:func:`retriever.decisions.stage_choice.refusal`), so that a handful of
    questions cannot turn the stage on.
 
 The decision, every development number and the summarizer it was measured with go to ``likelihood.json`` beside
@@ -40,10 +40,10 @@ from pathlib import Path
 from typing import Any
 
 from medfaq.common.runtime import utc_timestamp
-from medfaq.retriever import stage_choice
+from medfaq.retriever.decisions import stage_choice
+from medfaq.retriever.decisions.stage_choice import choose_on_dev, development_line, rank_metrics
 from medfaq.retriever.pipeline import RERANK_MARGIN, PipelineConfig
 from medfaq.retriever.pipeline_file import update_config
-from medfaq.retriever.stage_choice import choose_on_dev, development_line, rank_metrics
 
 CHOICE_FILE = "likelihood.json"
 COMMAND = "medfaq index likelihood"
