@@ -23,14 +23,15 @@ class Setting:
     """How one field may be set.
 
     `help`: one line for the user. `flag`: it has a command-line option, named as the field (:attr:`Declared.flag`,
-    ``--top-k`` for ``top_k``; a bool's becomes ``--x/--no-x``); `aliases`: older spellings of that option, still
+    ``--top-k`` for ``top_k``; a bool's becomes ``--x/--no-x``), or as the text given spells it (a bool's may spell
+    both switches, ``--freeze-embeddings/--train-embeddings``); `aliases`: older spellings of that option, still
     accepted but not shown. `choices`: the values a text setting allows. `ge` / `gt`: a number's lower bound (at
     least / above); `le`: its upper bound (at most). `request`: an HTTP request may set it for itself.
     `needs_key`: a request that sets it sends its abstained questions to the experts' queue only when it carries the
     API key (the setting changes what gets queued)."""
 
     help: str
-    flag: bool = False
+    flag: bool | str = False
     aliases: tuple[str, ...] = ()
     choices: tuple[str, ...] = ()
     ge: float | None = None
@@ -57,7 +58,10 @@ class Declared:
 
     @property
     def flag(self) -> str | None:
-        """Its command-line option, the field's name with hyphens (``--top-k``); None when it has none."""
+        """Its command-line option, the field's name with hyphens (``--top-k``) unless the declaration spells it;
+        None when it has none."""
+        if isinstance(self.setting.flag, str):
+            return self.setting.flag
         return "--" + self.name.replace("_", "-") if self.setting.flag else None
 
     def limits(self) -> str:
