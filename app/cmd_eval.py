@@ -373,7 +373,8 @@ def _evaluate_retrieval(
     listed: set[str] | None,
 ) -> dict[str, Any]:
     """Evaluate one benchmark as `medfaq eval retrieval` asks: its result (``rows`` of metrics, one per system)."""
-    from medfaq.eval.benchmarks import benchmark_kind, read_beir_queries, read_qrels
+    from medfaq.common.ranking import read_qrels
+    from medfaq.eval.benchmarks import benchmark_kind, read_beir_queries
     from medfaq.eval.retrieval import RetrievalEvaluator, compare_variants, run_pipeline, stages_needed
     from medfaq.index.faq_index import FaqIndex
 

@@ -444,7 +444,7 @@ def _labelled_queries(queries: Path | None, qrels: Path | None) -> list[Any]:
         raise MedfaqError("--dev-queries and --dev-qrels go together")
     if queries is None or qrels is None:
         return []
-    from medfaq.eval.benchmarks import read_qrels
+    from medfaq.common.ranking import read_qrels
     from medfaq.index.collections import iter_jsonl
     from medfaq.retriever.decisions.adaptation import DevQuery
 

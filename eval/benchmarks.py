@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from medfaq.common.ranking import Qrels, read_qrels, write_qrels
 from medfaq.common.runtime import MedfaqError
 from medfaq.index.collections import iter_jsonl, load_collection
 from medfaq.index.datasets import BENCHMARK_KINDS, BENCHMARKS
@@ -56,9 +57,6 @@ CORPUS_FIELDS = {"id": "_id", "question": "text", "answer": "answer"}
 """How `medfaq index build` reads a benchmark corpus: ``--field id=_id --field question=text --field answer=answer``
 (every corpus row has an ``answer`` beside BEIR's fields: the FAQ's answer where its bank has one, else "")."""
 DEV_SEED = 1  # second hash that halves a real bank's queries (Quebec's held-out ones, medquad-rqe's) into dev and test
-
-Qrels = dict[str, dict[str, int]]
-Run = dict[str, dict[str, float]]
 
 
 @dataclass
@@ -145,53 +143,6 @@ def read_beir_queries(path: str | Path) -> list[dict[str, Any]]:
     if not rows:
         raise MedfaqError(f"{path}: no queries")
     return rows
-
-
-def write_qrels(path: str | Path, qrels: Qrels, trec: bool = False) -> None:
-    """BEIR ``qrels.tsv`` (header ``query-id corpus-id score``, tab-separated) or TREC qrels (``qid 0 docid rel``)."""
-    lines = [] if trec else ["query-id\tcorpus-id\tscore"]
-    for query_id in sorted(qrels):
-        for doc_id, rel in sorted(qrels[query_id].items()):
-            lines.append(f"{query_id} 0 {doc_id} {rel}" if trec else f"{query_id}\t{doc_id}\t{rel}")
-    Path(path).write_text("\n".join(lines) + "\n", encoding="utf-8")
-
-
-def read_qrels(path: str | Path) -> Qrels:
-    """Relevance judgements from BEIR ``qrels.tsv`` (3 columns, optional header) or TREC qrels (4 columns)."""
-    path = Path(path)
-    if not path.is_file():
-        raise MedfaqError(f"qrels file not found: {path}")
-    qrels: Qrels = {}
-    for line_no, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        parts = line.split()
-        if not parts or (line_no == 1 and parts[0] == "query-id"):
-            continue
-        if len(parts) not in (3, 4) or not parts[-1].lstrip("-").isdigit():
-            raise MedfaqError(f"{path}:{line_no}: expected 'query-id corpus-id score' or 'qid 0 docid relevance'")
-        query_id, doc_id = parts[0], parts[-2]
-        qrels.setdefault(query_id, {})[doc_id] = int(parts[-1])
-    if not qrels:
-        raise MedfaqError(f"{path}: no relevance judgements")
-    return qrels
-
-
-def read_trec_run(path: str | Path) -> Run:
-    """A TREC run file (``qid Q0 docid rank score tag``) as ``{qid: {docid: score}}``."""
-    path = Path(path)
-    if not path.is_file():
-        raise MedfaqError(f"run file not found: {path}")
-    run: Run = {}
-    for line_no, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        parts = line.split()
-        if not parts:
-            continue
-        if len(parts) != 6:
-            raise MedfaqError(f"{path}:{line_no}: expected 'qid Q0 docid rank score tag'")
-        try:
-            run.setdefault(parts[0], {})[parts[2]] = float(parts[4])
-        except ValueError:
-            raise MedfaqError(f"{path}:{line_no}: score {parts[4]!r} is not a number") from None
-    return run
 
 
 # ---- construction -------------------------------------------------------------------------------------------------
@@ -363,7 +314,7 @@ def index_over_bank(benchmark: Benchmark, out: Path, bank_index: Path, additions
             f"the index {bank_index} lacks {len(rows)} of {benchmark.name}'s {len(benchmark.corpus)} FAQs (e.g. "
             f"{rows[0]['_id']!r}): give --bank an index of the same collection (`medfaq index build medquad`)"
         )
-    index.add([FaqRecord(row["_id"], row["text"], metadata=row["metadata"]) for row in rows])
+    index.editor().add([FaqRecord(row["_id"], row["text"], metadata=row["metadata"]) for row in rows])
     index.save(out)
     return len(rows)
 

@@ -17,11 +17,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import pytrec_eval
 from tqdm.auto import tqdm
 
+from medfaq.common.ranking import CUTOFF, METRICS, Qrels, Run, ranking_metrics, truncate_run
 from medfaq.common.runtime import MedfaqError
-from medfaq.eval.benchmarks import Qrels, Run
 from medfaq.index.faq_index import FaqIndex
 from medfaq.retriever.decisions.abstention import as_scores, at_threshold, calibrate_threshold
 from medfaq.retriever.pipeline import (
@@ -35,16 +34,7 @@ from medfaq.retriever.pipeline import (
     corrects_first_stage,
 )
 
-METRICS = {
-    "recall@1": "recall_1",
-    "recall@5": "recall_5",
-    "recall@10": "recall_10",
-    "mrr@10": "recip_rank",
-    "ndcg@10": "ndcg_cut_10",
-    "p@5": "P_5",
-}
 ABSTAIN_METRICS = ("auroc", "threshold", "accuracy", "selective_acc", "precision", "answered", "ood_abstained")
-CUTOFF = 10
 BATCH = 32
 
 
@@ -56,23 +46,6 @@ def exact_search_run(
     scores = query_vectors @ doc_vectors.T
     top = np.argsort(-scores, axis=1)[:, :depth]
     return {query: {doc_ids[j]: float(scores[i, j]) for j in top[i]} for i, query in enumerate(query_ids)}
-
-
-def truncate_run(run: Run, depth: int = CUTOFF) -> Run:
-    """The best `depth` documents of each query (score descending, then id), so MRR is MRR@`depth`."""
-    return {q: dict(sorted(docs.items(), key=lambda item: (-item[1], item[0]))[:depth]) for q, docs in run.items()}
-
-
-def ranking_metrics(run: Run, qrels: Qrels) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
-    """Mean metrics in percent over all judged queries (a query missing from `run` scores 0), and per query."""
-    if not qrels:
-        return {name: math.nan for name in METRICS}, {}
-    run = truncate_run({q: run.get(q, {}) for q in qrels})
-    evaluator = pytrec_eval.RelevanceEvaluator(qrels, {"recall.1,5,10", "recip_rank", "ndcg_cut.10", "P.5"})
-    scores = evaluator.evaluate(run)
-    per_query = {q: {name: values[key] for name, key in METRICS.items()} for q, values in scores.items()}
-    means = {name: 100.0 * float(np.mean([values[name] for values in per_query.values()])) for name in METRICS}
-    return means, per_query
 
 
 def abstention_metrics(

@@ -12,8 +12,9 @@ import pytest
 from typer.testing import CliRunner
 
 from medfaq.app.cli import app
+from medfaq.common.ranking import read_qrels, read_trec_run, write_qrels
 from medfaq.common.runtime import MedfaqError
-from medfaq.eval.benchmarks import Benchmark, read_qrels, read_trec_run, write_qrels
+from medfaq.eval.benchmarks import Benchmark
 from medfaq.eval.retrieval import (
     VARIANTS,
     CachedReranker,
@@ -347,3 +348,15 @@ def test_eval_retrieval_loads_the_real_stages_in_a_fresh_process(bench_dir, tmp_
     result = subprocess.run([*command, "--summarize", "--summarizer", str(missing)], capture_output=True, text=True)
     assert result.returncode == 2 and "no rewrite stage" not in result.stderr
     assert str(missing) in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_first_hits_agree_with_pytrec_eval_where_each_question_has_one_gold():
+    from medfaq.common.ranking import first_hits, ranking_metrics
+
+    ranked = {"q1": ["a", "b", "c"], "q2": ["c", "b"], "q3": ["x", "y"], "q4": [f"d{i}" for i in range(10)] + ["g"]}
+    golds = {"q1": {"a"}, "q2": {"b"}, "q3": {"z"}, "q4": {"g"}}
+    run = {qid: {faq: float(len(ids) - rank) for rank, faq in enumerate(ids)} for qid, ids in ranked.items()}
+    means, _ = ranking_metrics(run, {qid: {gold: 1 for gold in ids} for qid, ids in golds.items()})
+    recall_at_1, mrr, firsts = first_hits(ranked, golds)
+    assert firsts == {"q1"}
+    assert (recall_at_1, mrr) == (means["recall@1"], means["mrr@10"]) == (25.0, 37.5)

@@ -43,6 +43,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from medfaq.common.ranking import first_hits
 from medfaq.common.runtime import MedfaqError, resolve_model, utc_timestamp
 from medfaq.index.faq_index import MANIFEST, FaqIndex, disk_version, is_index, read_manifest, write_lock
 from medfaq.index.records import FaqRecord
@@ -267,16 +268,10 @@ def dev_scores(pipeline: Any, queries: Sequence[DevQuery]) -> dict[str, float]:
     if not queries:
         return {"r@1": 0.0, "mrr@10": 0.0, "queries": 0}
     ranked = ranked_ids(pipeline, [q.text for q in queries], DEV_DEPTH)
-    hits1 = mrr = 0.0
-    for query, ids in zip(queries, ranked, strict=True):
-        first = next((rank for rank, faq_id in enumerate(ids, 1) if faq_id in query.golds), None)
-        hits1 += first == 1
-        mrr += 1 / first if first else 0.0
-    return {
-        "r@1": round(100 * hits1 / len(queries), 2),
-        "mrr@10": round(100 * mrr / len(queries), 2),
-        "queries": len(queries),
-    }
+    recall_at_1, mrr, _ = first_hits(
+        {str(n): ids for n, ids in enumerate(ranked)}, {str(n): q.golds for n, q in enumerate(queries)}, DEV_DEPTH
+    )
+    return {"r@1": round(recall_at_1, 2), "mrr@10": round(mrr, 2), "queries": len(queries)}
 
 
 def without_rows(dev: Sequence[DevQuery], rows: dict[str, list[str]]) -> list[DevQuery]:

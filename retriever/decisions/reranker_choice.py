@@ -28,9 +28,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from medfaq.common.ranking import CUTOFF
 from medfaq.common.runtime import utc_timestamp
 from medfaq.retriever.decisions import stage_choice
-from medfaq.retriever.decisions.stage_choice import CUTOFF, choose_on_dev, development_line, rank_metrics
+from medfaq.retriever.decisions.stage_choice import choose_on_dev, development_line, rank_metrics
 from medfaq.retriever.pipeline import RERANK_MARGIN, PipelineConfig
 from medfaq.retriever.pipeline_file import read_config, update_config
 

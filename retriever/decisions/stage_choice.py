@@ -19,11 +19,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from medfaq.common.ranking import first_hits
 from medfaq.common.runtime import MedfaqError
 
 MIN_GAIN = 1.0  # points of R@1 the worst development set must gain for a stage to be turned on
 SIGNIFICANCE = 0.05  # the labelled questions' rank-1 gains against losses, one-sided sign test
-CUTOFF = 10  # MRR@10
 
 Replay = Callable[[list[dict[str, Any]], Any, Any], tuple[dict[str, float], set[str]]]
 """(stored rows, judgements, a setting or None for the pipeline without the stage) -> (metrics with ``recall@1`` and
@@ -94,13 +94,8 @@ def rule_order(candidate: dict[str, Any]) -> tuple[float, int, float]:
 def rank_metrics(ranked: dict[str, list[str]], golds: dict[str, frozenset[str]]) -> tuple[dict[str, float], set[str]]:
     """R@1 and MRR@10 (in %) of each question's ranked FAQ ids (by question id) against its relevant ones, and the
     ids of the questions answered at rank 1."""
-    firsts = {qid for qid, ids in ranked.items() if ids[:1] and ids[0] in golds[qid]}
-    reciprocal = (
-        next((1 / rank for rank, faq_id in enumerate(ids[:CUTOFF], 1) if faq_id in golds[qid]), 0.0)
-        for qid, ids in ranked.items()
-    )
-    count = max(len(ranked), 1)
-    return {"recall@1": 100 * len(firsts) / count, "mrr@10": 100 * sum(reciprocal) / count}, firsts
+    recall_at_1, mrr, firsts = first_hits(ranked, golds)
+    return {"recall@1": recall_at_1, "mrr@10": mrr}, firsts
 
 
 def development_questions(directory: Path) -> list[Any]:
