@@ -8,9 +8,11 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
+from medfaq.app.config_options import takes_config_options
 from medfaq.app.options import DEVICE, NO_OVERRIDES, positive, takes_training_overrides
-from medfaq.common.runtime import PRECISION_HELP, UNFINISHED_FILE, MedfaqError, check_out_dir, resolve_model
+from medfaq.common.runtime import UNFINISHED_FILE, MedfaqError, check_out_dir, resolve_model
 from medfaq.retriever.biencoder.student_config import StudentTrainConfig
+from medfaq.summarizer.training.config import SummarizerTrainConfig
 
 if TYPE_CHECKING:
     from medfaq.retriever.training.config import EncoderTrainConfig
@@ -18,6 +20,8 @@ if TYPE_CHECKING:
 DEFAULT_PRETRAIN = ["rqe:train", "healthcaremagic:train", "chq_summ:train"]
 WRITER_BACKBONE = "gemma-3-270m"
 WRITER_PAIRS = 960  # 120 steps of 8: about 16 minutes for Gemma 3 270M on 2 CPU cores
+# how a question writer's run goes (not what it learns): what a resumed run may change
+WRITER_RUNTIME = ("threads", "precision", "save_every_steps", "max_steps")
 UNFINISHED_EXIT = 3  # a summarizer run stopped before its end (--max-steps): its checkpoint waits for --resume
 
 
@@ -49,7 +53,6 @@ def _pairs(spec: str, data_root: Path | None) -> list[tuple[str, str]]:
 def resumed_config(out: Path, options: dict[str, Any]):
     """The config of the interrupted summarizer run in `out` (its ``last/`` checkpoint), with the options given now;
     a stop requested for the interrupted run (``max_steps``) does not carry over."""
-    from medfaq.summarizer.training.config import SummarizerTrainConfig
     from medfaq.summarizer.training.trainer import LAST_DIR
 
     if not (out / LAST_DIR).is_dir():
@@ -76,14 +79,9 @@ def stop_if_unfinished(out: Path, command: str) -> None:
         raise typer.Exit(UNFINISHED_EXIT)
 
 
+@takes_config_options(SummarizerTrainConfig)
 def train_summarizer(
     data: str = typer.Option("meqsum", "--data", help="Data set with train and valid splits (e.g. meqsum)."),
-    train_data: str | None = typer.Option(
-        None,
-        "--train-data",
-        help="Training pairs instead of DATA:train, e.g. meqsum:train+meqsum:valid for a final model (its "
-        "validation then scores pairs it trained on: keep last/, with a recipe chosen on a held-out valid split).",
-    ),
     variant: str = typer.Option("ecl", "--variant", help="ecl|mle|ecl-s|ecl-h|qfcl|learned|rank."),
     preset: str = typer.Option(
         "quick", "--preset", help="quick (MiniLM: ≤ 20 min on 2 CPU cores; Gemma: 2 epochs) | full (GPU)."
@@ -94,80 +92,22 @@ def train_summarizer(
     pretrain: bool = typer.Option(False, "--pretrain", help=f"Pre-train on {', '.join(DEFAULT_PRETRAIN)} first."),
     pretrain_data: list[str] | None = typer.Option(None, "--pretrain-data", help="Pre-training split (repeatable)."),
     data_root: Path | None = typer.Option(None, "--data-root", help="Read data laid out like ../shared/data."),
-    backbone: str | None = typer.Option(
-        None, "--backbone", help="minilm, gemma-3-270m, a directory, or a HF seq2seq or causal-LM id."
-    ),
-    freeze_embeddings: bool | None = typer.Option(
-        None, "--freeze-embeddings/--train-embeddings", help="Decoder-only backbones: freeze the token embedding."
-    ),
-    lora_rank: int | None = typer.Option(
-        None, "--lora-rank", min=0, help="Decoder-only backbones: train LoRA adapters of this rank (0: full weights)."
-    ),
-    learned_temperature: float | None = typer.Option(None, "--learned-temperature"),
-    alpha: float | None = typer.Option(None, "--alpha", help="Weight of the simple-negative loss."),
-    beta: float | None = typer.Option(None, "--beta", help="Weight of the hard-negative loss."),
-    label_smoothing: float | None = typer.Option(None, "--label-smoothing"),
-    momentum: float | None = typer.Option(None, "--momentum", help="Key encoder momentum (0: sized to the run)."),
-    queue_size: int | None = typer.Option(None, "--queue-size", help="Queued FAQ keys (0: half the data)."),
-    temperature: float | None = typer.Option(None, "--temperature"),
-    n_hard_negatives: int | None = typer.Option(None, "--n-hard-negatives"),
-    n_frame_negatives: int | None = typer.Option(
-        None, "--n-frame-negatives", help="Extra hard negatives per pair with the FAQ's question frame swapped."
-    ),
-    n_learned_negatives: int | None = typer.Option(None, "--n-learned-negatives"),
-    n_retrieval_negatives: int | None = typer.Option(
-        None,
-        "--retrieval-negatives",
-        min=0,
-        help="Extra hard negatives per pair: the FAQ questions dense search ranks highest for its CHQ, not its FAQ.",
-    ),
+    overrides: Mapping[str, Any] = NO_OVERRIDES,
     retrieval_index: Path | None = typer.Option(
         None, "--retrieval-index", help="The index --retrieval-negatives searches (default: the set-up index)."
     ),
-    diversity_weight: float | None = typer.Option(None, "--diversity-weight"),
-    rank_weight: float | None = typer.Option(
-        None, "--rank-weight", help="Variant rank: weight of the FAQ-among-its-hard-negatives likelihood loss."
-    ),
-    rank_prior: float | None = typer.Option(
-        None, "--rank-prior", help="Variant rank: weight of log P(FAQ | no question) subtracted from each score."
-    ),
-    rank_temperature: float | None = typer.Option(
-        None, "--rank-temperature", help="Variant rank: temperature of the softmax over the summed scores."
-    ),
-    generator_lr: float | None = typer.Option(None, "--generator-lr"),
-    lr: float | None = typer.Option(None, "--lr"),
-    weight_decay: float | None = typer.Option(None, "--weight-decay"),
-    warmup_ratio: float | None = typer.Option(None, "--warmup-ratio"),
-    batch_size: int | None = typer.Option(None, "--batch-size"),
-    grad_accum: int | None = typer.Option(None, "--grad-accum"),
-    epochs: int | None = typer.Option(None, "--epochs"),
-    max_source_len: int | None = typer.Option(None, "--max-source-len"),
-    max_target_len: int | None = typer.Option(None, "--max-target-len"),
-    eval_beams: int | None = typer.Option(None, "--eval-beams"),
-    eval_max_length: int | None = typer.Option(None, "--eval-max-length"),
-    eval_examples: int | None = typer.Option(None, "--eval-examples", help="Validate on the first N pairs."),
-    patience: int | None = typer.Option(None, "--patience", help="Early stopping after N epochs without gain."),
-    pretrain_epochs: int | None = typer.Option(None, "--pretrain-epochs"),
-    pretrain_examples: int | None = typer.Option(None, "--pretrain-examples", help="Sample N pre-training pairs."),
     device: str | None = DEVICE,
-    threads: int | None = typer.Option(None, "--threads", help="Torch CPU threads."),
-    precision: str | None = typer.Option(None, "--precision", help=PRECISION_HELP),
-    save_every_steps: int | None = typer.Option(None, "--save-every-steps"),
-    max_steps: int | None = typer.Option(None, "--max-steps", help="Stop with a checkpoint after N steps."),
 ) -> None:
     """Train the CHQ→FAQ summarizer with one ECL variant; prints one JSON line per epoch.
 
     With ``--backbone gemma-3-270m`` the first run de-quantises the bundled Gemma 3 270M once into the models directory.
     """
-    from dataclasses import fields
-
-    from medfaq.summarizer.training.config import SummarizerTrainConfig, preset_config
+    from medfaq.summarizer.training.config import preset_config
     from medfaq.summarizer.training.trainer import SummarizerTrainer, check_run_dir
 
-    given = locals()
-    tuned = {f.name for f in fields(SummarizerTrainConfig)} - {"variant", "preset", "seed", "pretrain"}
-    tuned -= {"retrieval_negatives"}
-    options = {key: given[key] for key in tuned if given.get(key) is not None}
+    options = dict(overrides)
+    if device is not None:
+        options["device"] = device
     if pretrain or pretrain_data:
         options["pretrain"] = list(pretrain_data or DEFAULT_PRETRAIN)
     check_run_dir(out, resume)  # before any data or model is read
@@ -190,6 +130,7 @@ def train_summarizer(
     )
 
 
+@takes_config_options(SummarizerTrainConfig, "runtime", only=WRITER_RUNTIME)
 def train_question_writer(
     out: Path = typer.Option(..., "--out", help="Output directory (the best model; last/ holds the checkpoint)."),
     train_data: str | None = typer.Option(
@@ -209,10 +150,7 @@ def train_question_writer(
     seed: int = typer.Option(0, "--seed", help="Random seed."),
     resume: bool = typer.Option(False, "--resume", help="Continue an interrupted run in --out from last/."),
     data_root: Path | None = typer.Option(None, "--data-root", help="Read data laid out like ../shared/data."),
-    threads: int | None = typer.Option(None, "--threads", help="Torch CPU threads."),
-    precision: str | None = typer.Option(None, "--precision", help=PRECISION_HELP),
-    save_every_steps: int | None = typer.Option(None, "--save-every-steps"),
-    max_steps: int | None = typer.Option(None, "--max-steps", help="Stop with a checkpoint after N steps."),
+    runtime: Mapping[str, Any] = NO_OVERRIDES,
 ) -> None:
     """Train the question writer: FAQ (question and head of answer) -> the consumer questions it answers, the
     summarization pairs turned round; `medfaq index adapt` samples questions for every FAQ of a bank with it."""
@@ -230,8 +168,7 @@ def train_question_writer(
     from medfaq.summarizer.training.trainer import SummarizerTrainer, check_run_dir
 
     check_run_dir(out, resume)  # before any data or model is read
-    runtime = {"threads": threads, "precision": precision, "save_every_steps": save_every_steps, "max_steps": max_steps}
-    options = {key: value for key, value in runtime.items() if value is not None}
+    options = dict(runtime)
     if resume:  # the recipe is the interrupted run's; only how it runs may change
         config = resumed_config(out, options)
     else:

@@ -82,10 +82,10 @@ def test_rank_training_teaches_the_reference_over_its_negatives_and_mle_does_not
 
 
 def test_rank_settings_are_checked():
-    with pytest.raises(MedfaqError, match="rank-temperature"):
+    with pytest.raises(MedfaqError, match="rank_temperature must be a finite number above 0"):
         tiny_summarizer_config("rank", rank_temperature=0)
     for option in ("rank_weight", "rank_prior"):
-        with pytest.raises(MedfaqError, match="--rank-weight and --rank-prior must be 0 or more"):
+        with pytest.raises(MedfaqError, match=f"{option} must be a finite number of at least 0"):
             tiny_summarizer_config("rank", **{option: -1.0})
     with pytest.raises(MedfaqError, match="--n-hard-negatives or --retrieval-negatives"):
         tiny_summarizer_config("rank", n_hard_negatives=0)

@@ -112,7 +112,7 @@ def test_rank_options_reach_the_saved_config(tmp_path, tiny_bert_dir):
     assert (saved["rank_weight"], saved["rank_prior"], saved["rank_temperature"]) == (0.5, 0.0, 2.0)
     assert "train_rank" in json.loads((tmp_path / "model" / "history.json").read_text())[-1]
     bad = tiny_training(tmp_path / "bad", tiny_bert_dir, "rank", "--rank-temperature", 0)
-    one_line_error(bad, "--rank-temperature must be positive")
+    one_line_error(bad, "Invalid value for '--rank-temperature': rank_temperature must be a finite number above 0")
 
 
 def test_a_question_writer_stopped_by_max_steps_says_so_and_resumes(tmp_path, tiny_bert_dir):
@@ -131,3 +131,63 @@ def test_a_question_writer_stopped_by_max_steps_says_so_and_resumes(tmp_path, ti
     resumed = medfaq(*args, "--resume")
     assert resumed.exit_code == 0, resumed.output
     assert "trained the question writer" in resumed.stdout and not (out / UNFINISHED_FILE).exists()
+
+
+def trained_config(monkeypatch, tmp_path, *options):
+    """The config `medfaq train summarizer` with `options` hands its trainer (a stand-in that trains nothing)."""
+    import medfaq.summarizer.training.trainer as trainer
+    from medfaq.app import cmd_train
+
+    configs = []
+
+    class NoTraining:
+        def __init__(self, config, out, resume=False):
+            configs.append(config)
+
+        def train(self, *args, **kwargs):
+            return []
+
+    monkeypatch.setattr(cmd_train, "_pairs", lambda spec, data_root: [("chq", "faq")])
+    monkeypatch.setattr(trainer, "SummarizerTrainer", NoTraining)
+    result = medfaq("train", "summarizer", "--out", tmp_path / "model", *options)
+    assert result.exit_code == 0, result.output
+    return configs[0]
+
+
+def test_every_declared_setting_is_an_option_and_only_those_given_override_the_preset(monkeypatch, tmp_path):
+    from typer.main import get_command
+
+    from medfaq.common.settings import declared_settings
+    from medfaq.summarizer.training.config import SummarizerTrainConfig, preset_config
+
+    command = get_command(app).commands["train"].commands["summarizer"]
+    spelled = {name for param in command.params for name in (*param.opts, *param.secondary_opts)}
+    flags = [declared.flag for declared in declared_settings(SummarizerTrainConfig).values() if declared.flag]
+    assert {"--retrieval-negatives", "--train-embeddings", "--lr", "--max-steps"} <= spelled
+    assert all(set(flag.split("/")) <= spelled for flag in flags)
+
+    given = ["--alpha", 0.5, "--train-embeddings", "--lora-rank", 2, "--retrieval-negatives", 0, "--threads", 1]
+    config = trained_config(monkeypatch, tmp_path, "--preset", "full", "--variant", "mle", *given, "--device", "cpu")
+    changes = {"alpha": 0.5, "freeze_embeddings": False, "lora_rank": 2, "threads": 1, "device": "cpu"}
+    assert config == preset_config("full", "mle", **changes)
+
+
+def test_a_value_a_declaration_refuses_is_a_usage_error_before_any_work(tmp_path):
+    refused = [
+        ("--batch-size", 0, "batch_size must be a whole number of at least 1"),
+        ("--lr", "nan", "lr must be a finite number above 0"),
+        ("--label-smoothing", 1.5, "label_smoothing must be a finite number of at least 0 and at most 1"),
+        ("--precision", "half", "unknown precision 'half'"),
+    ]
+    for option, value, words in refused:
+        result = medfaq("train", "summarizer", "--out", tmp_path / "x", option, value)
+        one_line_error(result, f"Invalid value for '{option}': {words}")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_question_writer_takes_only_the_options_of_how_its_run_goes(tmp_path):
+    writer = medfaq("train", "question-writer", "--out", tmp_path / "x", "--alpha", 0.5)
+    assert writer.exit_code == 2 and "No such option: --alpha" in writer.stderr, writer.output
+    one_line_error(
+        medfaq("train", "question-writer", "--out", tmp_path / "x", "--threads", -1), "Invalid value for '--threads'"
+    )

@@ -147,7 +147,7 @@ def test_bad_input_is_one_clear_error(tiny_bert_dir, tmp_path):
         preset_config("quick", "nope")
     with pytest.raises(MedfaqError, match="unknown preset"):
         preset_config("slow", "ecl")
-    with pytest.raises(MedfaqError, match="negatives must be 0 or more"):
+    with pytest.raises(MedfaqError, match="n_frame_negatives must be a whole number of at least 0"):
         preset_config("quick", "ecl", n_frame_negatives=-1)
     with pytest.raises(MedfaqError, match="nothing to resume"):
         SummarizerTrainer(tiny_config("mle", backbone=str(tiny_bert_dir)), tmp_path / "empty", resume=True)

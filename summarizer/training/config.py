@@ -8,11 +8,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from medfaq.common.model_kinds import KIND_KEY, QUESTION_WRITER, SUMMARIZER, TRAIN_CONFIG
-from medfaq.common.runtime import PRECISIONS, MedfaqError
+from medfaq.common.runtime import PRECISION_HELP, PRECISIONS, MedfaqError
+from medfaq.common.settings import check_setting, declared_settings, setting
 from medfaq.summarizer.modeling import backbone_is_causal
 
 VARIANTS = ("ecl", "mle", "ecl-s", "ecl-h", "qfcl", "learned", "rank")
-# summarize: CHQ -> FAQ question (the summarizer); ask: FAQ -> the consumer questions it answers (the question writer)
 DIRECTIONS = ("summarize", "ask")
 CONFIG_FILE = TRAIN_CONFIG
 RETRIEVAL_NEGATIVES_FILE = "retrieval_negatives.jsonl"  # beside a model trained with retrieval negatives
@@ -22,79 +22,109 @@ RETRIEVAL_NEGATIVES_FILE = "retrieval_negatives.jsonl"  # beside a model trained
 class SummarizerTrainConfig:
     """Everything a training run depends on; saved as ``train_config.json`` beside every checkpoint."""
 
-    backbone: str = "minilm"
-    direction: str = "summarize"
-    variant: str = "ecl"
+    backbone: str = setting(
+        "minilm", help="minilm, gemma-3-270m, a directory, or a HF seq2seq or causal-LM id.", flag=True
+    )
+    direction: str = setting(
+        "summarize",
+        help="summarize: CHQ -> FAQ question (the summarizer); ask: FAQ -> the consumer questions it answers (the "
+        "question writer).",
+        choices=DIRECTIONS,
+    )
+    variant: str = setting("ecl", help="The training objective (summarizer/training/trainer.py).", choices=VARIANTS)
     preset: str = "quick"
-    alpha: float = 1.0  # weight of L_scl (queue negatives)
-    beta: float = 1.0  # weight of L_hcl (hard or learned negatives)
-    label_smoothing: float = 0.1
-    momentum: float = 0.0  # key-encoder momentum (0: sized to the run, see `trainer.sized_momentum`)
-    queue_size: int = 0  # queued FAQ keys (0: sized to the data, see `trainer.sized_queue`)
-    temperature: float = 0.07
-    learned_temperature: float = 1.0  # InfoNCE temperature against learned negatives (the paper's 1.0)
-    n_hard_negatives: int = 4
-    n_frame_negatives: int = 0  # extra hard negatives with the FAQ's question frame swapped (see frame_hard_negatives)
-    n_learned_negatives: int = 4
-    n_retrieval_negatives: int = 0  # extra hard negatives per pair: the retrieval's near misses for its CHQ
+    alpha: float = setting(1.0, help="Weight of the simple-negative loss.", flag=True, ge=0)  # L_scl (queue negatives)
+    beta: float = setting(1.0, help="Weight of the hard-negative loss.", flag=True, ge=0)  # L_hcl (hard or learned)
+    label_smoothing: float = setting(0.1, help="Label smoothing of the cross-entropy.", flag=True, ge=0, le=1)
+    # see `trainer.sized_momentum` and `trainer.sized_queue`
+    momentum: float = setting(0.0, help="Key encoder momentum (0: sized to the run).", flag=True, ge=0, le=1)
+    queue_size: int = setting(0, help="Queued FAQ keys (0: half the data).", flag=True, ge=0)
+    temperature: float = setting(0.07, help="Temperature of the contrastive losses.", flag=True, gt=0)
+    learned_temperature: float = setting(
+        1.0, help="Variant learned: temperature against the learned negatives (the paper's 1.0).", flag=True, gt=0
+    )
+    n_hard_negatives: int = setting(
+        4, help="Hard negatives per pair: FAQs sharing its entities (qfcl: its focus).", flag=True, ge=0
+    )
+    n_frame_negatives: int = setting(  # see frame_hard_negatives
+        0, help="Extra hard negatives per pair with the FAQ's question frame swapped.", flag=True, ge=0
+    )
+    n_learned_negatives: int = setting(
+        4, help="Variant learned: negatives the generator makes per pair.", flag=True, ge=0
+    )
+    n_retrieval_negatives: int = setting(
+        0,
+        help="Extra hard negatives per pair: the FAQ questions dense search ranks highest for its CHQ, not its FAQ.",
+        flag="--retrieval-negatives",
+        ge=0,
+    )
     retrieval_negatives: str = ""  # their JSONL ({"chq", "negatives"}), saved beside the model when training starts
-    diversity_weight: float = 1.0
+    diversity_weight: float = setting(
+        1.0, help="Variant learned: weight of the generator's diversity loss.", flag=True, ge=0
+    )
     # variant rank: L = L_ce + rank_weight x L_rank, L_rank the cross-entropy of the reference FAQ among its hard
     # negatives under the softmax of (log P(FAQ | CHQ) - rank_prior x log P(FAQ | no CHQ)) / rank_temperature, the
     # log-probabilities summed over the FAQ's tokens: the score the pipeline's likelihood stage ranks hits by
-    rank_weight: float = 1.0
-    rank_prior: float = 1.0
-    rank_temperature: float = 1.0
-    generator_lr: float = 1e-4
-    lr: float = 1e-4
-    freeze_embeddings: bool = True  # decoder-only backbones: keep the (tied) token embedding frozen
-    lora_rank: int = 0  # decoder-only backbones: train rank-r LoRA adapters of every linear layer instead (0: off)
-    weight_decay: float = 0.01
-    warmup_ratio: float = 0.1
+    rank_weight: float = setting(
+        1.0, help="Variant rank: weight of the FAQ-among-its-hard-negatives likelihood loss.", flag=True, ge=0
+    )
+    rank_prior: float = setting(
+        1.0, help="Variant rank: weight of log P(FAQ | no question) subtracted from each score.", flag=True, ge=0
+    )
+    rank_temperature: float = setting(
+        1.0, help="Variant rank: temperature of the softmax over the summed scores.", flag=True, gt=0
+    )
+    generator_lr: float = setting(1e-4, help="Variant learned: the generator's learning rate.", flag=True, gt=0)
+    lr: float = setting(1e-4, help="Learning rate.", flag=True, gt=0)
+    freeze_embeddings: bool = setting(  # the (tied) token embedding stays as loaded
+        True,
+        help="Decoder-only backbones: freeze the token embedding.",
+        flag="--freeze-embeddings/--train-embeddings",
+    )
+    lora_rank: int = setting(  # rank-r LoRA adapters of every linear layer, trained instead of the weights
+        0, help="Decoder-only backbones: train LoRA adapters of this rank (0: full weights).", flag=True, ge=0
+    )
+    weight_decay: float = setting(0.01, help="AdamW weight decay.", flag=True, ge=0)
+    warmup_ratio: float = setting(
+        0.1, help="Share of the steps the learning rate warms up over.", flag=True, ge=0, le=1
+    )
     max_grad_norm: float = 1.0
-    batch_size: int = 8
-    grad_accum: int = 1
-    epochs: int = 2
-    max_source_len: int = 96
-    max_target_len: int = 40
-    eval_beams: int = 1
-    eval_max_length: int = 32
-    eval_examples: int = 30  # validate on the first N validation pairs (0: all)
-    patience: int = 2
+    batch_size: int = setting(8, help="Pairs per batch.", flag=True, ge=1)
+    grad_accum: int = setting(1, help="Batches per optimizer step.", flag=True, ge=1)
+    epochs: int = setting(2, help="Epochs over the training pairs.", flag=True, ge=1)
+    max_source_len: int = setting(96, help="Tokens of the question read.", flag=True, ge=1)
+    max_target_len: int = setting(40, help="Tokens of the summary trained on.", flag=True, ge=1)
+    eval_beams: int = setting(1, help="Beams of the validation summaries.", flag=True, ge=1)
+    eval_max_length: int = setting(32, help="Tokens of a validation summary at most.", flag=True, ge=1)
+    eval_examples: int = setting(30, help="Validate on the first N pairs.", flag=True, ge=0)  # 0: all
+    patience: int = setting(2, help="Early stopping after N epochs without gain.", flag=True, ge=0)
     seed: int = 0
-    train_data: str = ""  # training pairs spec (e.g. meqsum:train+meqsum:valid); empty: the data set's train split
+    train_data: str = setting(  # empty: the data set's train split
+        "",
+        help="Training pairs instead of DATA:train, e.g. meqsum:train+meqsum:valid for a final model (its "
+        "validation then scores pairs it trained on: keep last/, with a recipe chosen on a held-out valid split).",
+        flag=True,
+    )
     pretrain: list[str] = field(default_factory=list)  # CHQ->FAQ data sets trained on before the main data
-    pretrain_epochs: int = 1
-    pretrain_examples: int = 0  # sample this many pre-training pairs (0: all)
+    pretrain_epochs: int = setting(1, help="Epochs over the pre-training pairs.", flag=True, ge=0)
+    pretrain_examples: int = setting(0, help="Sample N pre-training pairs.", flag=True, ge=0)  # 0: all
     device: str | None = None
-    threads: int = 0  # torch threads (0: torch's default)
-    precision: str = "auto"  # training forward passes: fp32 | bf16 | auto (bf16 where measured faster; the one used)
-    save_every_steps: int = 0  # also checkpoint every N optimizer steps (0: at epoch ends only)
-    max_steps: int = 0  # stop (with a checkpoint) after N optimizer steps in total (0: no limit)
+    threads: int = setting(0, help="Torch CPU threads.", flag=True, ge=0)  # 0: torch's default
+    # training forward passes; auto: bf16 where measured faster (the precision used is saved)
+    precision: str = setting("auto", help=PRECISION_HELP, flag=True, choices=PRECISIONS)
+    save_every_steps: int = setting(  # 0: at epoch ends only
+        0, help="Also checkpoint every N optimizer steps.", flag=True, ge=0
+    )
+    max_steps: int = setting(0, help="Stop with a checkpoint after N steps.", flag=True, ge=0)  # 0: no limit
     averaged_from: list[str] = field(default_factory=list)  # runs whose weights this model averages (soup)
 
     def __post_init__(self) -> None:
-        if self.direction not in DIRECTIONS:
-            raise MedfaqError(f"unknown direction {self.direction!r}; choose one of {', '.join(DIRECTIONS)}")
-        if self.variant not in VARIANTS:
-            raise MedfaqError(f"unknown variant {self.variant!r}; choose one of {', '.join(VARIANTS)}")
-        if self.batch_size < 1 or self.grad_accum < 1 or self.epochs < 1:
-            raise MedfaqError("batch size, gradient accumulation and epochs must be at least 1")
-        counts = (self.n_hard_negatives, self.n_frame_negatives, self.n_learned_negatives, self.n_retrieval_negatives)
-        if min(counts) < 0:
-            raise MedfaqError("the numbers of hard, frame, learned and retrieval negatives must be 0 or more")
-        if self.lora_rank < 0:
-            raise MedfaqError(f"--lora-rank must be 0 (off) or positive, got {self.lora_rank}")
-        if min(self.rank_weight, self.rank_prior) < 0:
-            raise MedfaqError("--rank-weight and --rank-prior must be 0 or more")
-        if self.rank_temperature <= 0:
-            raise MedfaqError(f"--rank-temperature must be positive, got {self.rank_temperature}")
+        for declared in declared_settings(SummarizerTrainConfig).values():
+            check_setting(declared, getattr(self, declared.name))
         if self.variant == "rank" and self.hard_slots == 0:
             raise MedfaqError(
                 "variant rank ranks the FAQ among hard negatives: give --n-hard-negatives or --retrieval-negatives"
             )
-        if self.precision not in PRECISIONS:
-            raise MedfaqError(f"unknown precision {self.precision!r}; choose one of {', '.join(PRECISIONS)}")
 
     @property
     def uses_queue(self) -> bool:
