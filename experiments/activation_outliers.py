@@ -4,7 +4,10 @@ quantisation gives each activation tensor one scale, set by its largest value, s
 times its mean loses the values near the mean (all-mpnet-base-v2's feed-forward outputs; index/onnx/export.py keeps
 those projections in fp32 where the check asks for it).
 
-    python -m medfaq.eval.activation_outliers --model mpnet --model minilm
+    python experiments/activation_outliers.py --model mpnet --model minilm
+
+Results: docs/experiments/speed.md, "int8 graphs checked against their fp32 source (issue 56): all-mpnet-base-v2 on
+ONNX Runtime int8".
 """
 
 from __future__ import annotations
@@ -51,7 +54,7 @@ def peak_over_mean(model: str) -> dict[str, list[float]]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    program = "python -m medfaq.eval.activation_outliers"
+    program = "python experiments/activation_outliers.py"
     parser = argparse.ArgumentParser(prog=program, description=__doc__.split("\n")[0])
     parser.add_argument("--model", action="append", required=True, help="Encoder name or directory (repeatable).")
     parser.add_argument("--out", type=Path, default=None, help="Also write the JSON report here.")

@@ -3,7 +3,7 @@ all parts together, and what the rule keeps; R@1, R@5, MRR@10 on each benchmark'
 benchmark has out-of-scope questions the abstention AUROC and answer-or-abstain accuracy at its dev-calibrated
 threshold.
 
-    python -m medfaq.eval.adaptation_gain BENCH_DIR... [--variant rule] [--seed 0] [--labelled-dev] [--json OUT]
+    python experiments/adaptation_gain.py BENCH_DIR... [--variant rule] [--seed 0] [--labelled-dev] [--json OUT]
 
 Each BENCH_DIR is written by `medfaq data make-benchmark NAME --out BENCH_DIR` (its index in BENCH_DIR/index). The
 index is adapted and undone in place, one variant after another; the generated questions are cached beside it, so
@@ -11,6 +11,23 @@ only the first variant writes them. `--labelled-dev`: the benchmark's developmen
 its test metrics, e.g. Quebec's dev half) are the user's labelled development queries (`--dev-queries`).
 Variants `answer-rows` and `answer-head-rows` add the rows the `answers` part adds (with and without the question
 before the answer's head) with no question written and no rule: they need no question writer.
+
+Results:
+
+* docs/experiments/adaptation.md, "medfaq learns your bank (issue 53): questions written for each FAQ, the round
+  trip, and the per-bank rule"
+* docs/experiments/adaptation.md, "medfaq learns your bank over MPNet: meqsum, and the time a 1,000-FAQ bank takes
+  (issue 53)"
+* docs/experiments/adaptation.md, "Generated questions alone keep only the answer rows (issue 53: never below on any
+  bank)"
+* docs/experiments/adaptation.md, "The answer's head after its question, and writing only for the development sample
+  (issue 53)"
+* docs/experiments/adaptation.md, "Answer rows on a sample of MedQuAD: the rule kept them and medquad-chq lost;
+  judged now on the FAQs they skip (issue 53)"
+* docs/experiments/adaptation.md, "`index adapt` over the fine-tuned MPNet it ships with: a MedQuAD sample, three
+  seeds on COVID-Q and Quebec (issue 53)"
+* docs/experiments/setup.md, "A fresh set-up of the MPNet pipeline, and a second set of three rank seeds (issue
+  54)", its "`index adapt` over the set-up's fine-tuned MPNet: COVID-Q and Quebec with both answer rows (issue 53)"
 """
 
 from __future__ import annotations
@@ -25,9 +42,9 @@ from medfaq.common.runtime import MedfaqError
 from medfaq.eval.benchmarks import Benchmark
 from medfaq.eval.retrieval import RetrievalEvaluator, run_pipeline
 from medfaq.eval.script_args import print_report
-from medfaq.retriever import adaptation
-from medfaq.retriever.adaptation import DevQuery, NothingToAdapt
-from medfaq.retriever.adaptation_config import PARTS, AdaptConfig
+from medfaq.retriever.decisions import adaptation
+from medfaq.retriever.decisions.adaptation import DevQuery, NothingToAdapt
+from medfaq.retriever.decisions.adaptation_config import PARTS, AdaptConfig
 
 VARIANTS: dict[str, dict[str, Any]] = {
     "answers": {"parts": ["answers"], "force": True},
@@ -139,7 +156,7 @@ def print_table(reports: list[dict[str, Any]]) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m medfaq.eval.adaptation_gain", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python experiments/adaptation_gain.py", description=__doc__.splitlines()[0])
     parser.add_argument("benchmarks", type=Path, nargs="+", help="benchmark directories (with an index/ inside)")
     parser.add_argument(
         "--variant", action="append", choices=[*VARIANTS, *ROWS_ONLY], help="default: every variant that writes"

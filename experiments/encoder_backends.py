@@ -8,7 +8,17 @@ the backend. `--build COLLECTION` adds the index build estimate: texts per secon
 `medfaq index build COLLECTION` encodes (with the synonym expansions `--synonyms` asks for), and the minutes the
 whole collection would take.
 
-    python -m medfaq.eval.encoder_backends --model minilm --benchmark /tmp/rqe-test --build medquad
+    python experiments/encoder_backends.py --model minilm --benchmark /tmp/rqe-test --build medquad
+
+Results:
+
+* docs/experiments/speed.md, "The bi-encoder on ONNX Runtime (issue 43: backends, start-up, build speed)"
+* docs/experiments/speed.md, "int8 graphs checked against their fp32 source (issue 56): all-mpnet-base-v2 on ONNX
+  Runtime int8"
+* docs/experiments/speed.md, "The encoder in bf16 where the CPU multiplies bf16 fast (issue 52: the speed of
+  fine-tuned MPNet)"
+* docs/experiments/biencoder.md, "The strongest encoder we can ship (issue 52, first part): stock encoders, covid-q,
+  and one distilled student"
 """
 
 from __future__ import annotations
@@ -226,7 +236,7 @@ def format_table(report: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m medfaq.eval.encoder_backends", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python experiments/encoder_backends.py", description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="minilm", help="Encoder name or directory.")
     parser.add_argument("--benchmark", type=Path, default=None, help="A `medfaq data make-benchmark` directory.")
     parser.add_argument(

@@ -1,12 +1,11 @@
 """The default retrieval encoder, chosen by a rule written before any candidate was measured.
 
-The rule (:class:`retriever.encoder_rule.EncoderRule`, which `--encoder auto` applies too): among the candidates
-(an encoder on a backend) whose median time to encode one long consumer question (more than 60 words) is at most
-200 ms and whose cold ``medfaq search`` (a new process searching a
-small index once) takes at most 1.5 s of wall time on 2 CPU cores, the default is the one with the best development
-quality; quality is the mean Recall@1 of dense search over the development queries (RQE's validation CHQs, Quebec's
-development half), never a test set. Candidates within 0.5 R@1 of the best count as equal, and the fastest of them
-(long-question p50) wins.
+The rule (:class:`retriever.decisions.encoder_rule.EncoderRule`, which `--encoder auto` applies too): among the
+candidates (an encoder on a backend) whose median time to encode one long consumer question (more than 60 words) is at
+most 200 ms and whose cold ``medfaq search`` (a new process searching a small index once) takes at most 1.5 s of wall
+time on 2 CPU cores, the default is the one with the best development quality; quality is the mean Recall@1 of dense
+search over the development queries (RQE's validation CHQs, Quebec's development half), never a test set. Candidates
+within 0.5 R@1 of the best count as equal, and the fastest of them (long-question p50) wins.
 
 The times are medians over `--rounds` rounds (each round times every candidate in turn, `--gap-s` apart), since a
 shared 2-core machine measured the same graph at 98 and at 271 ms on two runs of one day: a single round lets the
@@ -15,8 +14,14 @@ hour decide. Quality is measured once (it does not vary).
 ``measure`` loads each candidate and scores it, ``time_round`` times them all once, ``choose`` applies the rule to
 the numbers it is given:
 
-    python -m medfaq.eval.encoder_choice --candidate minilm:onnx --candidate mpnet:onnx --candidate mpnet:onnx-int8 \\
+    python experiments/encoder_choice.py --candidate minilm:onnx --candidate mpnet:onnx --candidate mpnet:onnx-int8 \\
         --dev /tmp/bench-rqe-valid --dev /tmp/bench-quebec --rounds 5 --out encoder_choice.json
+
+Results: docs/experiments/biencoder.md, "The strongest encoder we can ship (issue 52, first part): stock encoders,
+covid-q, and one distilled student", its "The default encoder's rule, run: fine-tuned MPNet on ONNX Runtime fp32
+(not yet what set-up trains)", "Set-up ships the chosen encoder: fine-tuned MPNet encodes the MedQuAD index (issue
+52)" and "The rule over seven rounds, and a one-question search without pre-packed weights: fine-tuned MPNet
+confirmed" (and the package's retriever/stock_encoders.json).
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from typing import Any
 
 from medfaq.common.runtime import MedfaqError
 from medfaq.eval.script_args import print_report
-from medfaq.retriever.encoder_rule import Candidate, EncoderRule, choose
+from medfaq.retriever.decisions.encoder_rule import Candidate, EncoderRule, choose
 
 LONG_WORDS = 60  # a long consumer question: more than this many words
 LONG_QUESTIONS = 50  # MeQSum training CHQs timed per candidate
@@ -44,7 +49,8 @@ COLD_RUNS = 3  # cold searches per candidate per round
 def development_recall(encoder: Any, benchmark: Any) -> float:
     """R@1 (%) of exact cosine search over `benchmark`'s corpus for its development queries: those marked ``dev``,
     or all judged ones where the benchmark is itself a validation set (none marked)."""
-    from medfaq.eval.retrieval import exact_search_run, ranking_metrics
+    from medfaq.common.ranking import ranking_metrics
+    from medfaq.eval.retrieval import exact_search_run
 
     dev = benchmark.dev_ids or set(benchmark.qrels)
     queries = [query for query in benchmark.queries if query["_id"] in dev and query["_id"] in benchmark.qrels]
@@ -127,7 +133,7 @@ def format_table(candidates: Sequence[Candidate], reasons: dict[str, str]) -> st
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m medfaq.eval.encoder_choice", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python experiments/encoder_choice.py", description=__doc__.split("\n")[0])
     parser.add_argument("--candidate", action="append", required=True, help="MODEL:BACKEND (repeatable).")
     parser.add_argument("--dev", action="append", type=Path, required=True, help="A make-benchmark directory.")
     parser.add_argument("--data-root", type=Path, default=None, help="A copy laid out like shared/data.")

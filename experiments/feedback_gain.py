@@ -16,9 +16,12 @@ model's encoding of the FAQ questions alone (the index as it was before any link
 by its own wording) with the held-back questions, and with the linked questions trained on, and prints R@1, R@5,
 MRR@10 and nDCG@10 for each model.
 
-    python -m medfaq.eval.feedback_gain prepare --out DIR [--encoder auto] [--data ../shared/data]
+    python experiments/feedback_gain.py prepare --out DIR [--encoder auto] [--data ../shared/data]
     medfaq train biencoder --task faq --preset quick --seed 0 --feedback --feedback-index DIR/index --out MODEL
-    python -m medfaq.eval.feedback_gain score --index DIR/index --model before=auto --model after=MODEL [--json F]
+    python experiments/feedback_gain.py score --index DIR/index --model before=auto --model after=MODEL [--json F]
+
+Results: docs/experiments/abstention-and-queue.md, "The experts' queue (issue 45): grouping quality and the time to
+add a question", its "Learning from the links: `--feedback` training, before and after, on a held-back slice".
 """
 
 from __future__ import annotations
@@ -71,7 +74,7 @@ def prepare(out: Path, encoder_name: str, data_root: Path | None) -> dict[str, A
     from medfaq.retriever.pipeline import PipelineConfig
     from medfaq.retriever.pipeline_file import write_config
     from medfaq.retriever.queue.question_queue import QuestionQueue, queue_beside
-    from medfaq.retriever.setup_plan import choose_encoder
+    from medfaq.retriever.trained_models import choose_encoder
 
     if out.exists() and any(out.iterdir()):
         raise MedfaqError(f"{out} is not empty: prepare writes a new index and queue there")
@@ -100,10 +103,10 @@ def prepare(out: Path, encoder_name: str, data_root: Path | None) -> dict[str, A
 
 
 def score(index_dir: Path, models: dict[str, str], seed: int) -> dict[str, Any]:
-    from medfaq.eval.retrieval import ranking_metrics
+    from medfaq.common.ranking import ranking_metrics
     from medfaq.index.encoder import load_encoder
     from medfaq.index.faq_index import FaqIndex
-    from medfaq.retriever.setup_plan import choose_encoder
+    from medfaq.retriever.trained_models import choose_encoder
     from medfaq.retriever.training.pair_data import expert_links
 
     records = FaqIndex.load(index_dir).records()
@@ -151,7 +154,7 @@ def model_option(value: str) -> tuple[str, str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m medfaq.eval.feedback_gain", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python experiments/feedback_gain.py", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
     made = commands.add_parser("prepare", help="index, queue and expert links from COVID-Q")
     made.add_argument(

@@ -2,7 +2,10 @@
 questions: how often the best FAQ and the whole top k agree, the largest score difference, and milliseconds per
 query on one thread.
 
-    python -m medfaq.eval.flat_search --index ~/.medfaq/indexes/medquad-faq --queries Q.jsonl --limit 200
+    python experiments/flat_search.py --index ~/.medfaq/indexes/medquad-faq --queries Q.jsonl --limit 200
+
+Results: docs/experiments/speed.md, "The encoder in bf16 where the CPU multiplies bf16 fast (issue 52: the speed of
+fine-tuned MPNet)".
 """
 
 from __future__ import annotations
@@ -62,7 +65,7 @@ def compare(index_dir: Path, questions: list[str], k: int = 50) -> dict[str, Any
 def main(argv: Sequence[str] | None = None) -> int:
     from medfaq.retriever.runs import read_queries
 
-    parser = argparse.ArgumentParser(prog="python -m medfaq.eval.flat_search", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python experiments/flat_search.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--index", type=Path, required=True, help="A flat FAISS index of 20,000 FAQs or more.")
     parser.add_argument("--queries", type=existing_file, required=True, help="JSONL questions (BEIR `text`).")
     parser.add_argument("--limit", type=positive_int, default=200, help="Use the first N questions.")

@@ -5,10 +5,13 @@ For each benchmark directory (`medfaq data make-benchmark`), the judged question
 questions outside ``dev.txt``; ``dev``: those in it) are in scope. Out of scope are the split's ``ood`` questions
 where the benchmark has them (Quebec: HealthTap questions), and, for every benchmark, the in-scope questions searched
 again after their gold FAQs (and FAQs within cosine 0.9 of one) are deleted from the index
-(:func:`retriever.abstention.without_answers`, the construction the threshold was calibrated with). Nothing is
+(:func:`retriever.decisions.abstention.without_answers`, the construction the threshold was calibrated with). Nothing is
 calibrated here: the threshold is the one the index starts with.
 
-    python -m medfaq.eval.inherited_threshold BENCH_DIR [BENCH_DIR ...] [--split test|dev] [--json report.json]
+    python experiments/inherited_threshold.py BENCH_DIR [BENCH_DIR ...] [--split test|dev] [--json report.json]
+
+Results: docs/experiments/abstention-and-queue.md, "Abstention out of the box: a threshold calibrated with the
+encoder, inherited by every new index".
 """
 
 from __future__ import annotations
@@ -18,10 +21,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from medfaq.common.ranking import read_qrels
 from medfaq.common.runtime import MedfaqError
-from medfaq.eval.benchmarks import read_beir_queries, read_qrels
+from medfaq.eval.benchmarks import read_beir_queries
 from medfaq.eval.script_args import print_report
-from medfaq.retriever.abstention import at_threshold, without_answers
+from medfaq.retriever.decisions.abstention import at_threshold, without_answers
 from medfaq.retriever.model_cache import build_pipeline
 from medfaq.retriever.pipeline import Pipeline
 from medfaq.retriever.pipeline_file import read_config
@@ -80,7 +84,7 @@ def measure(benchmark: Path, split: str = "test") -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m medfaq.eval.inherited_threshold", description=__doc__.splitlines()[0]
+        prog="python experiments/inherited_threshold.py", description=__doc__.splitlines()[0]
     )
     parser.add_argument("benchmarks", nargs="+", type=Path, help="benchmark directories (with an index/)")
     parser.add_argument("--split", choices=SPLITS, default="test")

@@ -1,6 +1,8 @@
 """Figures for docs/results.md: cosine similarity of CHQ anchors to their hard and simple negatives per epoch.
 
-``python -m medfaq.eval.plots runs/ecl-s0/history.json runs/ecl-s1/history.json --out docs/figures/ecl_cos.png``
+``python experiments/plots.py runs/ecl-s0/history.json runs/ecl-s1/history.json --out docs/figures/ecl_cos.png``
+
+Results: docs/experiments/summarizer.md, "Summarizer (MeQSum test)" (docs/figures/ecl_negative_similarity.png).
 """
 
 from __future__ import annotations
@@ -85,7 +87,7 @@ def negative_similarity_plot(history_files: Sequence[Path], out_png: Path, title
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m medfaq.eval.plots", description="Plot CHQ-to-negative cosine similarity per epoch (ECL Fig. 4)."
+        prog="python experiments/plots.py", description="Plot CHQ-to-negative cosine similarity per epoch (ECL Fig. 4)."
     )
     parser.add_argument("histories", nargs="+", type=Path, help="history.json files of ECL-family runs")
     parser.add_argument("--out", type=Path, required=True, help="PNG to write")

@@ -1,12 +1,14 @@
 """fp32 against bf16 (torch autocast) on this CPU: seconds per training step and per inference batch of the models
 medfaq trains, and what ``--precision auto`` picks here.
 
-    python -m medfaq.eval.precision_speed --models minilm,gemma-3-270m --threads 1 --out precision.json
+    python experiments/precision_speed.py --models minilm,gemma-3-270m --threads 1 --out precision.json
 
 A training step is what the trainers do (forward, backward, AdamW step; Gemma with its embedding frozen and
 LM-head logits at the target positions only); inference is one forward pass of the same batch. Inputs are random
 token ids of fixed length, so only the arithmetic is compared; the quality of bf16 training is measured by the
 training commands themselves (docs/results.md).
+
+Results: docs/experiments/setup.md, "bf16 training on CPUs with AMX (`--precision auto|fp32|bf16`)".
 """
 
 from __future__ import annotations
@@ -113,7 +115,7 @@ def measure(args: argparse.Namespace) -> dict:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m medfaq.eval.precision_speed", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python experiments/precision_speed.py", description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="minilm,gemma-3-270m", help="Comma-separated model names or paths.")
     parser.add_argument("--batch", type=positive_int, default=8)
     parser.add_argument("--tokens", type=positive_int, default=128)

@@ -2,7 +2,9 @@
 the default pipeline's numbers as text. Both report the benchmarks by kind (index/datasets.py): the real FAQ banks,
 the evidence for defaults, first; the summary-matching sets apart, after them.
 
-``python -m medfaq.eval.results_summary docs/results/summary.json --out docs/figures/results_summary.png``
+``python experiments/results_summary.py docs/results/summary.json --out docs/figures/results_summary.png``
+
+Results: docs/results.md, "The figure" (docs/figures/results_summary.png).
 """
 
 from __future__ import annotations
@@ -16,7 +18,11 @@ import numpy as np
 
 from medfaq.common.runtime import MedfaqError
 from medfaq.eval.benchmarks import by_kind, kind_heading
-from medfaq.eval.plots import pyplot, save_figure
+
+if __package__:  # imported as `experiments.results_summary`
+    from .plots import pyplot, save_figure
+else:  # run as `python experiments/results_summary.py`, its folder first on sys.path
+    from plots import pyplot, save_figure
 
 
 def _bars(ax, labels: Sequence[str], series: dict[str, Sequence[float | None]], value_format: str) -> None:
@@ -112,7 +118,7 @@ def results_summary_plot(summary_file: Path, out_png: Path) -> Path:
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m medfaq.eval.results_summary", description="Plot the summary numbers of docs/results.md."
+        prog="python experiments/results_summary.py", description="Plot the summary numbers of docs/results.md."
     )
     parser.add_argument("summary", type=Path, help="the summary JSON (docs/results/summary.json)")
     parser.add_argument("--out", type=Path, required=True, help="PNG to write")

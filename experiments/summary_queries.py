@@ -1,20 +1,23 @@
 """Several summaries, not one: the summarizer's n best beams as extra queries, each searched and fused with the raw
 question's dense ranking; scored once, every fusion replayed from the stored rankings.
 
-``score``: for each query set (as in :mod:`medfaq.eval.summary_ranking`), the dense top `--depth` of the raw question
+``score``: for each query set (as in `experiments/summary_ranking.py`), the dense top `--depth` of the raw question
 and the `--beams` best beams of the summarizer (best first), each searched the same way, stored in
 ``OUT/<set>.jsonl``; questions already stored are skipped, so an interrupted run resumes.
 
 ``replay``: the raw ranking (weight 1) fused by weighted RRF with the rankings of the first `summaries` beams (weight
 `weight` each) at constant `k`, the top 10 cut; development sets choose the setting by the rule of
-:mod:`medfaq.eval.summary_ranking`, written before any scoring: (1) the highest worst development-set ΔR@1 against
+`experiments/summary_ranking.py`, written before any scoring: (1) the highest worst development-set ΔR@1 against
 dense search; (2) the fewest development questions lost at rank 1; (3) the largest summed ΔMRR@10; (4) fewer
 summaries, then a smaller weight, then a larger k. The test sets are then reported with the chosen setting, and,
 not chosen, with the best beam alone fused at equal weight (the pipeline's ``--query both``) and with all beams
 fused at equal weight.
 
-    python -m medfaq.eval.summary_queries score --summarizer NAME --out DIR [--sets ...] [--beams 4] [--limit N]
-    python -m medfaq.eval.summary_queries replay --out DIR [--limit N] [--json report.json]
+    python experiments/summary_queries.py score --summarizer NAME --out DIR [--sets ...] [--beams 4] [--limit N]
+    python experiments/summary_queries.py replay --out DIR [--limit N] [--json report.json]
+
+Results: docs/experiments/likelihood-stage.md, "The summarizer as a ranker (issue 42): summary likelihood over the
+top hits, and ECL with retrieval negatives", its "Several summaries as extra queries (issue 42, part 3)".
 """
 
 from __future__ import annotations
@@ -23,13 +26,11 @@ import argparse
 from typing import Any
 
 from medfaq.common.runtime import MedfaqError
-from medfaq.eval.summary_ranking import (
-    CUTOFF,
-    fill_stores,
-    replay_report,
-    run_command,
-    summary_commands,
-)
+
+if __package__:  # imported as `experiments.summary_queries`
+    from .summary_ranking import CUTOFF, fill_stores, replay_report, run_command, summary_commands
+else:  # run as `python experiments/summary_queries.py`, its folder first on sys.path
+    from summary_ranking import CUTOFF, fill_stores, replay_report, run_command, summary_commands
 
 GRID = {"summaries": (1, 2, 4), "weight": (0.25, 0.5, 1.0), "k": (10, 60)}
 BEST_BEAM = {"summaries": 1, "weight": 1.0, "k": 60}
@@ -62,7 +63,7 @@ def score(args: argparse.Namespace) -> dict[str, Any]:
 def replay_set(rows: list[dict[str, Any]], qrels: dict[str, dict[str, int]], setting: dict[str, Any] | None):
     """Metrics of dense search (`setting` None) or of the raw ranking fused with the beams' rankings, and the ids of
     the questions answered at rank 1."""
-    from medfaq.eval.retrieval import ranking_metrics
+    from medfaq.common.ranking import ranking_metrics
     from medfaq.retriever.search import reciprocal_rank_fusion
 
     run: dict[str, dict[str, float]] = {}
@@ -91,7 +92,7 @@ def replay(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> None:
     parser, _, scored = summary_commands(
-        "python -m medfaq.eval.summary_queries",
+        "python experiments/summary_queries.py",
         __doc__,
         "store the dense rankings of the question and of its best beams",
         "rankings",

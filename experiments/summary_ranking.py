@@ -20,10 +20,10 @@ Query sets (``--sets``):
 The rule: (1) the highest worst development-set ΔR@1 against dense search; (2) then the fewest development questions
 lost at rank 1; (3) then the largest summed ΔMRR@10; (4) then the smaller likelihood weight and larger k.
 
-    python -m medfaq.eval.summary_ranking score --summarizer NAME --out DIR [--benchmarks ~/.medfaq/benchmarks]
+    python experiments/summary_ranking.py score --summarizer NAME --out DIR [--benchmarks ~/.medfaq/benchmarks]
         [--sets meqsum-valid,...] [--depth 10]
-    python -m medfaq.eval.summary_ranking replay --out DIR [--json report.json]
-    python -m medfaq.eval.summary_ranking latency --summarizer NAME [--set medquad-chq-long] [--questions 30]
+    python experiments/summary_ranking.py replay --out DIR [--json report.json]
+    python experiments/summary_ranking.py latency --summarizer NAME [--set medquad-chq-long] [--questions 30]
 
 ``latency``: for the full and the trimmed vocabulary (summarizer/likelihood.py), in fp32, bf16 (the trimmed one)
 and int8 (PyTorch dynamic quantisation): milliseconds the likelihood stage takes per question for N = 5, 10 and 20
@@ -31,6 +31,11 @@ candidates (the dense top N of the questions of one set, or of ``--queries``, af
 cached), the rank agreement with full fp32 on the top 10 (Kendall tau) and R@1 of the likelihood alone; and the
 share of those questions the gate (`rerank_margin` 0.05) would score, which gives the gated latency: dense search
 alone for the others. ``--variants bank/bf16,...`` measures only those beside full fp32.
+
+Results: docs/experiments/likelihood-stage.md, "The summarizer as a ranker (issue 42): summary likelihood over the
+top hits, and ECL with retrieval negatives"; "The summarizer ranks the bank it was trained for (issue 54): per-index
+likelihood stage, bank-question golds, a trimmed vocabulary", its "What the stage costs: trimmed vocabulary and int8
+against full fp32"; "The likelihood stage in one packed forward pass (issue 54: five times cheaper)".
 """
 
 from __future__ import annotations
@@ -47,8 +52,8 @@ from typing import Any
 from medfaq.common.runtime import MedfaqError, medfaq_home
 from medfaq.eval.script_args import print_report
 from medfaq.index.datasets import BENCHMARKS
+from medfaq.retriever.decisions.stage_choice import Replay, choose_on_dev
 from medfaq.retriever.pipeline import RERANK_MARGIN
-from medfaq.retriever.stage_choice import Replay, choose_on_dev
 
 DEV_SETS = ("meqsum-valid", "mediqa2021-valid", "quebec-dev")
 TEST_SETS = tuple(BENCHMARKS)
@@ -262,7 +267,8 @@ def chosen_variants(text: str | None) -> list[tuple[str, str]]:
 
 def part_queries(queries: Path, qrels: Path) -> tuple[dict[str, str], dict[str, dict[str, int]]]:
     """The judged questions of a query file (a `medfaq data split-benchmark` part) and their judgements."""
-    from medfaq.eval.benchmarks import read_beir_queries, read_qrels
+    from medfaq.common.ranking import read_qrels
+    from medfaq.eval.benchmarks import read_beir_queries
 
     judged = read_qrels(qrels)
     return {row["_id"]: row["text"] for row in read_beir_queries(queries) if row["_id"] in judged}, judged
@@ -271,8 +277,8 @@ def part_queries(queries: Path, qrels: Path) -> tuple[dict[str, str], dict[str, 
 def replay_set(rows: list[dict[str, Any]], qrels: dict[str, dict[str, int]], changes: dict[str, Any] | None):
     """Metrics of dense search (`changes` None) or of the likelihood stage with `changes`, and the ids of the
     questions answered at rank 1."""
-    from medfaq.eval.retrieval import ranking_metrics
-    from medfaq.retriever.likelihood_choice import replayed
+    from medfaq.common.ranking import ranking_metrics
+    from medfaq.retriever.decisions.likelihood_choice import replayed
 
     run = {
         row["qid"]: {hit.id: float(CUTOFF - rank) for rank, hit in enumerate(hits[:CUTOFF])}
@@ -378,7 +384,7 @@ def print_tables(report: dict[str, Any]) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser, commands, scored = summary_commands(
-        "python -m medfaq.eval.summary_ranking", __doc__, "store the dense hits and their likelihoods", "scores"
+        "python experiments/summary_ranking.py", __doc__, "store the dense hits and their likelihoods", "scores"
     )
     scored.add_argument("--depth", type=int, default=10, help="hits scored per question")
     scored.add_argument("--quantize", action="store_true", help="int8 linear layers")

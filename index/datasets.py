@@ -702,7 +702,7 @@ register(
     DatasetSpec(
         name="covid_q",
         description="COVID-Q: 1,611 COVID-19 questions from search engines, forums and FAQ pages in 575 classes of "
-        "the same question (the experts' queue experiment, eval/feedback_gain.py, and the covid-q benchmark)",
+        "the same question (the experts' queue experiment, experiments/feedback_gain.py, and the covid-q benchmark)",
         license="no license stated in JerryWeiAI/COVID-Q; research use",
         subdir="covid_faq/covid_q",
         files=("final_master_dataset.csv",),

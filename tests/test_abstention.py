@@ -173,7 +173,7 @@ def test_calibrate_without_development_data_is_one_line(tiny_encoder_dir):
 
 
 def test_benchmark_index_inherits_and_is_measured_at_that_threshold(tmp_path, tiny_encoder_dir, shared_data):
-    from medfaq.eval.inherited_threshold import measure
+    from experiments.inherited_threshold import measure
 
     calibrated = tmp_path / "calibrated"
     shutil.copytree(tiny_encoder_dir, calibrated)
@@ -230,7 +230,7 @@ def test_an_index_of_a_stock_encoder_inherits_its_shipped_threshold(tmp_path, ti
     shipped = tmp_path / "stock_thresholds.json"
     monkeypatch.setattr(threshold_files, "STOCK_THRESHOLDS", shipped)
     stored = ModelThreshold(0.42, "dense@raw", "cosine", "minilm", "medquad", {}, {"in_scope": 4, "out_of_scope": 4})
-    save_stock_threshold("minilm", tiny_encoder.fingerprint, stored, "python -m medfaq.eval.stock_thresholds", shipped)
+    save_stock_threshold("minilm", tiny_encoder.fingerprint, stored, "python experiments/stock_thresholds.py", shipped)
     assert stock_threshold(tiny_encoder.fingerprint) == (stored, f"{shipped} (minilm)")
     assert stock_threshold("another fingerprint") is None
 

@@ -8,14 +8,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tests.conftest import (
-    FAQ_ROWS,
-    SUMMARY_PAIRS,
-    CountingEncoder,
-    assert_same_rankings,
-    tiny_summarizer_config,
-    write_jsonl,
-)
 from typer.testing import CliRunner
 
 from medfaq.app.cli import app
@@ -27,6 +19,14 @@ from medfaq.retriever.decisions.adaptation_config import AdaptConfig
 from medfaq.summarizer.generation import Summarizer
 from medfaq.summarizer.question_writer import QuestionWriter, reversed_pairs, writer_input
 from medfaq.summarizer.training.trainer import train_summarizer
+from tests.conftest import (
+    FAQ_ROWS,
+    SUMMARY_PAIRS,
+    CountingEncoder,
+    assert_same_rankings,
+    tiny_summarizer_config,
+    write_jsonl,
+)
 
 ROW_PARTS = ["answers", "phrasings"]
 USER_DEV = [DevQuery("alcohol and amoxicillin", frozenset({"f1"}))]
@@ -346,8 +346,9 @@ def test_margin_labels_scale_the_rerankers_margins_to_the_students(tiny_encoder_
 def test_train_question_writer_on_a_tiny_causal_model_writes_with_its_training_vocabulary(
     tmp_path, minilm_dir, shared_data
 ):
-    from tests.test_summarizer_causal import _save_causal, _tiny_sizes
     from transformers import Gemma3TextConfig
+
+    from tests.test_summarizer_causal import _save_causal, _tiny_sizes
 
     config = Gemma3TextConfig(**_tiny_sizes(30522), sliding_window=16, layer_types=["sliding_attention"] * 2)
     backbone = _save_causal(tmp_path / "tiny", config, minilm_dir)
@@ -364,7 +365,7 @@ def test_train_question_writer_on_a_tiny_causal_model_writes_with_its_training_v
 
 
 def test_a_benchmarks_development_queries_stand_for_a_users_labelled_ones():
-    from medfaq.eval.adaptation_gain import labelled_dev
+    from experiments.adaptation_gain import labelled_dev
     from medfaq.eval.benchmarks import Benchmark
 
     queries = [
@@ -392,10 +393,9 @@ def test_answer_rows_are_the_answers_head_and_the_question_before_it(faq_records
 
 
 def test_answer_rows_are_measured_without_a_writer_and_leave_the_index_as_it_was(index_dir, tmp_path):
-    from tests.conftest import CONSUMER_QUESTIONS
-
-    from medfaq.eval.adaptation_gain import measure
+    from experiments.adaptation_gain import measure
     from medfaq.eval.benchmarks import Benchmark
+    from tests.conftest import CONSUMER_QUESTIONS
 
     queries = [{"_id": f"q{n}", "text": text} for n, (text, _) in enumerate(CONSUMER_QUESTIONS)]
     qrels = {f"q{n}": {faq: 1} for n, (_, faq) in enumerate(CONSUMER_QUESTIONS)}

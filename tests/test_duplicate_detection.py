@@ -12,10 +12,10 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from experiments.keep_ratio_sweep import keep_ratio_sweep
 from medfaq.app.cli import app
 from medfaq.common.runtime import MedfaqError
 from medfaq.eval.duplicate_detection import DuplicateEvaluator, binary_metrics, fold_metrics, make_folds, tune_threshold
-from medfaq.eval.keep_ratio_sweep import keep_ratio_sweep
 from medfaq.index.pair_sources import load_mqp
 from medfaq.retriever.biencoder.scorer import BiEncoderScorer, load_biencoder
 from medfaq.retriever.biencoder.training import train_biencoder

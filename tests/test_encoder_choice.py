@@ -6,9 +6,9 @@ import json
 
 import pytest
 
+from experiments import encoder_choice
+from experiments.encoder_choice import Candidate, EncoderRule, choose
 from medfaq.common.runtime import MedfaqError
-from medfaq.eval import encoder_choice
-from medfaq.eval.encoder_choice import Candidate, EncoderRule, choose
 
 
 def test_the_rule_keeps_the_speed_bounds_then_takes_the_best_quality():

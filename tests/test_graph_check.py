@@ -140,9 +140,8 @@ def test_a_graph_checked_on_another_cpu_is_checked_again_here(model_copy):
 
 def test_a_pytorch_int8_reranker_that_disagrees_is_refused(tmp_path, tiny_bert_dir, monkeypatch):
 
-    from tests.test_onnx_reranker import trained
-
     from medfaq.retriever.reranker import model as crossencoder
+    from tests.test_onnx_reranker import trained
 
     model = trained(tmp_path, tiny_bert_dir, head="mean")
 
@@ -152,7 +151,7 @@ def test_a_pytorch_int8_reranker_that_disagrees_is_refused(tmp_path, tiny_bert_d
 
 
 def test_activation_outliers_measures_each_layer(tiny_encoder_dir, capsys):
-    from medfaq.eval.activation_outliers import PROJECTIONS, main, peak_over_mean
+    from experiments.activation_outliers import PROJECTIONS, main, peak_over_mean
 
     ratios = peak_over_mean(str(tiny_encoder_dir))
     assert set(ratios) == set(PROJECTIONS) and all(len(row) == 2 and min(row) >= 1.0 for row in ratios.values())

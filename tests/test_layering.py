@@ -1,6 +1,6 @@
 """The house's shape: every module imports in a fresh interpreter, packages import only the packages below them
-(and, inside them, the subpackages keep to their own rules), and no module reaches itself through its imports (those
-inside functions included)."""
+(and, inside them, the subpackages keep to their own rules), none imports the experiment scripts, and no module
+reaches itself through its imports (those inside functions included)."""
 
 from __future__ import annotations
 
@@ -40,23 +40,28 @@ def module_files() -> dict[str, Path]:
     return modules
 
 
+def imported_names(path: Path) -> set[str]:
+    """The absolute names a file imports anywhere (at the top or inside functions); `from a import b` gives `a` and
+    `a.b`."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.update([node.module, *(f"{node.module}.{alias.name}" for alias in node.names)])
+    return names
+
+
 def import_graph(modules: dict[str, Path]) -> dict[str, set[str]]:
     """Module -> the medfaq modules it imports anywhere in its file (at the top or inside functions)."""
     graph: dict[str, set[str]] = {}
     for name, path in modules.items():
         imported: set[str] = set()
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.Import):
-                targets = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                targets = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
-            else:
-                continue
-            for target in targets:
-                while target and target not in modules:
-                    target = target.rpartition(".")[0]
-                if target and target != name:
-                    imported.add(target)
+        for target in imported_names(path):
+            while target and target not in modules:
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                imported.add(target)
         graph[name] = imported
     return graph
 
@@ -102,6 +107,17 @@ def test_packages_import_only_the_packages_below_them():
         if target.split(".")[1] != source.split(".")[1] and target.split(".")[1] not in ALLOWED[source.split(".")[1]]
     )
     assert not upward
+
+
+def test_the_package_never_imports_the_experiment_scripts():
+    """`experiments/` is not installed with medfaq: the package runs without it."""
+    reaching = sorted(
+        f"{name} -> {target}"
+        for name, path in module_files().items()
+        for target in imported_names(path)
+        if target.partition(".")[0] == "experiments"
+    )
+    assert not reaching
 
 
 def _inside(module: str, package: str) -> bool:
@@ -152,3 +168,5 @@ def test_the_graph_finds_a_cycle_and_an_upward_import(tmp_path):
     (tmp_path / "m.py").write_text("def f():\n    from medfaq.app.cli import main\n", encoding="utf-8")
     modules = {"medfaq.common.m": tmp_path / "m.py", "medfaq.app.cli": tmp_path / "m.py"}
     assert import_graph(modules)["medfaq.common.m"] == {"medfaq.app.cli"}
+    (tmp_path / "e.py").write_text("def f():\n    from experiments.plots import main\n", encoding="utf-8")
+    assert "experiments.plots" in imported_names(tmp_path / "e.py")

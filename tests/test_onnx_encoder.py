@@ -188,8 +188,8 @@ def test_minilm_on_onnx_equals_pytorch():
 
 
 def test_backend_comparison_reports_each_backend(tmp_path, exported_dir):
+    from experiments.encoder_backends import compare_backends, format_table
     from medfaq.eval.benchmarks import Benchmark
-    from medfaq.eval.encoder_backends import compare_backends, format_table
 
     corpus = [{"_id": f"d{i}", "title": "", "text": text} for i, text in enumerate(TEXTS[:2] + TEXTS[5:])]
     queries = [{"_id": f"q{i}", "text": row["text"], "metadata": {}} for i, row in enumerate(corpus)]

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from experiments.results_summary import format_summary, results_summary_plot
 from medfaq.common.runtime import MedfaqError
-from medfaq.eval.results_summary import format_summary, results_summary_plot
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 SUMMARY = DOCS / "results" / "summary.json"

@@ -122,29 +122,32 @@ def test_make_once_makes_in_a_temporary_sibling_and_only_once(tmp_path):
     assert sorted(path.name for path in (tmp_path / "model").iterdir()) == ["done"]
 
 
+EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
+
+
 @pytest.mark.parametrize(
     "module, args",
     [
-        ("medfaq.eval.keep_ratio_sweep", ["--ratios", "0"]),
-        ("medfaq.eval.keep_ratio_sweep", ["--ratios", "1.5"]),
-        ("medfaq.eval.keep_ratio_sweep", ["--ratios", "x"]),
-        ("medfaq.eval.keep_ratio_sweep", ["--seeds", "a"]),
-        ("medfaq.eval.keep_ratio_sweep", ["--dev-groups", "0"]),
-        ("medfaq.eval.keep_ratio_sweep", ["--folds", "1"]),
-        ("medfaq.eval.keep_ratio_sweep", ["--epochs", "0"]),
-        ("medfaq.eval.summarizer_speed", ["--questions", "0"]),
-        ("medfaq.eval.summarizer_speed", ["--max-source-len", "x"]),
-        ("medfaq.eval.summarizer_speed", ["--threads", "-1"]),
-        ("medfaq.eval.summarizer_speed", ["--onnx", "missing.onnx"]),
-        ("medfaq.eval.precision_speed", ["--repeats", "0"]),
-        ("medfaq.eval.precision_speed", ["--threads", "x"]),
+        ("experiments.keep_ratio_sweep", ["--ratios", "0"]),
+        ("experiments.keep_ratio_sweep", ["--ratios", "1.5"]),
+        ("experiments.keep_ratio_sweep", ["--ratios", "x"]),
+        ("experiments.keep_ratio_sweep", ["--seeds", "a"]),
+        ("experiments.keep_ratio_sweep", ["--dev-groups", "0"]),
+        ("experiments.keep_ratio_sweep", ["--folds", "1"]),
+        ("experiments.keep_ratio_sweep", ["--epochs", "0"]),
+        ("experiments.summarizer_speed", ["--questions", "0"]),
+        ("experiments.summarizer_speed", ["--max-source-len", "x"]),
+        ("experiments.summarizer_speed", ["--threads", "-1"]),
+        ("experiments.summarizer_speed", ["--onnx", "missing.onnx"]),
+        ("experiments.precision_speed", ["--repeats", "0"]),
+        ("experiments.precision_speed", ["--threads", "x"]),
         ("medfaq.eval.ann_bench", ["--queries", "0"]),
         ("medfaq.eval.load_test", ["--queries", "q.jsonl", "--clients", "1,0"]),
         ("medfaq.eval.load_test", ["--queries", "q.jsonl", "--limit", "x"]),
-        ("medfaq.eval.plots", ["history.json", "--out"]),
-        ("medfaq.eval.results_summary", ["summary.json", "--out"]),
-        ("medfaq.eval.paired_summaries", ["--a", "a.jsonl", "--b", "b.jsonl", "--resamples", "0"]),
-        ("medfaq.eval.paired_summaries", ["--a", "a.jsonl", "--b", "b.jsonl", "--metric", "bleu"]),
+        ("experiments.plots", ["history.json", "--out"]),
+        ("experiments.results_summary", ["summary.json", "--out"]),
+        ("experiments.paired_summaries", ["--a", "a.jsonl", "--b", "b.jsonl", "--resamples", "0"]),
+        ("experiments.paired_summaries", ["--a", "a.jsonl", "--b", "b.jsonl", "--metric", "bleu"]),
         ("medfaq.eval.queue_grouping", ["--quebec", "1"]),
         ("medfaq.eval.queue_grouping", ["--timing-queue", "x"]),
     ],
@@ -154,7 +157,23 @@ def test_eval_scripts_reject_bad_arguments_with_one_line_naming_themselves(modul
         importlib.import_module(module).main(args)
     assert exit_info.value.code == 2
     last_line = capsys.readouterr().err.strip().splitlines()[-1]
-    assert last_line.startswith(f"python -m {module}: error: argument")
+    package, _, name = module.rpartition(".")
+    command = f"python experiments/{name}.py" if package == "experiments" else f"python -m {module}"
+    assert last_line.startswith(f"{command}: error: argument")
+
+
+@pytest.mark.parametrize("script", sorted(path.name for path in EXPERIMENTS.glob("[!_]*.py")))
+def test_experiment_scripts_run_from_the_repository_root(script):
+    """`python experiments/NAME.py --help` works: the script finds `medfaq` and its sibling scripts."""
+    done = subprocess.run(
+        [sys.executable, f"experiments/{script}", "--help"],
+        cwd=EXPERIMENTS.parent,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.startswith("usage:")
 
 
 def test_precision_resolves_to_fp32_or_bf16_and_auto_is_measured_once(monkeypatch):
@@ -199,7 +218,7 @@ def test_training_configs_refuse_an_unknown_precision_and_record_the_resolved_on
 
 
 def test_precision_speed_times_training_steps_and_inference_in_both_precisions(tiny_bert_dir, tmp_path, capsys):
-    from medfaq.eval.precision_speed import main
+    from experiments.precision_speed import main
 
     out = tmp_path / "speed.json"
     assert (

@@ -189,7 +189,7 @@ def _write_predictions(path, predictions, references=("the cat ran", "is flu con
 
 
 def test_paired_summaries_average_each_side_over_its_files_and_count_wins(tmp_path):
-    from medfaq.eval.paired_summaries import compare, main
+    from experiments.paired_summaries import compare, main
 
     # per question ROUGE-1 of side A: file 1 (200/3, 100, 0) and file 2 (200/3, 0, 0) -> mean (200/3, 50, 0)
     a1 = _write_predictions(tmp_path / "a1.jsonl", ["the cat sat", "is flu contagious", "nothing"])
@@ -207,7 +207,7 @@ def test_paired_summaries_average_each_side_over_its_files_and_count_wins(tmp_pa
 
 
 def test_paired_summaries_refuse_files_of_other_questions_with_one_line(tmp_path, capsys):
-    from medfaq.eval.paired_summaries import main
+    from experiments.paired_summaries import main
 
     a = _write_predictions(tmp_path / "a.jsonl", ["x", "y", "z"])
     other = _write_predictions(tmp_path / "other.jsonl", ["x", "y", "z"], references=("a", "b", "c"))

@@ -164,7 +164,7 @@ def test_any_causal_lm_id_or_path_works(tiny_llama_dir, tmp_path):
     assert torch_int8.fast is None and len(torch_int8.summarize([PAIRS[0][0]], short)) == 1
     with pytest.raises(MedfaqError, match="unknown int8 backend 'onnx'"):
         Summarizer.load(out, quantize=True, int8_backend="onnx")
-    from medfaq.eval.summarizer_speed import ct2_generator
+    from experiments.summarizer_speed import ct2_generator
 
     generate, generate_batch = ct2_generator(str(out), 4, int8.max_source_len, threads=1)
     text, new_tokens = generate(PAIRS[0][0])
@@ -267,7 +267,7 @@ def test_learned_negatives_gradients_are_separated(tiny_gemma_dir, tmp_path):
 
 
 def test_speed_benchmark_measures_fp32_and_int8(tiny_gemma_dir):
-    from medfaq.eval.summarizer_speed import latency, throughput, torch_generator
+    from experiments.summarizer_speed import latency, throughput, torch_generator
 
     texts = [chq for chq, _ in PAIRS[:3]]
     for quantize in (False, True):
@@ -377,7 +377,7 @@ class ScriptedDecoder:
 
 
 def test_onnx_greedy_decoding_feeds_the_cache_back_and_stops_each_row_at_its_stop_id():
-    from medfaq.eval.summarizer_speed import greedy_with_cache
+    from experiments.summarizer_speed import greedy_with_cache
 
     session = ScriptedDecoder([[5, 6, 1, 7], [4, 1, 8, 8]])
     prompt, mask = np.array([[3, 3, 3], [0, 3, 3]]), np.array([[1, 1, 1], [0, 1, 1]])

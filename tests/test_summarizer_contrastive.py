@@ -119,8 +119,8 @@ def test_negative_generator_shapes_and_diversity():
 
 
 def test_negative_similarity_plot_writes_a_png_for_one_or_several_runs(tmp_path):
+    from experiments.plots import main, negative_similarity_plot
     from medfaq.common.runtime import MedfaqError
-    from medfaq.eval.plots import main, negative_similarity_plot
 
     histories = []
     for seed, epochs in enumerate(((1, 2), (1, 2, 3))):

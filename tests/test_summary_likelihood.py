@@ -9,7 +9,6 @@ import json
 import numpy as np
 import pytest
 import torch
-from tests.test_summarizer_causal import _save_causal, _tiny_sizes
 
 from medfaq.common.runtime import MedfaqError
 from medfaq.index.faq_index import FaqIndex
@@ -17,6 +16,7 @@ from medfaq.retriever.pipeline import Pipeline, PipelineConfig
 from medfaq.retriever.pipeline_file import write_config
 from medfaq.summarizer.likelihood import SummaryLikelihood, TokenScores, combine
 from medfaq.summarizer.modeling import load_backbone, prompt_ids
+from tests.test_summarizer_causal import _save_causal, _tiny_sizes
 
 QUESTION = "i take ibuprofen every day for my back, can it hurt my stomach? my doctor is away this week"
 CANDIDATES = [
@@ -186,9 +186,8 @@ class PreferringScorer:
 
 @pytest.fixture(scope="module")
 def index(tiny_encoder):
-    from tests.conftest import FAQ_ROWS
-
     from medfaq.index.records import FaqRecord
+    from tests.conftest import FAQ_ROWS
 
     return FaqIndex.build([FaqRecord.from_dict(row) for row in FAQ_ROWS], tiny_encoder, progress=False)
 
@@ -303,7 +302,7 @@ def test_the_stage_switches_through_pipeline_json_the_cli_and_the_api(summarizer
 
 
 def test_the_replay_reorders_stored_hits_as_the_pipeline_does():
-    from medfaq.eval.summary_ranking import replay_set
+    from experiments.summary_ranking import replay_set
 
     hits = [
         {"id": f"f{i}", "score": 0.9 - i / 100, "rank": i + 1, "question": f"question {i}?", "stage_scores": {}}
@@ -328,7 +327,7 @@ def test_the_replay_reorders_stored_hits_as_the_pipeline_does():
 
 
 def test_the_beams_rankings_fuse_with_the_raw_ranking_by_weighted_rrf():
-    from medfaq.eval.summary_queries import replay_set
+    from experiments.summary_queries import replay_set
 
     row = {
         "qid": "q1",
@@ -369,7 +368,7 @@ def test_the_development_rule_puts_the_worst_set_first_then_fewest_losses():
 def test_latency_measures_each_vocabulary_and_precision_against_full_fp32(tiny_gemma_summarizer, index, tmp_path):
     import argparse
 
-    from medfaq.eval.summary_ranking import VARIANTS, latency
+    from experiments.summary_ranking import VARIANTS, latency
 
     index.save(tmp_path / "ix")
     (tmp_path / "q.jsonl").write_text(

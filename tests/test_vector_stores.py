@@ -360,7 +360,7 @@ def test_a_large_flat_index_answers_a_lone_query_in_two_passes_with_the_exact_an
 
 def test_the_two_pass_comparison_script_reports_agreement_and_refuses_a_small_index(monkeypatch, built_index, capsys):
     import medfaq.index.faiss_store as faiss_store
-    from medfaq.eval import flat_search
+    from experiments import flat_search
 
     questions = ["Can I drink alcohol on antibiotics?", "What causes migraine?", "is shingles contagious"]
     with pytest.raises(MedfaqError, match="not a flat FAISS index searched in two passes"):

@@ -20,8 +20,8 @@ The rule (written before any result was looked at):
 The result is ``threshold.json`` in the model directory (:class:`~retriever.threshold_files.ModelThreshold`); an
 index built with the model starts with it in ``pipeline.json``, marked as inherited (:func:`inherit_thresholds`). The
 stock encoders (`STOCK_ENCODERS`) are calibrated by the same rule once and ship their thresholds in
-``stock_thresholds.json``, matched to an index by its encoder's weights fingerprint (``python -m
-medfaq.eval.stock_thresholds`` re-creates the file). What a model carries, and what an index inherits of it, is
+``stock_thresholds.json``, matched to an index by its encoder's weights fingerprint (``python
+experiments/stock_thresholds.py`` re-creates the file). What a model carries, and what an index inherits of it, is
 :mod:`retriever.threshold_files`'.
 """
 
@@ -208,7 +208,7 @@ def calibrate_model(model_dir: str | Path, data_root: Path | None = None, seed: 
     model_dir = Path(resolve_model(str(model_dir)))
     if model_dir == Path(minilm_path()).resolve():
         raise MedfaqError(
-            "stock MiniLM's threshold ships with medfaq (python -m medfaq.eval.stock_thresholds re-creates it); "
+            "stock MiniLM's threshold ships with medfaq (python experiments/stock_thresholds.py re-creates it); "
             "to calibrate MiniLM as your own model, copy its directory and calibrate the copy"
         )
     threshold, _ = measure_threshold(model_dir, data_root, seed)

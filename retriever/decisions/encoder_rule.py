@@ -5,7 +5,7 @@ The rule (:class:`EncoderRule`): among the candidates (an encoder on a backend) 
 consumer question is within the bound and whose cold ``medfaq search`` takes at most the bound on 2 CPU cores (and,
 for an index that must be searchable soon after a first start, whose MedQuAD build fits its bound), the best mean
 development R@1 wins; candidates within `quality_tie` of the best count as equal, and the fastest of them wins.
-``python -m medfaq.eval.encoder_choice`` measures candidates and applies it; ``--encoder auto`` applies it to the
+``python experiments/encoder_choice.py`` measures candidates and applies it; ``--encoder auto`` applies it to the
 stock encoders' measurements shipped in ``stock_encoders.json`` (package data, each with the command that measured
 it).
 """
