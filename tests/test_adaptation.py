@@ -175,7 +175,9 @@ def test_an_index_never_adapted_has_no_training_pairs(index_dir):
 
 
 def test_rule_refuses_a_part_that_loses_and_keeps_an_experts_phrasings(index_dir, monkeypatch):
-    FaqIndex.edit(index_dir, lambda index: index.add_phrasings("f1", ["beer with antibiotics?"], origin="queue:1"))
+    FaqIndex.edit(
+        index_dir, lambda index: index.editor().add_phrasings("f1", ["beer with antibiotics?"], origin="queue:1")
+    )
     scripted_scores(monkeypatch, [50.0, 40.0, 49.0, 40.0, 55.0, 41.0])  # answers lose a point; phrasings gain
     config = AdaptConfig(questions_per_faq=2, round_trip_depth=6, dev_faqs=1, parts=ROW_PARTS)
     record = adaptation.adapt(index_dir, config, USER_DEV, TemplateWriter(), progress=False, log=lambda _: None)
@@ -430,9 +432,9 @@ def test_a_dry_run_on_a_bank_without_answers_says_there_is_nothing_to_adapt_and_
 
 
 def test_answer_rows_interrupted_while_encoding_resume_where_they_stopped(index_dir, monkeypatch):
-    from medfaq.index import faq_index as faq_index_module
+    from medfaq.index import chunked_encoding
 
-    monkeypatch.setattr(faq_index_module, "ENCODE_CHUNK", 2)
+    monkeypatch.setattr(chunked_encoding, "ENCODE_CHUNK", 2)
     encoder = FaqIndex.load(index_dir).encoder
     index = FaqIndex.load(index_dir, CountingEncoder(encoder, fail_after=2))
     rows = adaptation.answer_rows(index.records(), AdaptConfig.answer_words)

@@ -87,7 +87,7 @@ def test_index_encodes_a_concept_faq_with_its_synonyms(tmp_path, tiny_encoder, l
     loaded = FaqIndex.load(tmp_path / "idx", tiny_encoder)
     assert loaded.manifest.concepts == lexicon.describe() and CONCEPTS_FILE in loaded.manifest.checksums
     new = FaqRecord("s", "How is shingles treated?")
-    loaded.add([new], progress=False)  # later additions use the saved lexicon
+    loaded.editor().add([new], progress=False)  # later additions use the saved lexicon
     both = tiny_encoder.encode([new.question, lexicon.expand(new.question)]).sum(axis=0, keepdims=True)
     top = loaded.search_vectors(both / np.linalg.norm(both), 1)[0][0]
     assert top[0] == "s" and top[1] == pytest.approx(1.0, abs=1e-5)

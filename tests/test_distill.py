@@ -14,7 +14,7 @@ from tests.conftest import save_tiny_bert, write_jsonl
 from typer.testing import CliRunner
 
 from medfaq.app.cli import app
-from medfaq.index import faq_index
+from medfaq.index import chunked_encoding
 from medfaq.retriever.biencoder.distill_data import (
     TEACHER_VECTORS,
     SourceText,
@@ -133,7 +133,7 @@ class CountingTeacher:
 
 
 def test_teacher_vectors_resume_after_a_stop_and_are_read_back(tmp_path, monkeypatch):
-    monkeypatch.setattr(faq_index, "ENCODE_CHUNK", 2)
+    monkeypatch.setattr(chunked_encoding, "ENCODE_CHUNK", 2)
     texts = [SourceText(f"question {i}?", "medquad") for i in range(9)]  # 5 chunks
     cache = teacher_cache_dir(tmp_path / "student")
     assert cache == tmp_path / "student.teacher"
@@ -191,7 +191,7 @@ def test_a_student_learns_its_teacher_saves_and_indexes_on_onnx(
         raise AssertionError("the teacher's vectors are cached")
 
     with monkeypatch.context() as patch:
-        patch.setattr(faq_index, "encode_chunks", no_encoding)
+        patch.setattr(chunked_encoding, "encode_chunks", no_encoding)
         again = medfaq(*command, "--force")
     assert again.exit_code == 0, again.output
     assert StudentTrainConfig.load(out).fingerprint == config.fingerprint  # seeded: the same student

@@ -29,8 +29,8 @@ def test_build_add_delete_save_load_round_trip(tmp_path, faq_records, tiny_encod
     query = [faq_records[2].question]
     assert index.search_dense(query, 1)[0][0][0] == "f3"  # its own question is the nearest vector
     assert index.search_bm25(query, 1)[0][0][0] == "f3"
-    index.add(NEW, progress=False)
-    assert index.delete(["f3", "n2"]) == 2
+    index.editor().add(NEW, progress=False)
+    assert index.editor().delete(["f3", "n2"]) == 2
     index.save(tmp_path / "idx")
     loaded = FaqIndex.load(tmp_path / "idx", tiny_encoder)
     assert sorted(r.id for r in loaded.records()) == ["f1", "f2", "f4", "f5", "f6", "n1"]
@@ -65,9 +65,9 @@ def test_hnsw_deletes_are_tombstones_until_compaction(tiny_encoder):
 def test_duplicate_and_unknown_ids(faq_records, tiny_encoder):
     index = FaqIndex.build(faq_records, tiny_encoder, progress=False)
     with pytest.raises(MedfaqError, match="already in the index: 'f1'"):
-        index.add([FaqRecord("f1", "again?")])
+        index.editor().add([FaqRecord("f1", "again?")])
     with pytest.raises(MedfaqError, match="unknown FAQ id.*'zz'"):
-        index.delete(["zz"])
+        index.editor().delete(["zz"])
     with pytest.raises(MedfaqError, match="duplicate FAQ ids"):
         FaqIndex.build(faq_records + faq_records[:1], tiny_encoder, progress=False)
 
@@ -111,9 +111,9 @@ def test_crash_during_add_and_save_leaves_previous_index_intact(monkeypatch, sav
     with monkeypatch.context() as patch:  # fails while encoding the new FAQs: nothing changes in memory
         patch.setattr(tiny_encoder, "encode", crash)
         with pytest.raises(failure):
-            index.add(NEW, progress=False)
+            index.editor().add(NEW, progress=False)
     assert len(index) == 6 and "n1" not in index
-    index.add(NEW, progress=False)
+    index.editor().add(NEW, progress=False)
     with monkeypatch.context() as patch:  # fails half-way through writing the new version
         patch.setattr(Bm25Index, "save", crash)
         with pytest.raises(failure):
@@ -127,7 +127,7 @@ def test_crash_during_add_and_save_leaves_previous_index_intact(monkeypatch, sav
 def test_sidecar_json_survives_saves(saved_index, tiny_encoder):
     (saved_index / "pipeline.json").write_text(json.dumps({"mode": "dense"}))
     index = FaqIndex.load(saved_index, tiny_encoder)
-    index.delete(["f1"])
+    index.editor().delete(["f1"])
     index.save(saved_index)
     assert json.loads((saved_index / "pipeline.json").read_text()) == {"mode": "dense"}
     assert len(FaqIndex.load(saved_index)) == 5
@@ -184,12 +184,12 @@ def test_records_cut_short_after_loading_are_a_one_line_error(saved_index, tiny_
 
 
 def test_unchanged_files_are_verified_once_and_changed_ones_always(monkeypatch, saved_index):
-    import medfaq.index.faq_index as faq_index
+    import medfaq.index.storage as storage
     import medfaq.index.verified as verified
 
     hashed = []
-    checksum = faq_index._sha256
-    monkeypatch.setattr(faq_index, "_sha256", lambda file: hashed.append(file.name) or checksum(file))
+    checksum = storage._sha256
+    monkeypatch.setattr(storage, "_sha256", lambda file: hashed.append(file.name) or checksum(file))
     FaqIndex.load(saved_index)  # saved just now: every file is hashed, and none trusted yet
     FaqIndex.load(saved_index)
     files = len(json.loads((saved_index / "manifest.json").read_text())["checksums"])

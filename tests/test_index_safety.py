@@ -144,7 +144,7 @@ def test_saving_an_index_changed_by_another_write_is_refused(index_dir, tiny_enc
     stale = FaqIndex.load(index_dir, encoder=tiny_encoder)
     FaqIndex.delete_from(index_dir, ["f1"])
     before = snapshot(index_dir)
-    stale.add([FaqRecord("n1", "Is a fever dangerous?")], progress=False)
+    stale.editor().add([FaqRecord("n1", "Is a fever dangerous?")], progress=False)
     with pytest.raises(MedfaqError, match="changed by another write"):
         stale.save(index_dir)
     assert snapshot(index_dir) == before
@@ -185,9 +185,9 @@ def test_readers_never_see_a_half_written_index(index_dir):
 def test_a_load_whose_files_vanish_under_a_save_reads_the_new_index(index_dir, monkeypatch):
     """A save that swaps the directory between a reader's checks and its reads (a file found, then gone when
     opened) makes the load read the new index, not fail with an OSError."""
-    import medfaq.index.faq_index as faq_index
+    import medfaq.index.storage as storage
 
-    checksum, raced = faq_index._sha256, []
+    checksum, raced = storage._sha256, []
 
     def vanishing(file: Path) -> str:
         if not raced:
@@ -196,7 +196,7 @@ def test_a_load_whose_files_vanish_under_a_save_reads_the_new_index(index_dir, m
             raise FileNotFoundError(2, "No such file or directory", str(file))
         return checksum(file)
 
-    monkeypatch.setattr(faq_index, "_sha256", vanishing)
+    monkeypatch.setattr(storage, "_sha256", vanishing)
     index = FaqIndex.load(index_dir)
     assert raced and "f1" not in index and index.version == disk_version(index_dir)
 
@@ -204,20 +204,21 @@ def test_a_load_whose_files_vanish_under_a_save_reads_the_new_index(index_dir, m
 def test_a_load_that_races_a_save_at_every_attempt_reads_under_the_lock(index_dir, monkeypatch):
     """When every optimistic read races a save, the last read holds the write lock: a consistent index, never the
     mix of an old manifest and newer files."""
-    import medfaq.index.faq_index as faq_index
+    import medfaq.index.lock as lock
+    import medfaq.index.storage as storage
 
-    checksum, doomed = faq_index._sha256, [f"f{number}" for number in range(1, faq_index.LOAD_ATTEMPTS + 1)]
+    checksum, doomed = storage._sha256, [f"f{number}" for number in range(1, storage.LOAD_ATTEMPTS + 1)]
 
     def racing(file: Path) -> str:
-        locked = index_dir.resolve() in faq_index._held.__dict__.get("paths", set())
-        if file == index_dir / faq_index.KEYS and doomed and not locked:
+        locked = index_dir.resolve() in lock._held.__dict__.get("paths", set())
+        if file == index_dir / storage.KEYS and doomed and not locked:
             FaqIndex.delete_from(index_dir, [doomed.pop(0)])  # one save during each optimistic read
         return checksum(file)
 
-    monkeypatch.setattr(faq_index, "_sha256", racing)
+    monkeypatch.setattr(storage, "_sha256", racing)
     index = FaqIndex.load(index_dir)
     assert not doomed and index.version == disk_version(index_dir)
-    assert len(index) == len(index.store) == index.manifest.counts["records"] == 6 - faq_index.LOAD_ATTEMPTS
+    assert len(index) == len(index.store) == index.manifest.counts["records"] == 6 - storage.LOAD_ATTEMPTS
 
 
 def test_a_waiting_write_says_so_and_fails_after_its_timeout(index_dir):

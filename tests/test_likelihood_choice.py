@@ -134,7 +134,7 @@ def test_a_decision_measured_on_a_copy_counts_only_golds_in_the_bank_and_is_writ
 ):
     copy = tmp_path / "with-golds"
     index = FaqIndex.load(index_dir)
-    index.add([FaqRecord("g1", "Can I take melatonin with sertraline?")])
+    index.editor().add([FaqRecord("g1", "Can I take melatonin with sertraline?")])
     index.save(copy)
     questions = [*_labelled(), DevQuery("melatonin and zoloft together ok?", frozenset(["g1"]))]
     questions.append(DevQuery("a question whose FAQ is nowhere", frozenset(["missing"])))

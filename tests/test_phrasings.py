@@ -29,7 +29,7 @@ def top_ids(index: FaqIndex, question: str, k: int = 6) -> tuple[list[str], list
 def test_a_linked_wording_finds_its_faq_first_and_each_faq_once(saved_index, tiny_encoder):
     index, added = FaqIndex.edit(
         saved_index,
-        lambda index: index.add_phrasings("f4", [*ASKED, "  ", ASKED[0].upper()], by="dr a", origin="g1"),
+        lambda index: index.editor().add_phrasings("f4", [*ASKED, "  ", ASKED[0].upper()], by="dr a", origin="g1"),
         encoder=tiny_encoder,
     )
     assert [p.text for p in added] == ASKED  # blank and same-wording texts skipped
@@ -41,25 +41,25 @@ def test_a_linked_wording_finds_its_faq_first_and_each_faq_once(saved_index, tin
         assert dense[0] == "f4" and bm25[0] == "f4"
         assert len(dense) == len(set(dense)) == 6  # the FAQ once, and still six distinct FAQs
     assert [faq_id for faq_id, _ in loaded.search_dense([ASKED[0]], 3, allowed_ids=["f4", "f1"])[0]][0] == "f4"
-    assert loaded.add_phrasings("f4", [ASKED[1]]) == []  # a wording it has
+    assert loaded.editor().add_phrasings("f4", [ASKED[1]]) == []  # a wording it has
 
 
 def test_phrasings_are_undone_by_key_and_removed_with_their_faq(saved_index, tiny_encoder):
-    _, added = FaqIndex.edit(saved_index, lambda index: index.add_phrasings("f4", ASKED), encoder=tiny_encoder)
-    index, removed = FaqIndex.edit(saved_index, lambda index: index.remove_phrasings([added[0].key]))
+    _, added = FaqIndex.edit(saved_index, lambda index: index.editor().add_phrasings("f4", ASKED), encoder=tiny_encoder)
+    index, removed = FaqIndex.edit(saved_index, lambda index: index.editor().remove_phrasings([added[0].key]))
     assert removed == [added[0]] and [p.text for p in index.phrasings()] == [ASKED[1]]
     assert "f4" not in top_ids(FaqIndex.load(saved_index, tiny_encoder), ASKED[0])[1]  # BM25 no longer knows it
     with pytest.raises(MedfaqError, match="no phrasing with key"):
-        index.remove_phrasings([added[0].key])
+        index.editor().remove_phrasings([added[0].key])
     index, _ = FaqIndex.delete_from(saved_index, ["f4"])
     assert index.phrasings() == [] and len(index.store) == len(index.records())
     assert not (saved_index / PHRASINGS_FILE).exists()
     with pytest.raises(MedfaqError, match="no FAQ with id"):
-        FaqIndex.load(saved_index, tiny_encoder).add_phrasings("f4", ASKED)
+        FaqIndex.load(saved_index, tiny_encoder).editor().add_phrasings("f4", ASKED)
 
 
 def test_a_corrupt_phrasings_file_is_a_one_line_error(saved_index, tiny_encoder):
-    FaqIndex.edit(saved_index, lambda index: index.add_phrasings("f1", ASKED), encoder=tiny_encoder)
+    FaqIndex.edit(saved_index, lambda index: index.editor().add_phrasings("f1", ASKED), encoder=tiny_encoder)
     (saved_index / PHRASINGS_FILE).write_text('{"key": 1}\n', encoding="utf-8")
     with pytest.raises(MedfaqError, match="corrupt"):
         FaqIndex.load(saved_index, verify=False)
@@ -74,7 +74,7 @@ def test_the_reranker_scores_an_faq_by_its_best_wording(saved_index, tiny_encode
             asked = set(query.lower().split())
             return [len(asked & set(c.lower().split())) / len(set(c.lower().split())) for c in candidates]
 
-    FaqIndex.edit(saved_index, lambda index: index.add_phrasings("f4", [ASKED[0]]), encoder=tiny_encoder)
+    FaqIndex.edit(saved_index, lambda index: index.editor().add_phrasings("f4", [ASKED[0]]), encoder=tiny_encoder)
     index = FaqIndex.load(saved_index, tiny_encoder)
     config = PipelineConfig(rerank=True, rerank_fusion="replace", entities=False, log_unanswered=False)
     response = Pipeline(index, config, reranker=SharedWords()).run(ASKED[0])
@@ -85,7 +85,9 @@ def test_the_reranker_scores_an_faq_by_its_best_wording(saved_index, tiny_encode
 def test_a_search_asks_only_for_the_rows_that_can_hide_k_faqs_and_still_finds_k(saved_index, tiny_encoder):
     def add_many(index):
         for n, faq_id in enumerate(["f1", "f2", "f3", "f4"]):
-            index.add_phrasings(faq_id, [f"{ASKED[0]} {word}" for word in ["a", "bb", "ccc", "dddd", "eeeee"][: n + 2]])
+            index.editor().add_phrasings(
+                faq_id, [f"{ASKED[0]} {word}" for word in ["a", "bb", "ccc", "dddd", "eeeee"][: n + 2]]
+            )
 
     FaqIndex.edit(saved_index, add_many, encoder=tiny_encoder)
     index = FaqIndex.load(saved_index, tiny_encoder)

@@ -259,7 +259,9 @@ def test_each_index_has_its_own_queue_and_a_copy_is_another_index(queue, index_d
 def test_undo_removes_only_the_phrasings_the_group_added(queue, index_dir, faq_records, tiny_encoder):
     group = queue.link(fill(queue)["knees"], "f2")
     FaqIndex.build(faq_records, tiny_encoder, progress=False).save(index_dir)  # rebuilt: its keys start again
-    FaqIndex.edit(index_dir, lambda index: index.add_phrasings("f2", ASKED["knees"], "dr c", "by hand"), tiny_encoder)
+    FaqIndex.edit(
+        index_dir, lambda index: index.editor().add_phrasings("f2", ASKED["knees"], "dr c", "by hand"), tiny_encoder
+    )
     queue.undo(group.id)
     assert {(p.text, p.origin) for p in FaqIndex.load(index_dir).phrasings()} == {
         (q, "by hand") for q in ASKED["knees"]

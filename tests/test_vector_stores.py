@@ -9,12 +9,13 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-import medfaq.index.faq_index as faq_index_module
+import medfaq.index.chunked_encoding as chunked_encoding
 from medfaq.app.cli import app
 from medfaq.common.runtime import MedfaqError, choose_device
 from medfaq.eval.ann_bench import ann_comparison, index_vectors, synthetic_vectors
+from medfaq.index.chunked_encoding import staging_dir
 from medfaq.index.faiss_store import FaissStore
-from medfaq.index.faq_index import FaqIndex, staging_dir
+from medfaq.index.faq_index import FaqIndex
 from medfaq.index.records import FaqRecord
 from medfaq.index.vector_store import VectorStore, backend_class
 from tests.conftest import CountingEncoder, assert_same_rankings
@@ -82,8 +83,9 @@ def test_faq_index_round_trip_and_source_filter(tmp_path, backend, faq_records, 
     allowed = index.ids_where(source="nih")
     hits = index.search_dense([records[0].question], 10, allowed_ids=allowed)[0]
     assert {faq_id for faq_id, _ in hits} == set(allowed) == {"f2", "f4", "f6"}
-    index.add([FaqRecord("n1", "Does ibuprofen raise blood pressure?", source="nih")], progress=False)
-    index.delete(["f2"])
+    editor = index.editor()
+    editor.add([FaqRecord("n1", "Does ibuprofen raise blood pressure?", source="nih")], progress=False)
+    editor.delete(["f2"])
     index.save(tmp_path / "idx")
     loaded = FaqIndex.load(tmp_path / "idx", tiny_encoder)
     assert loaded.manifest.backend["name"] == backend and loaded.manifest.counts["vectors"] == 6
@@ -126,7 +128,7 @@ def many_records(n: int) -> list[FaqRecord]:
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_killed_build_resumes_where_it_stopped(tmp_path, monkeypatch, backend, tiny_encoder):
-    monkeypatch.setattr(faq_index_module, "ENCODE_CHUNK", 4)
+    monkeypatch.setattr(chunked_encoding, "ENCODE_CHUNK", 4)
     records, staging = many_records(18), tmp_path / "staging"  # 5 chunks
     options = backend_options(backend, tmp_path)
     build = dict(backend=backend, backend_options=options, progress=False, staging=staging)
@@ -148,7 +150,7 @@ def test_cli_resume_and_milvus_search(tmp_path, monkeypatch, faq_jsonl, tiny_enc
     """`index build --resume` encodes only what a killed run left; `search` works unchanged on Milvus; `migrate`."""
     from medfaq.index.encoder import Encoder
 
-    monkeypatch.setattr(faq_index_module, "ENCODE_CHUNK", 2)
+    monkeypatch.setattr(chunked_encoding, "ENCODE_CHUNK", 2)
     calls: list[int] = []
     original = Encoder.encode
 
@@ -186,7 +188,7 @@ def test_moving_an_index_to_another_backend_copies_its_vectors(tmp_path, source,
     records = many_records(60)
     options = backend_options(source, tmp_path)
     index = FaqIndex.build(records, tiny_encoder, kind=kind, backend=source, backend_options=options, progress=False)
-    index.delete(["q3"])
+    index.editor().delete(["q3"])
     index.moved_to(target, backend_options(target, tmp_path), kind="flat", progress=False).save(tmp_path / "moved")
     moved = FaqIndex.load(tmp_path / "moved")
     assert moved.manifest.backend["name"] == target and moved.manifest.kind == "flat" and len(moved.store) == 59

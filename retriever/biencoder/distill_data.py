@@ -10,7 +10,6 @@ evaluation split (:func:`~retriever.training.pair_data.heldout_texts`).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -21,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from medfaq.common.runtime import MedfaqError
-from medfaq.index import faq_index
+from medfaq.index import chunked_encoding
 from medfaq.index.collections import load_collection
 from medfaq.index.encoder import SentenceEncoder, load_encoder, resolve_backend
 from medfaq.index.pair_sources import dataset_file
@@ -117,22 +116,19 @@ def teacher_vectors(
 ) -> np.ndarray:
     """The teacher's unit vectors of `texts` (row i: text i), read from `cache` where it holds them for this teacher
     (fingerprint and backend) and these texts in this order, else encoded into it chunk by chunk
-    (:func:`index.faq_index.encode_chunks`): a run that was stopped, repeated, encodes only the missing chunks.
+    (:func:`index.chunked_encoding.encode_chunks`): a run that was stopped, repeated, encodes only the missing chunks.
 
     `cache` holds ``teacher.json`` (teacher, fingerprint, backend, dimension, a digest of the texts),
     ``texts.jsonl`` (text and source, row by row) and ``teacher_vectors.npy``; a cache of other texts or another
     teacher is started over."""
     strings = [item.text for item in texts]
-    digest = hashlib.sha256(f"{encoder.fingerprint}\0{encoder.backend}\0{faq_index.ENCODE_CHUNK}".encode())
-    for text in strings:
-        digest.update(b"\0" + text.encode("utf-8", "surrogatepass"))
     info = {
         "teacher": encoder.name,
         "fingerprint": encoder.fingerprint,
         "backend": encoder.backend,
         "dim": encoder.dim,
         "texts": len(strings),
-        "digest": digest.hexdigest(),
+        "digest": chunked_encoding.chunks_fingerprint(f"{encoder.fingerprint}\0{encoder.backend}", strings),
     }
     if _read_info(cache) != info:
         if cache.exists():
@@ -145,7 +141,7 @@ def teacher_vectors(
     elif (cache / TEACHER_VECTORS).is_file():
         logger.info("teacher vectors read from %s", cache)
         return np.load(cache / TEACHER_VECTORS)
-    vectors = faq_index.encode_chunks(
+    vectors = chunked_encoding.encode_chunks(
         encoder.encode, strings, encoder.dim, cache / CHUNKS_DIR, info["digest"], progress, "teacher vectors"
     )
     partial = cache / f".{TEACHER_VECTORS}.partial.npy"

@@ -135,7 +135,7 @@ def without_answers(index: Any, golds: list[str]) -> int:
     doomed = {record.id for record in index.records() if normalise(record.question) in wanted}
     for hits in index.search_dense(list(dict.fromkeys(golds)), min(NEAR_DEPTH, len(index))):
         doomed.update(faq_id for faq_id, score in hits if score >= NEAR_DUPLICATE)
-    return index.delete(sorted(doomed)) if doomed else 0
+    return index.editor().delete(sorted(doomed)) if doomed else 0
 
 
 def _calibration_config(model_dir: Path) -> tuple[str, Any]:

@@ -331,8 +331,8 @@ def add_rows(
     index: FaqIndex, rows: dict[str, list[str]], origin: str, progress: bool = False, staging: Path | None = None
 ) -> list[int]:
     """Add `rows` as phrasings of their FAQs, encoded in one pass (a bar with `progress`; resumable with `staging`,
-    see :meth:`FaqIndex.add_phrasings_of`); the keys added."""
-    added = index.add_phrasings_of(rows, by=ADAPTED_BY, origin=origin, progress=progress, staging=staging)
+    see :meth:`IndexEditor.add_phrasings_of`); the keys added."""
+    added = index.editor().add_phrasings_of(rows, by=ADAPTED_BY, origin=origin, progress=progress, staging=staging)
     return [phrasing.key for phrasing in added]
 
 
@@ -345,7 +345,7 @@ def rows_staging(directory: Path, index: FaqIndex, part: str, rows: dict[str, li
 
 def remove_rows(index: FaqIndex, keys: list[int]) -> None:
     """Remove the rows under `keys`; where they were the last keys given out, they are given out again."""
-    index.remove_phrasings(keys)
+    index.editor().remove_phrasings(keys)
     if max(keys) == index.manifest.next_key - 1 and len(keys) == index.manifest.next_key - min(keys):
         index.manifest.next_key = min(keys)
 
@@ -672,9 +672,10 @@ def encoding_plan(index: FaqIndex, rows: dict[str, list[str]], seed: int) -> str
     """How long encoding the answer rows `rows` will take here, timed on a seeded sample of them."""
     texts = [text for row_texts in rows.values() for text in row_texts]
     sample = random.Random(seed).sample(texts, min(SAMPLE_ROWS, len(texts)))
-    index.phrasing_vectors(sample[:1])  # loads the encoder, untimed
+    editor = index.editor()
+    editor.phrasing_vectors(sample[:1])  # loads the encoder, untimed
     start = time.perf_counter()
-    index.phrasing_vectors(sample)
+    editor.phrasing_vectors(sample)
     per_row = (time.perf_counter() - start) / len(sample)
     return (
         f"encode {len(texts)} answer rows of {len(rows)} FAQs: about {per_row * len(texts) / 60:.1f} min "

@@ -464,9 +464,10 @@ class QuestionQueue:
         """Answer group `group_id` with the existing FAQ `faq_id`: its questions become that FAQ's phrasings."""
         group = self.group(group_id)
         self._check_waiting(group)
+        texts = [q.text for q in group.questions]
         index, added = FaqIndex.edit(
             self.index_dir,
-            lambda index: index.add_phrasings(faq_id, [q.text for q in group.questions], by, _origin(group_id)),
+            lambda index: index.editor().add_phrasings(faq_id, texts, by, _origin(group_id)),
             encoder=self.encoder,
         )
         return self._resolved(group_id, "linked", faq_id, by, index.version, {"phrasing_keys": [p.key for p in added]})
@@ -483,8 +484,9 @@ class QuestionQueue:
         def add_faq(index: FaqIndex) -> str:
             faq_id = _free_id(index, f"expert-{group_id}")
             record = FaqRecord(id=faq_id, question=question, answer=answer, source="expert")
-            index.add([record], progress=False)
-            index.add_phrasings(faq_id, [q.text for q in group.questions], by, _origin(group_id))
+            editor = index.editor()
+            editor.add([record], progress=False)
+            editor.add_phrasings(faq_id, [q.text for q in group.questions], by, _origin(group_id))
             return faq_id
 
         index, faq_id = FaqIndex.edit(self.index_dir, add_faq, encoder=self.encoder)
@@ -538,7 +540,7 @@ def _remove_link(index: FaqIndex, group: QuestionGroup, keys: set[int]) -> None:
         for phrasing in index.phrasings([group.faq_id])
         if phrasing.key in keys and phrasing.origin == _origin(group.id) and phrasing.text in texts
     ]
-    index.remove_phrasings(added)
+    index.editor().remove_phrasings(added)
 
 
 def _delete_answer(index: FaqIndex, faq_id: str, group_id: int) -> None:
@@ -550,7 +552,7 @@ def _delete_answer(index: FaqIndex, faq_id: str, group_id: int) -> None:
         raise MedfaqError(
             f"FAQ {faq_id} of group {group_id} also holds phrasings of {', '.join(others)}: undo those first"
         )
-    index.delete([faq_id])
+    index.editor().delete([faq_id])
 
 
 def _free_id(index: FaqIndex, wanted: str) -> str:
