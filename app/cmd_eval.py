@@ -380,7 +380,9 @@ def _evaluate_retrieval(
 
     index, queries, qrels = target.index, target.queries, target.qrels
     if run_out is not None:
-        check_not_an_input(run_out, queries, qrels, *search_inputs(index, flags), option="--run-out")
+        check_not_an_input(
+            run_out, queries, qrels, *search_inputs(index, read_config(index, flags.overrides())), option="--run-out"
+        )
         check_output(run_out)
     rows = read_beir_queries(queries)
     judgements = read_qrels(qrels)

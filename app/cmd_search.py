@@ -26,7 +26,7 @@ from medfaq.retriever.search import check_query
 from medfaq.retriever.trained_models import set_up_index
 
 if TYPE_CHECKING:
-    from medfaq.retriever.pipeline import Pipeline
+    from medfaq.retriever.pipeline import Pipeline, PipelineConfig
 
 
 SEARCH_BATCH = 64  # questions per pipeline call in batch runs (the progress bar moves per batch)
@@ -37,34 +37,37 @@ LOG_UNANSWERED = typer.Option(
 )
 
 
-def open_pipeline(index: Path, flags: StageFlags, shown_entities: bool = True, **changes: Any) -> Pipeline:
-    """The index with its pipeline.json, overridden by the flags and `changes` (None values ignored); the config
-    is checked before the index and the models are loaded (``--abstain`` needs a threshold to abstain below).
-    Without `shown_entities` the entity recogniser (seconds to load) is left out unless the key-term filter or the
-    unanswered log needs it."""
-    from medfaq.index.faq_index import FaqIndex
-
-    config = flags.apply(read_config(index), **changes)
+def search_config(index: Path, flags: StageFlags, **changes: Any) -> PipelineConfig:
+    """The index's pipeline.json overridden by the flags and `changes` (None values ignored), built once, before the
+    index and the models load; ``--abstain`` needs a threshold to abstain below."""
+    config = read_config(index, flags.overrides(**changes))
     if flags.values.get("abstain") and config.active_threshold() is None:
         raise MedfaqError(
             f"--abstain needs a threshold, and {index} has none for {' nor '.join(config.threshold_keys())} (neither "
             "calibrated on it nor inherited from its encoder): pass --threshold X, or calibrate one with `medfaq eval "
             "retrieval --save-threshold`"
         )
+    return config
+
+
+def open_pipeline(index: Path, config: PipelineConfig, shown_entities: bool = True) -> Pipeline:
+    """The index searched with `config`. Without `shown_entities` the entity recogniser (seconds to load) is left
+    out unless the key-term filter or the unanswered log needs it."""
+    from medfaq.index.faq_index import FaqIndex
+
     if not shown_entities:
         may_log = config.abstain and config.log_unanswered and config.active_threshold() is not None
-        config = config.updated(entities=config.key_terms or may_log)
+        config = config.replace(entities=config.key_terms or may_log)
     return build_pipeline(FaqIndex.load(index), config)
 
 
-def search_inputs(index: Path, flags: StageFlags) -> list[Path]:
-    """What a search of `index` with `flags` reads or appends to: the index, its unanswered log, and the local
+def search_inputs(index: Path, config: PipelineConfig) -> list[Path]:
+    """What a search of `index` with `config` reads or appends to: the index, its unanswered log, and the local
     directories of its encoder (the bundled MiniLM too) and of every model its stages load, the default ones
     included (an output must be none of them)."""
     from medfaq.index.faq_index import read_manifest
     from medfaq.retriever.queue.unanswered import UnansweredLog
 
-    config = flags.apply(read_config(index))
     models = (read_manifest(index).encoder, *stage_models(config))
     return [index, UnansweredLog(config.unanswered_log).path, *filter(None, map(local_model_dir, models))]
 
@@ -109,15 +112,20 @@ def search(
     if format not in RUN_FORMATS:
         raise MedfaqError(f"unknown run format {format!r}; choose one of {', '.join(RUN_FORMATS)}")
     index = index or set_up_index()
+    # one question is logged when it abstains unless the index's pipeline.json says otherwise; a batch only on request
+    logged = (log_unanswered or None) if question is not None else log_unanswered
+    config = None
     if output is not None:  # an output inside the index or a model would destroy it: refused before any write
-        check_not_an_input(output, queries, *search_inputs(index, flags))
+        config = search_config(index, flags, log_unanswered=logged)
+        check_not_an_input(output, queries, *search_inputs(index, config))
         check_output(output)
     if question is not None:
         check_query(question)  # invalid text fails before anything is loaded
         from medfaq.index.encoder import answer_one_question
 
         answer_one_question()
-        pipeline = open_pipeline(index, flags, shown_entities=as_json, log_unanswered=log_unanswered or None)
+        config = config or search_config(index, flags, log_unanswered=logged)
+        pipeline = open_pipeline(index, config, shown_entities=as_json)
         response = pipeline.run(question)
         text = (
             json.dumps(response.to_dict(), indent=2, ensure_ascii=False)
@@ -140,7 +148,7 @@ def search(
             f"{report.loaded} queries read",
             err=True,
         )
-    pipeline = open_pipeline(index, flags, log_unanswered=log_unanswered)
+    pipeline = open_pipeline(index, config or search_config(index, flags, log_unanswered=logged))
     responses = run_in_batches(pipeline, query_file.questions)
     write_run(output, query_file.ids, responses, format, run_name)
     where = "stdout" if is_stdio(output) else output
@@ -169,7 +177,7 @@ def bench(
     flags = flags.replace(abstain=False)
     index = index or set_up_index()
     texts = read_queries(query_file).questions[:queries] if query_file else None
-    pipeline = open_pipeline(index, flags, log_unanswered=False)
+    pipeline = open_pipeline(index, search_config(index, flags, log_unanswered=False))
     texts = texts or speed.sample_queries(pipeline.index, queries)
     run = speed.run_bench(pipeline, texts, batch_size, peers, ann_vectors)
     result = speed.bench_result(run, pipeline, index)

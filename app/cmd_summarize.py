@@ -54,7 +54,7 @@ def summarize(
     """Summarize consumer health questions into short FAQ-style questions."""
     from medfaq.retriever.runs import check_not_an_input
     from medfaq.retriever.search import check_query
-    from medfaq.retriever.stages import set_up_model
+    from medfaq.retriever.stages.base import set_up_model
     from medfaq.retriever.trained_models import best_summarizer
     from medfaq.summarizer.decoding import Decoding
     from medfaq.summarizer.generation import Summarizer

@@ -223,7 +223,7 @@ def takes_training_overrides() -> Callable[[Command], Command]:
 
 
 def stage_flag(declared: Declared) -> SharedOption:
-    """The option of a :class:`PipelineConfig` field that declares a flag (None: not given), built from its declaration:
+    """The option of a pipeline setting that declares a flag (None: not given), built from its declaration:
     named as the field (a bool is ``--x/--no-x``), its aliases hidden; a value the declaration refuses is a one-line
     usage error."""
 
@@ -244,8 +244,9 @@ def stage_flag(declared: Declared) -> SharedOption:
 
 
 # `search`, `bench`, `eval retrieval` and `demo --cli`: the pipeline flags (None: the index's pipeline.json), built from
-# the PipelineConfig fields that declare a flag and named as those fields; a command takes them with
-# @takes_stage_flags() where its `flags` parameter stands, as the `PipelineConfig.with_flags` keywords they are.
+# the settings that declare a flag (PipelineConfig's and each registered stage's, retriever/stages/) and named by their
+# flat names; a command takes them with @takes_stage_flags() where its `flags` parameter stands, as the
+# `PipelineConfig.with_flags` keywords they are.
 STAGE_FLAGS: dict[str, SharedOption] = {
     name: stage_flag(declared) for name, declared in pipeline_settings().items() if declared.flag
 }
@@ -264,10 +265,15 @@ class StageFlags:
         """These flags with `values` set (e.g. a command that never abstains: ``abstain=False``)."""
         return StageFlags(**{**self.values, **values})
 
+    def overrides(self, **changes: Any) -> dict[str, Any]:
+        """The flags given, then `changes`, by their setting's flat name (None values left out): what
+        :meth:`PipelineConfig.with_flags` and :func:`retriever.pipeline_file.read_config` apply."""
+        given = {name: self.values.get(name) for name in STAGE_FLAGS} | changes
+        return {name: value for name, value in given.items() if value is not None}
+
     def apply(self, config: PipelineConfig, **changes: Any) -> PipelineConfig:
         """`config` with the flags given, then `changes` (None values ignored), applied."""
-        given = {name: self.values.get(name) for name in STAGE_FLAGS}
-        return config.with_flags(**given | {name: value for name, value in changes.items() if value is not None})
+        return config.with_flags(**self.overrides(**changes))
 
 
 NO_STAGE_FLAGS = StageFlags()  # the default of a command's `flags` parameter, where the options go

@@ -12,8 +12,9 @@ When the environment variable ``MEDFAQ_API_KEY`` is set, the write endpoints and
 only unless `allow_public_queue`, and the index and queue changes (`allow_writes`) are accepted from loopback clients
 only unless `allow_public_writes`. :func:`access_rules` says who may do what.
 
-The stage settings a search request may set are those :class:`~retriever.pipeline.PipelineConfig` declares
-`request` for, typed strictly from their declarations, bounds and choices included (:func:`setting_field`), and a
+The stage settings a search request may set are those the pipeline's settings (:class:`~retriever.pipeline.
+PipelineConfig`'s and each registered stage's, :mod:`retriever.stages`) declare `request` for, by their flat names,
+typed strictly from their declarations, bounds and choices included (:func:`setting_field`), and a
 value they refuse is refused in :func:`~common.settings.check_setting`'s words, as on the command line; the other
 flags name a model, or are read when a stage's model loads, so that each value would load another copy
 (docs/http-api.md). A request that sets one declared `needs_key` (the threshold, abstention: what gets queued) sends

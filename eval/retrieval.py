@@ -33,6 +33,7 @@ from medfaq.retriever.pipeline import (
     SearchResponse,
     corrects_first_stage,
 )
+from medfaq.retriever.stages import STAGES
 
 ABSTAIN_METRICS = ("auroc", "threshold", "accuracy", "selective_acc", "precision", "answered", "ood_abstained")
 BATCH = 32
@@ -217,7 +218,7 @@ VARIANTS: list[tuple[str, dict[str, Any]]] = [
 ]
 
 
-STAGE_SWITCHES = {"summarize": "rewrite", "rerank": "rerank", "likelihood": "likelihood"}  # setting -> stage kind
+STAGE_SWITCHES = {stage.switch: stage.name for stage in STAGES if stage.model}  # switch setting -> stage with a model
 
 
 def stages_needed(systems: list[str] | None) -> tuple[str, ...]:

@@ -38,7 +38,7 @@ ALL_BEAMS = {"summaries": 4, "weight": 1.0, "k": 60}
 
 
 def score(args: argparse.Namespace) -> dict[str, Any]:
-    from medfaq.retriever.stages import locate_summarizer
+    from medfaq.retriever.stages.rewrite import locate_summarizer
     from medfaq.summarizer.decoding import Decoding
     from medfaq.summarizer.generation import Summarizer
 

@@ -144,7 +144,7 @@ def fill_stores(
 
 
 def score(args: argparse.Namespace) -> dict[str, Any]:
-    from medfaq.retriever.stages import locate_summarizer
+    from medfaq.retriever.stages.rewrite import locate_summarizer
     from medfaq.summarizer.likelihood import SummaryLikelihood
 
     scorer = SummaryLikelihood.load(locate_summarizer(args.summarizer), quantize=args.quantize)
@@ -183,7 +183,7 @@ def latency(args: argparse.Namespace) -> dict[str, Any]:
     import torch
     from scipy.stats import kendalltau
 
-    from medfaq.retriever.stages import locate_summarizer
+    from medfaq.retriever.stages.rewrite import locate_summarizer
     from medfaq.summarizer.likelihood import SummaryLikelihood
 
     torch.set_num_threads(args.threads)

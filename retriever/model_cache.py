@@ -2,15 +2,15 @@
 runs (the summarizer of the ``rewrite`` stage, the cross-encoder of ``rerank``, the recogniser of ``entities``) and
 opens the index's query encoder, for the command line, the server and the demo alike.
 
-A stage is built by the loader of its kind, from the registry :data:`retriever.stages.STAGE_LOADERS` (imported
-here, so every process building a pipeline has every stage; :func:`register_stage_loader` replaces one) and cached
-under a :class:`StageKey` made of
+A stage's object is built by the loader the stage declares (:attr:`retriever.stages.base.Stage.loader`, read from
+the registry :data:`retriever.stages.STAGES`, so every process building a pipeline has every stage;
+:func:`register_stage_loader` replaces one) and cached under a :class:`StageKey` made of
 
 * the loader;
 * the model it reads, as the loader's `locate` resolves the configured name (None = its default, e.g. the best
   summarizer trained so far), and that directory's :func:`model_stamp`: a retrained model is a new stage (the one it
   replaces is dropped from the cache), a better default model trained meanwhile is picked up by the next call;
-* the config fields the loader declared it reads, with their values. The loader is handed those and nothing else
+* the settings the loader declared it reads, with their values. The loader is handed those and nothing else
   (:class:`StageSettings`), so that no setting it reads can be missing from the key.
 
 The cache is thread-safe: a stage is loaded once however many threads ask for it at the same moment, while other
@@ -22,32 +22,19 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from medfaq.common.runtime import MedfaqError
-from medfaq.retriever.pipeline import STAGE_KINDS, Pipeline, PipelineConfig
-from medfaq.retriever.stages import STAGE_LOADERS, StageLoader, StageSettings
+from medfaq.retriever.pipeline import Pipeline, PipelineConfig, pipeline_settings
+from medfaq.retriever.stages import STAGES, stage_named
+from medfaq.retriever.stages.base import StageLoader, StageSettings
 
 if TYPE_CHECKING:
     from medfaq.index.faq_index import FaqIndex
 
 Stamp = tuple[tuple[str, int, int], ...]
-STAGE_SETTINGS = {
-    "rewrite": ("summarize", "summarizer"),
-    "rerank": ("rerank", "reranker"),
-    "likelihood": ("likelihood", "summarizer"),
-    "entities": ("entities", None),
-}
-"""Per stage kind: the config field that switches it on, and the one naming its model (None: it has no name)."""
-PIPELINE_ARGUMENTS = {
-    "rewrite": "rewriter",
-    "rerank": "reranker",
-    "likelihood": "likelihood",
-    "entities": "entity_finder",
-}
-"""Per stage kind: the :class:`Pipeline` argument that takes it."""
 
 
 class StageError(MedfaqError):
@@ -58,7 +45,7 @@ class StageError(MedfaqError):
         self.kind = kind
 
 
-_STAGE_LOADERS: dict[str, StageLoader] = dict(STAGE_LOADERS)
+_STAGE_LOADERS: dict[str, StageLoader] = {stage.name: stage.loader for stage in STAGES if stage.loader}
 
 
 def register_stage_loader(
@@ -68,10 +55,10 @@ def register_stage_loader(
     reads: tuple[str, ...] = (),
     locate: Callable[[str | None], str | None] | None = None,
 ) -> None:
-    """Let the cache build the stages of `kind` (one of `STAGE_KINDS`) with `load` (see :class:`StageLoader`)."""
-    if kind not in STAGE_KINDS:
+    """Let the cache build the objects of the stage `kind` with `load` (see :class:`StageLoader`)."""
+    if stage_named(kind) is None:
         raise ValueError(f"unknown stage kind {kind!r}")
-    unknown = sorted(set(reads) - {field.name for field in fields(PipelineConfig)})
+    unknown = sorted(set(reads) - set(pipeline_settings()))
     if unknown:
         raise ValueError(f"the {kind} stage loader reads unknown pipeline setting(s): {', '.join(unknown)}")
     _STAGE_LOADERS[kind] = StageLoader(load, tuple(reads), locate)
@@ -110,12 +97,13 @@ class StageKey:
 
 
 def wanted_stages(config: PipelineConfig) -> dict[str, str | None]:
-    """The stage kinds `config` runs, with the model each is configured with (None = the loader's default)."""
-    wanted = {}
-    for kind, (switch, model) in STAGE_SETTINGS.items():
-        if getattr(config, switch):
-            wanted[kind] = getattr(config, model) if model else None
-    return wanted
+    """The stages with an object that `config` runs, with the model each is configured with (None = the loader's
+    default)."""
+    return {
+        stage.name: getattr(config, stage.model) if stage.model else None
+        for stage in STAGES
+        if stage.argument and config.stage(stage.name).on
+    }
 
 
 def stage_models(config: PipelineConfig) -> list[str]:
@@ -183,11 +171,13 @@ class StageCache:
             raise StageError(key.kind, str(error)) from error
 
     def stages(self, config: PipelineConfig) -> dict[str, Any]:
-        """The stage objects `config` runs, by kind; the entity finder only decorates answers, so it is left out
-        where no loader is registered for it."""
-        wanted = wanted_stages(config)
-        if "entities" not in _STAGE_LOADERS:
-            wanted.pop("entities", None)
+        """The stage objects `config` runs, by kind; a stage that only decorates answers (`optional`, the entity
+        finder) is left out where no loader is registered for it."""
+        wanted = {
+            kind: name
+            for kind, name in wanted_stages(config).items()
+            if kind in _STAGE_LOADERS or not stage_named(kind).optional
+        }
         return {kind: self.stage(kind, name, config) for kind, name in wanted.items()}
 
     def pipeline(self, index: FaqIndex, config: PipelineConfig, **options: Any) -> Pipeline:
@@ -196,7 +186,8 @@ class StageCache:
         loads; the encoder is then opened (:meth:`open_encoder`), so that no search's timings count loading it."""
         stages = self.stages(config)
         self.open_encoder(index, config)
-        return Pipeline(index, config, **{PIPELINE_ARGUMENTS[kind]: stage for kind, stage in stages.items()}, **options)
+        arguments = {stage.name: stage.argument for stage in STAGES}
+        return Pipeline(index, config, **{arguments[kind]: stage for kind, stage in stages.items()}, **options)
 
     @staticmethod
     def open_encoder(index: FaqIndex, config: PipelineConfig) -> None:
@@ -206,18 +197,19 @@ class StageCache:
             index.open_encoder(config.encoder_backend)
 
     def optional_stages(
-        self, config: PipelineConfig, kinds: tuple[str, ...] = ("rewrite", "rerank", "likelihood")
+        self, config: PipelineConfig, kinds: tuple[str, ...] | None = None
     ) -> tuple[dict[str, Any], list[str]]:
-        """The stages of `kinds` for a comparison of configurations, as :class:`Pipeline` arguments (``rewriter``,
-        ``reranker``, ``likelihood``), each None when it cannot be loaded, with the reason (``<kind>: <error>``)."""
+        """The stages of `kinds` (None: every stage with a model) for a comparison of configurations, as
+        :class:`Pipeline` arguments (``rewriter``, ``reranker``, ...), each None when it cannot be loaded, with the
+        reason (``<kind>: <error>``)."""
         stages: dict[str, Any] = {}
         missing: list[str] = []
-        for kind in kinds:
-            _, model = STAGE_SETTINGS[kind]
+        for kind in kinds if kinds is not None else [stage.name for stage in STAGES if stage.model]:
+            stage = stage_named(kind)
             try:
-                stages[PIPELINE_ARGUMENTS[kind]] = self.stage(kind, getattr(config, model), config)
+                stages[stage.argument] = self.stage(kind, getattr(config, stage.model) if stage.model else None, config)
             except StageError as error:
-                stages[PIPELINE_ARGUMENTS[kind]] = None
+                stages[stage.argument] = None
                 missing.append(f"{kind}: {error}")
         return stages, missing
 

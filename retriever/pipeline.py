@@ -1,9 +1,11 @@
-"""The search pipeline: summarize -> retrieve (raw, summary or both fused) -> rerank the top N -> filter -> abstain.
+"""The search pipeline: the stages before retrieval (summarize, entities) -> retrieve (raw, summary or both fused)
+-> the stages on the hits (rerank and likelihood fused by one RRF, the key-term filter) -> abstain.
 
-Stages are small protocols, so the components (the ECL summarizer, the cross-encoder, the NER) plug in without
-callers changing: build a :class:`Pipeline` with the stage objects, or let
-:func:`retriever.model_cache.build_pipeline` take them for a :class:`PipelineConfig` from the process's stage cache
-(whose loaders, declared in ``retriever.stages``, build them).
+The stages are declared once each in :mod:`retriever.stages` (one module per stage, one ordered registry,
+:data:`~retriever.stages.STAGES`); :class:`PipelineConfig` nests their settings and :class:`Pipeline` runs them in
+that order. Build a :class:`Pipeline` with the stage objects (by each stage's `argument`: ``rewriter``, ``reranker``,
+``likelihood``, ``entity_finder``), or let :func:`retriever.model_cache.build_pipeline` take them for a config from
+the process's stage cache.
 
 A Pipeline may be shared between threads: each stage runs under a lock belonging to its stage object (tokenizers and
 some models are not re-entrant), so concurrent searches return exactly what serial ones do while different stages
@@ -12,73 +14,71 @@ still overlap; pipelines built per request around the same cached stage objects 
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+import functools
 import logging
 import math
 import threading
 import time
-from dataclasses import asdict, dataclass, field, fields
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
 
-from medfaq.common.runtime import BACKEND_HELP, ENCODER_BACKENDS, PRECISION_HELP, PRECISIONS, MedfaqError
+from medfaq.common.runtime import BACKEND_HELP, ENCODER_BACKENDS, MedfaqError
 from medfaq.common.settings import Declared, check_setting, declared_settings, setting
 from medfaq.retriever.queue.unanswered import UnansweredLog
 from medfaq.retriever.search import MAX_QUERY_CHARS, MODES, RRF_K, Hit, Retriever, clean_queries, reciprocal_rank_fusion
+from medfaq.retriever.stages import STAGES, Stage
+from medfaq.retriever.stages.base import MAX_HITS, Batch, reranked
+from medfaq.retriever.stages.entities import EntityFinder
+from medfaq.retriever.stages.key_terms import key_stems
+from medfaq.retriever.stages.likelihood import LikelihoodScorer
+from medfaq.retriever.stages.rerank import RERANK_MARGIN, Reranker, corrects_first_stage
+from medfaq.retriever.stages.rewrite import QueryRewriter
 
 if TYPE_CHECKING:
     from medfaq.index.faq_index import FaqIndex
 
+__all__ = [
+    "MAX_HITS",
+    "QUERY_SOURCES",
+    "RERANK_MARGIN",
+    "SUMMARIZED_SOURCE",
+    "EntityFinder",
+    "LikelihoodScorer",
+    "Pipeline",
+    "PipelineConfig",
+    "QueryRewriter",
+    "Reranker",
+    "SearchResponse",
+    "confidence",
+    "corrects_first_stage",
+    "flag_changes",
+    "key_stems",
+    "pipeline_settings",
+    "threshold_key",
+]
+
 logger = logging.getLogger("medfaq.pipeline")
 
 QUERY_SOURCES = ("raw", "summary", "both")
-RERANK_QUERIES = ("auto", "raw", "summary")
-RERANK_FUSIONS = ("auto", "replace", "rrf")
-RERANK_MARGIN = 0.05  # the dense-margin gate chosen on development queries (`PipelineConfig.rerank_margin`)
-STAGE_KINDS = ("rewrite", "rerank", "likelihood", "entities")
-STEM_CHARS = 5  # key terms are compared on their first characters: a cheap stemmer ("diabetes" ~ "diabetic")
-MAX_HITS = 100  # the most hits a question is answered with (top_k) or rescored in (rerank_depth, likelihood_depth)
 # summarizing alone (over a config searching with the raw question) searches with the question and its summary fused:
 # the summary alone lost far more Recall@1 on every benchmark (docs/results.md, "Does summarizing first help?")
 SUMMARIZED_SOURCE = "both"
+FUSION_STAGE = "rerank"  # the stage whose settings hold the reranking RRF and its gate, which every rescorer joins
 
 
-@runtime_checkable
-class QueryRewriter(Protocol):
-    """Turns consumer questions into short FAQ-style questions (e.g. the ECL summarizer)."""
-
-    def rewrite(self, texts: list[str]) -> list[str]: ...
-
-
-@runtime_checkable
-class Reranker(Protocol):
-    """Scores (query, candidate question) pairs; higher is a better match (e.g. a cross-encoder)."""
-
-    def score(self, query: str, candidates: list[str]) -> list[float]: ...
-
-
-@runtime_checkable
-class LikelihoodScorer(Protocol):
-    """How likely a summarizer finds each candidate FAQ question as the summary of the query, corrected by
-    `prior_weight` x its likelihood given no query, per token or summed (summarizer/likelihood.py)."""
-
-    def score(self, query: str, candidates: list[str], prior_weight: float, per_token: bool) -> list[float]: ...
-
-
-def corrects_first_stage(reranker: Reranker | None) -> bool:
-    """Whether `reranker`'s scores already contain the first stage's (a reranker trained as a correction of the
-    bi-encoder, ``--prior-scale``): ordering by them alone then keeps what the first stage knew."""
-    return bool(getattr(reranker, "corrects_first_stage", False))
-
-
-@runtime_checkable
-class EntityFinder(Protocol):
-    """Finds medical entities in a question (returned in `SearchResponse.entities`)."""
-
-    def find(self, text: str) -> list[Any]: ...
-
-
-@dataclass
+@dataclass(init=False)
 class PipelineConfig:
     """What the pipeline runs; saved as ``pipeline.json`` beside an index (:mod:`retriever.pipeline_file`).
+
+    The first stage's settings are its own fields; `stages` holds each stage's settings by its name (the dataclasses
+    of :data:`retriever.stages.STAGES`, e.g. ``config.stages["rerank"].depth``). Every setting also goes by its flat
+    name, the one the doors use (``rerank_depth``): the constructor, :meth:`replace`, :meth:`updated`,
+    :meth:`from_dict` and attribute reads (``config.rerank_depth``) take it, and :meth:`to_dict` gives them all.
+    A config is checked once, when it is built (every setting by its declaration, :func:`check_setting`); a
+    :meth:`replace` checks what it changes.
 
     The defaults are the best configuration measured (docs/results.md, "Retrieval pipeline" and "Query -> FAQ
     training set"): raw-question dense search (over an index encoded by the fine-tuned bi-encoder once `medfaq
@@ -86,35 +86,10 @@ class PipelineConfig:
     reranking (the Gemma summaries and the quick cross-encoder both lowered Recall@1 against dense alone);
     abstention on wherever a threshold was calibrated for the configuration.
 
-    `summary_beams` / `summary_max_length`: generation settings (None = those the summarizer was validated with).
-    `candidates`: hits per list before hybrid/raw+summary fusion. `rerank_depth`: how many fused hits the
-    cross-encoder rescores (the rest keep their order below them). `rerank_max_length`: tokens of each
-    (question, FAQ) pair the cross-encoder reads, the question cut first (None = the length it was trained with).
-    `rerank_query`: what the cross-encoder reads, ``auto`` = the summary when the search used the summary alone,
-    else the question. `rerank_fusion`: ``replace`` orders the rescored hits by the cross-encoder alone, ``rrf`` by
-    RRF of their retrieval and cross-encoder ranks (a weak reranker then cannot bury a strong retrieval hit; with the
-    reranker `medfaq setup` trains it lowered Recall@1 least, where ``replace`` lost meqsum questions with two seeds),
-    ``auto`` replace for a reranker trained as a correction of the bi-encoder (its scores contain the cosine),
-    else rrf. `rerank_retrieval_weight` and `rerank_rrf_k`: weight of the retrieval ranking against the
-    cross-encoder ranking's 1 in that RRF, and its constant k (3 and 10: chosen on development queries as the fusion
-    that lost none of their questions at rank 1, docs/results.md). `rerank_margin`: rerank only the questions
-    dense search is unsure of, those whose top two cosines differ by less than this; for the others the retrieval
-    order stands and the cross-encoder scores the top hit alone (for the confidence). None: rerank every question.
-    It applies to dense search over one query source (other first stages score on other scales);
-    `RERANK_MARGIN` (0.05) kept development queries' Recall@1 while reranking a fifth of them (docs/results.md).
-    `likelihood`: score the top `likelihood_depth` hits by how likely the summarizer (`summarizer`) finds each FAQ
-    question as the summary of the raw question, less `likelihood_prior` x its likelihood given no question, per
-    token with `likelihood_per_token` (summarizer/likelihood.py); that ranking joins the reranking RRF with weight
-    `likelihood_weight` (the retrieval ranking weighs `rerank_retrieval_weight`, the cross-encoder's 1, constant
-    `rerank_rrf_k`), behind the same `rerank_margin` gate. The confidence stays on its scale: the top hit's cosine
-    (or cross-encoder score), so calibrated thresholds still hold.
-    `quantize`: int8 dynamic quantisation of the summarizer and reranker. `rerank_precision`: the cross-encoder's
-    matrix products, ``fp32``, ``bf16`` or ``auto`` (bf16 where this machine measures it faster, e.g. AMX CPUs).
-    `encoder_backend`: the runtime of the query encoder (:data:`index.encoder.ENCODER_BACKENDS`; ``auto``: PyTorch on
-    a GPU, ONNX Runtime on the CPU, where searching imports no torch), and of the reranker, which runs on ONNX
-    Runtime wherever the encoder does, unless `rerank_precision` asks for bf16 (``onnx-int8`` names the encoder's
-    graph; the reranker's int8 graph is `quantize`'s).
-    `key_terms`: drop hits sharing no key term (entities, else content words) with the query (precision bias).
+    `candidates`: hits per list before hybrid/raw+summary fusion. `quantize`: int8 dynamic quantisation of the
+    summarizer and reranker. `encoder_backend`: the runtime of the query encoder (:data:`index.encoder.
+    ENCODER_BACKENDS`; ``auto``: PyTorch on a GPU, ONNX Runtime on the CPU, where searching imports no torch), and of
+    the reranker, which runs on ONNX Runtime wherever the encoder does, unless ``rerank_precision`` asks for bf16.
     `dense_weight`: weight of the dense list against BM25's 1 in hybrid RRF.
     `abstain`: abstain when the confidence (:func:`confidence`) is below the threshold of the configuration that
     runs: `threshold` when given (a command-line override), else `thresholds[threshold_key]`, calibrated per
@@ -138,80 +113,9 @@ class PipelineConfig:
         choices=QUERY_SOURCES,
         request=True,
     )
-    summarize: bool = setting(
-        False,
-        help="Summarize the question first; set alone, search with the question and its summary fused.",
-        flag=True,
-        request=True,
-    )
-    summarizer: str | None = setting(
-        None, help="Summarizer model (directory or name under $MEDFAQ_HOME/models).", flag=True
-    )
-    summary_beams: int | None = setting(
-        None, help="Summarizer beams (1 = greedy).", flag=True, aliases=("--beams",), ge=1
-    )
-    summary_max_length: int | None = setting(None, help="Summarizer's longest summary, in tokens.", ge=1)
-    rerank: bool = setting(False, help="Rerank the top hits with a cross-encoder.", flag=True, request=True)
-    reranker: str | None = setting(
-        None, help="Cross-encoder model (directory or name under $MEDFAQ_HOME/models).", flag=True
-    )
-    rerank_depth: int = setting(
-        20, help="How many top hits the cross-encoder rescores.", flag=True, ge=1, le=MAX_HITS, request=True
-    )
-    rerank_max_length: int | None = setting(
-        None, help="Tokens per (question, FAQ) pair the cross-encoder reads.", flag=True, ge=8
-    )
-    rerank_query: str = setting(
-        "auto",
-        help="What the cross-encoder reads (auto: the summary when the search used it alone).",
-        choices=RERANK_QUERIES,
-    )
-    rerank_fusion: str = setting(
-        "rrf",
-        help="replace: order by the cross-encoder; rrf: RRF of retrieval and cross-encoder ranks; auto: replace for "
-        "a reranker trained with --prior-scale, else rrf.",
-        flag=True,
-        choices=RERANK_FUSIONS,
-        request=True,
-    )
-    rerank_retrieval_weight: float = setting(3.0, help="Weight of the retrieval ranking in the reranking RRF.", gt=0)
-    rerank_rrf_k: int = setting(10, help="The constant k of the reranking RRF.", ge=0)
-    rerank_margin: float | None = setting(
-        None,
-        help="Rerank (cross-encoder and likelihood) only questions whose top two dense cosines differ by less than "
-        "this (e.g. 0.05); default: all.",
-        flag=True,
-        ge=0,
-        request=True,
-    )
-    rerank_precision: str = setting(
-        "fp32", help="The cross-encoder's arithmetic: " + PRECISION_HELP, flag=True, choices=PRECISIONS
-    )
-    likelihood: bool = setting(
-        False,
-        help="Rerank the top hits by how likely the summarizer finds each FAQ question as the question's summary.",
-        flag=True,
-        request=True,
-    )
-    likelihood_depth: int = setting(
-        10, help="How many top hits the summary likelihood scores.", flag=True, ge=1, le=MAX_HITS, request=True
-    )
-    likelihood_prior: float = setting(1.0, help="Weight of an FAQ question's likelihood given no question.", ge=0)
-    likelihood_per_token: bool = setting(True, help="Score the likelihood per token (else summed).")
-    likelihood_weight: float = setting(1.0, help="Weight of the likelihood ranking in the reranking RRF.", gt=0)
-    likelihood_vocabulary: str = setting(
-        "bank",
-        help="Tokens a decoder-only summarizer's likelihood normalises over: bank (those of the index's FAQ questions, "
-        "the full softmax restricted and renormalised: far cheaper) or full.",
-        choices=("bank", "full"),
-    )
-    likelihood_precision: str = setting(
-        "auto", help="The likelihood stage's arithmetic: " + PRECISION_HELP, choices=PRECISIONS
-    )
+    stages: dict[str, Any] = field(default_factory=dict)  # the stages' settings take this place among the settings
     quantize: bool = setting(False, help="int8 dynamic quantisation of summarizer and reranker.", flag=True)
     encoder_backend: str = setting("auto", help="Query encoder. " + BACKEND_HELP, flag=True, choices=ENCODER_BACKENDS)
-    entities: bool = setting(True, help="Find the question's medical entities.")
-    key_terms: bool = setting(False, help="Drop hits sharing no key term with the question.")
     dense_weight: float = setting(1.0, help="Weight of the dense list against BM25's 1 in hybrid RRF.", gt=0)
     abstain: bool = setting(
         True,
@@ -238,24 +142,70 @@ class PipelineConfig:
     max_query_chars: int = setting(MAX_QUERY_CHARS, help="Questions are cut to this many characters.", ge=1)
     rrf_k: int = setting(RRF_K, help="The constant k of hybrid and raw+summary RRF.", ge=0)
 
-    def __post_init__(self) -> None:
-        for declared in pipeline_settings().values():
-            check_setting(declared, getattr(self, declared.name))
-        if self.query_source != "raw" and not self.summarize:
+    def __init__(self, stages: Mapping[str, Any] | None = None, **settings: Any) -> None:
+        """Settings by their flat (or top-level) names over `stages` (settings dataclasses by stage name; a stage
+        left out takes its defaults); an unknown name, a value its declaration refuses or a query source without
+        summarizing is a one-line :class:`MedfaqError`."""
+        for declared in dataclasses.fields(self):
+            if declared.name != "stages":
+                default = declared.default
+                value = declared.default_factory() if default is dataclasses.MISSING else default
+                object.__setattr__(self, declared.name, value)
+        given = dict(stages or {})
+        unknown_stages = sorted(set(given) - {stage.name for stage in STAGES})
+        if unknown_stages:
+            raise MedfaqError(f"unknown pipeline stage(s): {', '.join(unknown_stages)}")
+        self.stages = {stage.name: given.get(stage.name) or stage.settings() for stage in STAGES}
+        self._set(settings)
+        self._check(pipeline_settings())
+
+    def _set(self, settings: Mapping[str, Any]) -> None:
+        """Apply `settings`, by their flat names, to this config."""
+        unknown = sorted(set(settings) - set(pipeline_settings()))
+        if unknown:
+            raise MedfaqError(f"unknown pipeline setting(s): {', '.join(unknown)}")
+        nested = _nested_names()
+        changes: dict[str, dict[str, Any]] = {}
+        for name, value in settings.items():
+            if name in nested:
+                stage, field_name = nested[name]
+                changes.setdefault(stage, {})[field_name] = value
+            else:
+                object.__setattr__(self, name, value)
+        for stage, values in changes.items():
+            self.stages[stage] = dataclasses.replace(self.stages[stage], **values)
+
+    def _check(self, declarations: Mapping[str, Declared]) -> None:
+        for name, declared in declarations.items():
+            check_setting(declared, getattr(self, name))
+        if self.query_source != "raw" and not self.stage("rewrite").on:
             raise MedfaqError(f"query source {self.query_source!r} needs summarize=true")
         thresholds = [*self.thresholds.values()]
         if not all(isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) for v in thresholds):
             raise MedfaqError(f"thresholds must be finite numbers, got {self.thresholds}")
 
+    def __getattr__(self, name: str) -> Any:
+        """A stage's setting by its flat name (``config.rerank_depth``)."""
+        nested = _nested_names().get(name)
+        stages = self.__dict__.get("stages")
+        if nested is None or stages is None:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        return getattr(stages[nested[0]], nested[1])
+
+    def stage(self, name: str) -> Any:
+        """The settings of the stage called `name`."""
+        return self.stages[name]
+
     @property
     def threshold_key(self) -> str:
         """The configuration a threshold belongs to: mode x rerank x query source, e.g. ``dense+rerank@raw``."""
-        return threshold_key(self.mode, self.rerank, self.query_source)
+        return threshold_key(self.mode, self.stage("rerank").on, self.query_source)
 
     def threshold_keys(self) -> list[str]:
         """The configurations whose calibrated threshold this one may abstain below, first choice first: its own,
         then dense search's with the same reranking and query source."""
-        return list(dict.fromkeys([self.threshold_key, threshold_key("dense", self.rerank, self.query_source)]))
+        dense = threshold_key("dense", self.stage("rerank").on, self.query_source)
+        return list(dict.fromkeys([self.threshold_key, dense]))
 
     def abstention_key(self) -> str | None:
         """The configuration whose confidence scale this one abstains on: its own with the override (`threshold`),
@@ -280,55 +230,98 @@ class PipelineConfig:
         search need not have computed: a BM25 or hybrid search without a reranker, judged on dense search's
         threshold."""
         key = self.abstention_key()
-        return self.abstain and not self.rerank and key is not None and key != self.threshold_key
+        return self.abstain and not self.stage("rerank").on and key is not None and key != self.threshold_key
 
     def replace(self, **changes: Any) -> PipelineConfig:
-        """A copy with `changes` applied as given (None included), validated again."""
-        return PipelineConfig.from_dict({**self.to_dict(), **changes})
+        """A copy with `changes` (by flat name) applied as given (None included); what they change is checked."""
+        changed = copy.copy(self)
+        object.__setattr__(changed, "stages", dict(self.stages))
+        changed._set(changes)
+        declarations = pipeline_settings()
+        changed._check({name: declarations[name] for name in changes})
+        return changed
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """Every setting by its flat name, in the declarations' order."""
+        return {name: copy.deepcopy(getattr(self, name)) for name in pipeline_settings()}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> PipelineConfig:
-        """Validated settings; a file of the one-threshold format keeps its threshold for the configuration it was
-        saved with (when abstention was on; otherwise it was never calibrated and is dropped); a file that sets
-        `rerank_retrieval_weight` but not `rerank_rrf_k` (saved before that setting existed) keeps the reranking RRF
-        it was saved with, k = its `rrf_k`."""
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise MedfaqError(f"unknown pipeline setting(s): {', '.join(unknown)}")
-        if "rerank_retrieval_weight" in data and "rerank_rrf_k" not in data:
-            data = {**data, "rerank_rrf_k": data.get("rrf_k", RRF_K)}
-        if "thresholds" not in data and data.get("threshold") is not None:
-            legacy = cls(**{**data, "threshold": None})
-            calibrated = {legacy.threshold_key: float(data["threshold"])} if legacy.abstain else {}
-            return cls(**{**data, "threshold": None, "thresholds": calibrated})
-        return cls(**data)
+    def from_dict(cls, data: Mapping[str, Any]) -> PipelineConfig:
+        """The config of `data`, settings by their flat names (:func:`upgraded` first)."""
+        return cls(**upgraded(data))
 
     def updated(self, **changes: Any) -> PipelineConfig:
-        """A copy with `changes` applied (None values are ignored), validated again."""
-        return PipelineConfig.from_dict({**self.to_dict(), **{k: v for k, v in changes.items() if v is not None}})
+        """A copy with `changes` applied (None values are ignored)."""
+        return self.replace(**{name: value for name, value in changes.items() if value is not None})
 
     def with_flags(
         self, summarize: bool | None = None, query_source: str | None = None, **changes: Any
     ) -> PipelineConfig:
-        """Overrides of the command line's flags, a request's settings or the demo's switches (None = not given):
-        ``query_source`` summary or both implies summarizing, ``summarize`` alone over a raw-question config searches
-        with the question and its summary fused (`SUMMARIZED_SOURCE`), ``summarize=False`` with the raw question."""
-        if summarize is None and query_source not in (None, "raw"):
-            summarize = True
-        if summarize and query_source is None and self.query_source == "raw":
-            query_source = SUMMARIZED_SOURCE
-        if summarize is False:
-            query_source = "raw"
-        return self.updated(summarize=summarize, query_source=query_source, **changes)
+        """Overrides of the command line's flags, a request's settings or the demo's switches (None = not given),
+        as :func:`flag_changes` reads them."""
+        return self.replace(**flag_changes(self.query_source, summarize, query_source, **changes))
+
+
+def flag_changes(
+    current_source: str, summarize: bool | None = None, query_source: str | None = None, **changes: Any
+) -> dict[str, Any]:
+    """The settings that overrides (None = not given) change, over a config searching with `current_source`:
+    ``query_source`` summary or both implies summarizing, ``summarize`` alone over a raw-question config searches
+    with the question and its summary fused (`SUMMARIZED_SOURCE`), ``summarize=False`` with the raw question."""
+    if summarize is None and query_source not in (None, "raw"):
+        summarize = True
+    if summarize and query_source is None and current_source == "raw":
+        query_source = SUMMARIZED_SOURCE
+    if summarize is False:
+        query_source = "raw"
+    given = {"summarize": summarize, "query_source": query_source, **changes}
+    return {name: value for name, value in given.items() if value is not None}
+
+
+def upgraded(data: Mapping[str, Any]) -> dict[str, Any]:
+    """Flat settings as this version reads them: a file of the one-threshold format keeps its threshold for the
+    configuration it was saved with (when abstention was on; otherwise it was never calibrated and is dropped); a
+    file that sets `rerank_retrieval_weight` but not `rerank_rrf_k` (saved before that setting existed) keeps the
+    reranking RRF it was saved with, k = its `rrf_k`."""
+    data = dict(data)
+    if "rerank_retrieval_weight" in data and "rerank_rrf_k" not in data:
+        data["rerank_rrf_k"] = data.get("rrf_k", RRF_K)
+    if "thresholds" not in data and data.get("threshold") is not None:
+        saved_with = threshold_key(
+            data.get("mode", "dense"), data.get("rerank", False), data.get("query_source", "raw")
+        )
+        calibrated = {saved_with: data["threshold"]} if data.get("abstain", True) else {}
+        data |= {"threshold": None, "thresholds": calibrated}
+    return data
 
 
 def pipeline_settings() -> dict[str, Declared]:
-    """Every :class:`PipelineConfig` field's declaration, in the class's order."""
-    return declared_settings(PipelineConfig)
+    """Every setting's declaration by its flat name, in order: the first stage's, each stage's in the order of
+    :data:`retriever.stages.STAGES` (in the place of `PipelineConfig.stages`), then the rest."""
+    return dict(_declarations(tuple(STAGES)))
+
+
+def _nested_names() -> dict[str, tuple[str, str]]:
+    """Each stage setting's flat name -> (stage, field)."""
+    return _nested(tuple(STAGES))
+
+
+@functools.cache
+def _declarations(stages: tuple[Stage, ...]) -> tuple[tuple[str, Declared], ...]:
+    top = list(declared_settings(PipelineConfig).items())
+    place = [field.name for field in dataclasses.fields(PipelineConfig)].index("stages")
+    nested = [item for stage in stages for item in stage.declared().items()]
+    ordered = top[:place] + nested + top[place:]
+    names = [name for name, _ in ordered]
+    clashes = sorted({name for name in names if names.count(name) > 1})
+    if clashes:
+        raise ValueError(f"pipeline settings declared twice: {', '.join(clashes)}")
+    return tuple(ordered)
+
+
+@functools.cache
+def _nested(stages: tuple[Stage, ...]) -> dict[str, tuple[str, str]]:
+    return {stage.flat_name(name): (stage.name, name) for stage in stages for name in declared_settings(stage.settings)}
 
 
 @dataclass
@@ -366,10 +359,9 @@ def _lock_for(stage: Any) -> threading.Lock:
 _SAID_OFF: set[tuple[str, str]] = set()
 
 
-def _say_abstention_is_off(index: FaqIndex, config: PipelineConfig) -> None:
-    """Warn, once per process, index and configuration, that `config` answers every question with a hit: it
-    abstains, but no threshold applies to it."""
-    where = str(index.directory or "this index")
+def _say_abstention_is_off(where: str, config: PipelineConfig) -> None:
+    """Warn, once per process, index (`where`) and configuration, that `config` answers every question with a hit:
+    it abstains, but no threshold applies to it."""
     if (where, config.threshold_key) in _SAID_OFF:
         return
     _SAID_OFF.add((where, config.threshold_key))
@@ -404,15 +396,11 @@ def confidence(hits: list[Hit]) -> float | None:
     return top.get("bm25", top.get("summary_bm25", hits[0].score))
 
 
-def key_stems(texts: list[str]) -> set[str]:
-    """Lower-cased content words (no stopwords) of `texts`, cut to their first `STEM_CHARS` characters."""
-    from medfaq.index.bm25_store import tokenize
-
-    return {token[:STEM_CHARS] for tokens in tokenize(texts) for token in tokens if len(token) > 2}
-
-
 class Pipeline:
-    """Runs the configured stages for each question; without rewrite/rerank stages it is plain retrieval.
+    """Runs the stages `config` turns on, in the registry's order, around retrieval; without them it is plain
+    retrieval. The stage objects come by each stage's `argument` (``rewriter=``, ``reranker=``, ``likelihood=``,
+    ``entity_finder=``) and are read back as attributes of that name (None where the stage does not run); a stage
+    the config turns on without its object is an error, but for one that only decorates answers (entities).
 
     `exact_batches`: :meth:`run_batch` answers each question bit for bit as :meth:`run` does: the query encoder and
     the summarizer take the questions one at a time (batched model runs pad them to the longest and round
@@ -422,30 +410,17 @@ class Pipeline:
         self,
         index: FaqIndex,
         config: PipelineConfig | None = None,
-        rewriter: QueryRewriter | None = None,
-        reranker: Reranker | None = None,
-        entity_finder: EntityFinder | None = None,
+        *,
         unanswered: UnansweredLog | None = None,
         exact_batches: bool = False,
-        likelihood: LikelihoodScorer | None = None,
+        **stage_objects: Any,
     ) -> None:
         self.config = config or PipelineConfig()
         self.exact_batches = exact_batches
-        if self.config.summarize and rewriter is None:
-            raise MedfaqError("the pipeline config asks for summarization but no query-rewrite stage was given")
-        if self.config.rerank and reranker is None:
-            raise MedfaqError("the pipeline config asks for reranking but no rerank stage was given")
-        if self.config.likelihood and likelihood is None:
-            raise MedfaqError("the pipeline config asks for summary likelihood but no likelihood stage was given")
-        self.index = index
-        self.rewriter = rewriter if self.config.summarize else None
-        self.reranker = reranker if self.config.rerank else None
-        self.likelihood = likelihood if self.config.likelihood else None
-        if self.likelihood is not None and hasattr(self.likelihood, "keep_bank"):  # trimmed to this bank
-            bank = f"{index.directory}@{index.version}"
-            self.likelihood.keep_bank(bank, lambda: [record.question for record in index.records()])
-        self.entity_finder = entity_finder if self.config.entities else None
-        self.unanswered = unanswered or UnansweredLog(self.config.unanswered_log)
+        arguments = {stage.argument for stage in STAGES if stage.argument}
+        unknown = sorted(set(stage_objects) - arguments)
+        if unknown:
+            raise TypeError(f"not a pipeline stage: {', '.join(unknown)}")
         self.retriever = Retriever(
             index,
             self.config.mode,
@@ -455,17 +430,36 @@ class Pipeline:
             self.config.dense_weight,
             encode_alone=exact_batches,
         )
-        stage_objects = {
-            "rewrite": rewriter,
-            "entities": entity_finder,
-            "retrieve": index,
-            "confidence": index,
-            "rerank": reranker,
-            "likelihood": likelihood,
-        }
-        self._locks = {name: _lock_for(obj) for name, obj in stage_objects.items()}
+        self.running: list[tuple[Stage, Any, Any]] = []  # (stage, its object, its settings), in order
+        for stage in STAGES:
+            settings = self.config.stage(stage.name)
+            stage_object = stage_objects.get(stage.argument) if stage.argument else None
+            if not settings.on or (stage.optional and stage_object is None):
+                continue
+            if stage.argument and stage_object is None:
+                raise MedfaqError(
+                    f"the pipeline config turns on {stage.switch} but no {stage.name} stage was given "
+                    f"(`{stage.argument}`)"
+                )
+            if stage_object is not None:
+                stage.attach(stage_object, self.retriever)
+            self.running.append((stage, stage_object, settings))
+        self.unanswered = unanswered or UnansweredLog(self.config.unanswered_log)
+        self._locks = {"retrieve": _lock_for(index), "confidence": _lock_for(index)}
+        self._locks |= {stage.name: _lock_for(stage_object) for stage, stage_object, _ in self.running}
         if self.config.abstain and self.config.active_threshold() is None:
-            _say_abstention_is_off(index, self.config)
+            _say_abstention_is_off(self.retriever.location or "this index", self.config)
+
+    def __getattr__(self, name: str) -> Any:
+        """The object of the stage whose `argument` is `name` (``pipeline.reranker``); None where it does not run."""
+        if name not in {stage.argument for stage in STAGES if stage.argument}:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        running = self.__dict__.get("running", [])
+        return next((stage_object for stage, stage_object, _ in running if stage.argument == name), None)
+
+    @property
+    def index(self) -> FaqIndex:
+        return self.retriever.index
 
     def run(self, query: str) -> SearchResponse:
         return self.run_batch([query])[0]
@@ -479,34 +473,31 @@ class Pipeline:
         start = time.perf_counter()
         cleaned = clean_queries(queries, config.max_query_chars)
         truncated = [len(clean) < len(query.strip()) for clean, query in zip(cleaned, queries, strict=True)]
-        queries = cleaned
-        timings: dict[str, float] = {}
-        summaries: list[str | None] = [None] * len(queries)
-        if self.rewriter is not None:
-            with self._timed("rewrite", timings):
-                summaries = [s.strip() or q for q, s in zip(queries, self._rewrite(queries), strict=True)]
-        entities: list[list[Any]] = [[] for _ in queries]
-        if self.entity_finder is not None:
-            with self._timed("entities", timings):
-                entities = [self.entity_finder.find(q) for q in queries]
-        with self._timed("retrieve", timings):
-            hits = self._retrieve(queries, summaries)
-        if self.reranker is not None or self.likelihood is not None:
-            rows = zip(queries, summaries, hits, strict=True)
-            hits = [self.rescore(q, self._rerank_text(q, s), h, timings) for q, s, h in rows]
-        if config.key_terms:
-            with self._timed("filter", timings, lock=False):
-                rows = zip(queries, summaries, entities, hits, strict=True)
-                hits = [self._key_term_filter(q, s, e, h) for q, s, e, h in rows]
-        confidences = [confidence(ranked) for ranked in hits]
+        batch = Batch(cleaned, [None] * len(cleaned), [[] for _ in cleaned])
+        for stage, stage_object, settings in self.running:
+            if stage.before_retrieval:
+                stage.run(stage_object, settings, batch, self)
+        with self.timed("retrieve", batch.timings):
+            batch.hits = self._retrieve(batch.queries, batch.summaries)
+        rescored = False
+        for stage, stage_object, settings in self.running:
+            if stage.before_retrieval or (stage.rescores and rescored):
+                continue
+            if stage.rescores:  # every rescoring stage at once: their rankings are fused
+                rows = zip(batch.queries, batch.summaries, batch.hits, strict=True)
+                batch.hits = [self.rescore(query, summary, hits, batch.timings) for query, summary, hits in rows]
+                rescored = True
+            else:
+                stage.run(stage_object, settings, batch, self)
+        confidences = [confidence(ranked) for ranked in batch.hits]
         if config.judges_by_cosine():
-            with self._timed("confidence", timings):
-                confidences = self._top_cosines(queries, summaries, hits)
-        timings["total"] = _ms_since(start)
-        per_query = {name: value / len(queries) for name, value in timings.items()}
+            with self.timed("confidence", batch.timings):
+                confidences = self._top_cosines(batch.queries, batch.summaries, batch.hits)
+        batch.timings["total"] = _ms_since(start)
+        per_query = {name: value / len(cleaned) for name, value in batch.timings.items()}
         threshold = config.active_threshold() if config.abstain else None
         responses = []
-        rows = zip(queries, summaries, entities, hits, truncated, confidences, strict=True)
+        rows = zip(batch.queries, batch.summaries, batch.entities, batch.hits, truncated, confidences, strict=True)
         for query, summary, found, ranked, cut, sure in rows:
             abstained = not ranked or (threshold is not None and (sure is None or sure < threshold))
             response = SearchResponse(
@@ -514,21 +505,23 @@ class Pipeline:
             )
             if abstained and config.log_unanswered:
                 best = ranked[0] if ranked else None
-                searched = str(self.index.directory) if self.index.directory else None
                 self.unanswered.append(
-                    query, summary, found, sure, best.id if best else None, best.question if best else None, searched
+                    query,
+                    summary,
+                    found,
+                    sure,
+                    best.id if best else None,
+                    best.question if best else None,
+                    self.retriever.location,
                 )
             responses.append(response)
         return responses
 
-    def _rewrite(self, queries: list[str]) -> list[str]:
-        if self.exact_batches:
-            return [summary for query in queries for summary in self.rewriter.rewrite([query])]
-        return self.rewriter.rewrite(queries)
-
-    def _timed(self, stage: str, timings: dict[str, float], lock: bool = True) -> _StageTimer:
+    def timed(self, stage: str, timings: dict[str, float], lock: bool = True) -> _StageTimer:
+        """A context that holds `stage`'s lock (but where the retriever searches concurrently, or `lock` is False)
+        and adds its milliseconds to `timings[stage]`."""
         searching = stage in ("retrieve", "confidence")
-        if searching and self.index.searches_concurrently(stage == "confidence" or self.config.mode != "bm25"):
+        if searching and self.retriever.searches_concurrently(stage == "confidence" or self.config.mode != "bm25"):
             lock = False  # e.g. ONNX Runtime and FAISS on CPU: concurrent batches use every core
         return _StageTimer(stage, timings, self._locks[stage] if lock else None)
 
@@ -557,11 +550,7 @@ class Pipeline:
 
     def _retrieve(self, queries: list[str], summaries: list[str | None]) -> list[list[Hit]]:
         config = self.config
-        depth = max(
-            config.top_k,
-            config.rerank_depth if self.reranker is not None else 0,
-            config.likelihood_depth if self.likelihood is not None else 0,
-        )
+        depth = max([config.top_k, *(stage.depth(settings) for stage, _, settings in self.running)])
         if config.query_source == "raw":
             return self.retriever.search(queries, depth)
         summary_hits = self.retriever.search([s or q for q, s in zip(queries, summaries, strict=True)], depth)
@@ -570,105 +559,62 @@ class Pipeline:
         raw_hits = self.retriever.search(queries, depth)
         return [_fuse(raw, summary, depth, config.rrf_k) for raw, summary in zip(raw_hits, summary_hits, strict=True)]
 
-    def _rerank_text(self, query: str, summary: str | None) -> str:
-        wanted = self.config.rerank_query
-        if wanted == "auto":
-            wanted = "summary" if summary and self.config.query_source == "summary" else "raw"
-        return (summary or query) if wanted == "summary" else query
-
-    def _rerank_fusion(self) -> str:
-        fusion = self.config.rerank_fusion
-        if fusion == "auto":
-            return "replace" if corrects_first_stage(self.reranker) else "rrf"
-        return fusion
-
-    def _rerank_scores(self, query: str, hits: list[Hit]) -> list[float]:
-        """The cross-encoder's score of each hit: of its FAQ question, or of the best of its phrasings (the wordings
-        experts linked to it) where one scores higher; all in one call."""
-        owners, texts = [], []
-        for row, hit in enumerate(hits):
-            wordings = [hit.question, *(phrasing.text for phrasing in self.index.phrasings([hit.id]))]
-            owners += [row] * len(wordings)
-            texts += [self.index.text_for_reranking(text) for text in wordings]
-        best = [float("-inf")] * len(hits)
-        for row, score in zip(owners, self.reranker.score(query, texts), strict=True):
-            best[row] = max(best[row], float(score))
-        return best
-
     def _retrieval_is_sure(self, hits: list[Hit]) -> bool:
-        """Dense search ranked its top hit clearly first: its cosine beats the second's by `rerank_margin`."""
-        config = self.config
-        if config.rerank_margin is None or config.mode != "dense" or config.query_source == "both" or len(hits) < 2:
+        """Dense search ranked its top hit clearly first: its cosine beats the second's by the reranking's margin."""
+        config, margin = self.config, self.config.stage(FUSION_STAGE).margin
+        if margin is None or config.mode != "dense" or config.query_source == "both" or len(hits) < 2:
             return False
-        return hits[0].score - hits[1].score >= config.rerank_margin
+        return hits[0].score - hits[1].score >= margin
 
-    def rescore(self, query: str, rerank_text: str, hits: list[Hit], timings: dict[str, float]) -> list[Hit]:
-        """Rescore the top hits with the cross-encoder (reading `rerank_text`) and the summary likelihood (of the
-        raw `query`), whichever run, and order them by the configured fusion of their rankings."""
-        config = self.config
-        if self._retrieval_is_sure(hits):  # dense order and scores stand; the top hit's rerank score: the confidence
-            if self.reranker is not None:
-                with self._timed("rerank", timings):
-                    hits[0].stage_scores["rerank"] = self._rerank_scores(rerank_text, hits[:1])[0]
+    def rescore(self, query: str, summary: str | None, hits: list[Hit], timings: dict[str, float]) -> list[Hit]:
+        """Rescore the top hits with every rescoring stage that runs (the cross-encoder, the summary likelihood), in
+        order, each reading the question (or its `summary`), and order them by the fusion of their rankings: one
+        RRF with the retrieval ranking (weights and k: the rerank stage's settings), where a stage whose ranking
+        replaces the retrieval one (its weight None) takes its place."""
+        rescorers = [(stage, obj, settings) for stage, obj, settings in self.running if stage.rescores]
+        fusion = self.config.stage(FUSION_STAGE)
+        if self._retrieval_is_sure(hits):  # retrieval's order and scores stand; a stage may score the top hit
+            for stage, stage_object, settings in rescorers:
+                if stage.scores_top_when_sure:
+                    with self.timed(stage.name, timings):
+                        scores = stage.scores(stage_object, settings, query, summary, hits[:1], self)
+                    hits[0].stage_scores[stage.name] = scores[0]
             return hits
-        rerank_depth = config.rerank_depth if self.reranker is not None else 0
-        likelihood_depth = config.likelihood_depth if self.likelihood is not None else 0
-        depth = max(rerank_depth, likelihood_depth)
+        depths = [stage.depth(settings) for stage, _, settings in rescorers]
+        depth = max(depths, default=0)
         head, tail = hits[:depth], hits[depth:]
         if not head:
             return hits
         by_id = {hit.id: hit for hit in head}
         base = [(hit.id, hit.score) for hit in head]  # the retrieval ranking
-        rankings: list[tuple[list[tuple[str, float]], float]] = []  # (a model's ranking, its RRF weight)
-        if rerank_depth:
-            with self._timed("rerank", timings):
-                scores = self._rerank_scores(rerank_text, head[:rerank_depth])
-            ranking = self._scored(by_id, head[:rerank_depth], scores, "rerank")
-            if self._rerank_fusion() == "replace":
-                base = ranking + base[rerank_depth:]
+        rankings: list[tuple[list[tuple[str, float]], float]] = []  # (a stage's ranking, its RRF weight)
+        for (stage, stage_object, settings), stage_depth in zip(rescorers, depths, strict=True):
+            with self.timed(stage.name, timings):
+                scores = stage.scores(stage_object, settings, query, summary, head[:stage_depth], self)
+            ranking = _scored(by_id, head[:stage_depth], scores, stage.name)
+            weight = stage.weight(stage_object, settings)
+            if weight is None:
+                base = ranking + base[stage_depth:]
             else:
-                rankings.append((ranking, 1.0))
-        if likelihood_depth:
-            with self._timed("likelihood", timings):
-                questions = [hit.question for hit in head[:likelihood_depth]]
-                scores = self.likelihood.score(query, questions, config.likelihood_prior, config.likelihood_per_token)
-            rankings.append(
-                (self._scored(by_id, head[:likelihood_depth], scores, "likelihood"), config.likelihood_weight)
-            )
+                rankings.append((ranking, weight))
         if rankings:
-            weights = [config.rerank_retrieval_weight, *(weight for _, weight in rankings)]
+            weights = [fusion.retrieval_weight, *(weight for _, weight in rankings)]
             lists = [base, *(ranking for ranking, _ in rankings)]
-            stage = "rerank_rrf" if rerank_depth else "likelihood_rrf"
+            fused = f"{rescorers[0][0].name}_rrf"
             ordered = [
-                _rescored(by_id[doc_id], score, 0, stage)
-                for doc_id, score in reciprocal_rank_fusion(lists, config.rerank_rrf_k, weights)
+                by_id[doc_id].rescored(score, 0, fused)
+                for doc_id, score in reciprocal_rank_fusion(lists, fusion.rrf_k, weights)
             ]
-        else:  # the cross-encoder's order alone
-            ordered = [_rescored(by_id[doc_id], score, 0, None) for doc_id, score in base]
-        reranked = [_rescored(hit, hit.score, rank, None) for rank, hit in enumerate(ordered, 1)]
-        return reranked + [_rescored(hit, hit.score, rank, None) for rank, hit in enumerate(tail, len(head) + 1)]
+        else:  # the replacing stage's order alone
+            ordered = [by_id[doc_id].rescored(score, 0) for doc_id, score in base]
+        return reranked(ordered) + reranked(tail, len(head) + 1)
 
-    @staticmethod
-    def _scored(by_id: dict[str, Hit], hits: list[Hit], scores: list[float], stage: str) -> list[tuple[str, float]]:
-        """Record each hit's `stage` score in `by_id`; the hits' ranking by it, best first."""
-        for hit, score in zip(hits, scores, strict=True):
-            by_id[hit.id] = _rescored(by_id[hit.id], float(score), by_id[hit.id].rank, stage)
-        return sorted(((hit.id, float(score)) for hit, score in zip(hits, scores, strict=True)), key=lambda r: -r[1])
 
-    def _key_term_filter(self, query: str, summary: str | None, entities: list[Any], hits: list[Hit]) -> list[Hit]:
-        """Keep hits sharing a key term with the question: its entities when any were found, else its content
-        words (of the summary when there is one); each kept hit records the shared fraction as ``overlap``."""
-        entity_texts = [getattr(e, "text", str(e)) for e in entities]
-        terms = key_stems(entity_texts) or key_stems([summary or query])
-        if not terms:
-            return hits
-        kept = []
-        for hit in hits:
-            overlap = len(terms & key_stems([hit.question])) / len(terms)
-            if overlap > 0:
-                hit.stage_scores["overlap"] = overlap
-                kept.append(hit)
-        return [_rescored(hit, hit.score, rank, None) for rank, hit in enumerate(kept, 1)]
+def _scored(by_id: dict[str, Hit], hits: list[Hit], scores: list[float], stage: str) -> list[tuple[str, float]]:
+    """Record each hit's `stage` score in `by_id`; the hits' ranking by it, best first."""
+    for hit, score in zip(hits, scores, strict=True):
+        by_id[hit.id] = by_id[hit.id].rescored(float(score), by_id[hit.id].rank, stage)
+    return sorted(((hit.id, float(score)) for hit, score in zip(hits, scores, strict=True)), key=lambda r: -r[1])
 
 
 class _StageTimer:
@@ -698,16 +644,10 @@ def _fuse(raw: list[Hit], summary: list[Hit], depth: int, rrf_k: int) -> list[Hi
     ranking = reciprocal_rank_fusion([[(h.id, h.score) for h in raw], [(h.id, h.score) for h in summary]], rrf_k)
     fused = []
     for rank, (doc_id, score) in enumerate(ranking[:depth], 1):
-        hit = _rescored(by_id[doc_id], score, rank, "fusion")
+        hit = by_id[doc_id].rescored(score, rank, "fusion")
         hit.stage_scores.update(extra.get(doc_id, {}))
         fused.append(hit)
     return fused
-
-
-def _rescored(hit: Hit, score: float, rank: int, stage: str | None) -> Hit:
-    """A copy of `hit` with a new score and rank, recording the score under `stage` when given."""
-    scores = {**hit.stage_scores, stage: score} if stage else dict(hit.stage_scores)
-    return Hit(**{**hit.to_dict(), "score": score, "rank": rank, "stage_scores": scores})
 
 
 def _ms_since(start: float) -> float:

@@ -37,6 +37,11 @@ class Hit:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    def rescored(self, score: float, rank: int, stage: str | None = None) -> Hit:
+        """A copy with a new score and rank, recording the score under `stage` when given."""
+        scores = {**self.stage_scores, stage: score} if stage else dict(self.stage_scores)
+        return Hit(**{**self.to_dict(), "score": score, "rank": rank, "stage_scores": scores})
+
 
 def invalid_text_position(text: str) -> str | None:
     """Where `text` stops being valid Unicode, e.g. ``"byte 0xe9 at character 4"`` for an undecodable byte
@@ -116,6 +121,30 @@ class Retriever:
         self.candidates = candidates
         self.rrf_k = rrf_k
         self.max_query_chars = max_query_chars
+
+    @property
+    def location(self) -> str | None:
+        """The directory of the index searched (None: an index never saved)."""
+        directory = self.index.directory
+        return str(directory) if directory else None
+
+    def bank(self) -> str:
+        """What tells this index's FAQ questions apart from another's or another version's: its directory@version."""
+        return f"{self.index.directory}@{self.index.version}"
+
+    def faq_questions(self) -> list[str]:
+        """The question of every FAQ of the index."""
+        return [record.question for record in self.index.records()]
+
+    def searches_concurrently(self, dense: bool) -> bool:
+        """Whether concurrent searches of the index (with vectors: `dense`) may run at once rather than in turn."""
+        return self.index.searches_concurrently(dense)
+
+    def wordings(self, hit: Hit) -> list[str]:
+        """The texts a reranker reads for `hit`: its FAQ question and the FAQ's phrasings (the wordings experts
+        linked to it), each as the index has a reranker read it (with its concepts' other names)."""
+        texts = [hit.question, *(phrasing.text for phrasing in self.index.phrasings([hit.id]))]
+        return [self.index.text_for_reranking(text) for text in texts]
 
     def search(
         self, queries: list[str], top_k: int = 10, mode: str | None = None, allowed_ids: list[str] | None = None

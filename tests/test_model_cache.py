@@ -13,9 +13,6 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-from tests.conftest import FAQ_ROWS
-from tests.servers import serving
-from tests.test_onnx_reranker import trained
 
 from medfaq.app.server import create_app
 from medfaq.app.service import SearchService
@@ -24,6 +21,9 @@ from medfaq.retriever import model_cache
 from medfaq.retriever.model_cache import StageCache, StageLoader, register_stage_loader, shared_cache
 from medfaq.retriever.pipeline import PipelineConfig
 from medfaq.retriever.pipeline_file import PIPELINE_FILE, read_config, write_config
+from tests.conftest import FAQ_ROWS
+from tests.servers import serving
+from tests.test_onnx_reranker import trained
 
 QUESTION = FAQ_ROWS[2]["question"]
 
@@ -49,7 +49,10 @@ def demo_page(monkeypatch):
 
 
 def test_server_demo_and_cli_take_the_same_stages_for_one_config(index_dir, reranker_dir, demo_page, monkeypatch):
-    from medfaq.app.cmd_search import StageFlags, open_pipeline
+    from medfaq.app.cmd_search import StageFlags, open_pipeline, search_config
+
+    def searched(flags: StageFlags):  # the path `medfaq search` takes
+        return open_pipeline(index_dir, search_config(index_dir, flags))
 
     resources, search_page = demo_page
     write_config(index_dir, PipelineConfig(rerank=True, reranker=str(reranker_dir), encoder_backend="torch", top_k=3))
@@ -57,7 +60,7 @@ def test_server_demo_and_cli_take_the_same_stages_for_one_config(index_dir, rera
     monkeypatch.setenv("MEDFAQ_DEMO_RERANKER", str(reranker_dir))
 
     served = SearchService(index_dir, feedback_path=index_dir.parent / "feedback.sqlite3").pipeline()
-    cli = open_pipeline(index_dir, StageFlags())  # the path `medfaq search` takes
+    cli = searched(StageFlags())
     demo = resources.settings()
     stages = resources.ready_stages(demo)
     controls = search_page.Controls(summarize=False, rerank=True, likelihood=False, mode="dense", top_k=3)
@@ -77,12 +80,12 @@ def test_server_demo_and_cli_take_the_same_stages_for_one_config(index_dir, rera
     }
 
     for change in ({"rerank_max_length": 16}, {"rerank_precision": "bf16"}):
-        flagged = open_pipeline(index_dir, StageFlags(**change)).reranker
+        flagged = searched(StageFlags(**change)).reranker
         assert flagged is not served.reranker
         write_config(index_dir, read_config(index_dir).replace(**change))
-        assert open_pipeline(index_dir, StageFlags()).reranker is flagged  # the same setting, the same stage
+        assert searched(StageFlags()).reranker is flagged  # the same setting, the same stage
         write_config(index_dir, read_config(index_dir).replace(rerank_max_length=None, rerank_precision="fp32"))
-    assert open_pipeline(index_dir, StageFlags()).reranker is served.reranker
+    assert searched(StageFlags()).reranker is served.reranker
 
 
 def test_a_retrained_model_is_a_new_stage_and_the_old_one_is_dropped(tmp_path):

@@ -105,7 +105,7 @@ def test_pipeline_config_round_trip_and_validation(tmp_path, index):
         PipelineConfig.from_dict({"modes": "dense"})
     with pytest.raises(MedfaqError, match="needs summarize"):
         PipelineConfig(query_source="summary")
-    with pytest.raises(MedfaqError, match="no query-rewrite stage"):
+    with pytest.raises(MedfaqError, match="no rewrite stage was given"):
         Pipeline(index, PipelineConfig(summarize=True))
     with pytest.raises(MedfaqError, match="rerank_max_length must be a whole number of at least 8"):
         PipelineConfig(rerank_max_length=4)

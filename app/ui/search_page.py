@@ -5,7 +5,7 @@ from __future__ import annotations
 import html
 import re
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, make_dataclass
 from typing import Any
 
 import streamlit as st
@@ -16,6 +16,7 @@ from medfaq.retriever.model_cache import shared_cache
 from medfaq.retriever.pipeline import Pipeline, PipelineConfig, SearchResponse, pipeline_settings
 from medfaq.retriever.queue.feedback import Feedback
 from medfaq.retriever.search import Hit
+from medfaq.retriever.stages import STAGES
 
 MAX_PASTE_CHARS = 20_000
 MIN_TEXT_SHARE = 0.85
@@ -34,16 +35,15 @@ RANKING_STAGES = tuple(STAGE_LABELS)  # latest stage first
 ENTITY_CLASSES = {"drug": "mf-drug", "disease": "mf-disease", "symptom": "mf-symptom"}
 
 
-@dataclass(frozen=True)
-class Controls:
-    """The request settings the sidebar offers, named as PipelineConfig's fields; the others stay as the index's
-    pipeline.json says (docs/demo.md)."""
-
-    summarize: bool
-    rerank: bool
-    likelihood: bool
-    mode: str
-    top_k: int
+SWITCHED_STAGES = [stage for stage in STAGES if stage.demo is not None]  # the stages the sidebar switches
+Controls = make_dataclass(
+    "Controls",
+    [*((stage.switch, bool) for stage in SWITCHED_STAGES), ("mode", str), ("top_k", int)],
+    frozen=True,
+)
+Controls.__doc__ = """The request settings the sidebar offers by their flat names: the switch of each stage that
+declares one in the demo (retriever/stages/), the mode and the number of results; the others stay as the index's
+pipeline.json says (docs/demo.md)."""
 
 
 def check_question(text: str, max_chars: int) -> tuple[str | None, str | None]:
@@ -107,11 +107,12 @@ def controls(notes: dict[str, str], ready: dict[str, bool], base: PipelineConfig
     """The sidebar's settings, starting from the index's pipeline.json (`base`), as `medfaq search` does."""
     st.sidebar.markdown("**Search settings**")
     settings = pipeline_settings()
-    summarize = stage_switch("Summarize my question", "summarize", "summarizer", notes, ready, base.summarize)
-    rerank = stage_switch("Rerank with the cross-encoder", "rerank", "reranker", notes, ready, base.rerank)
-    likelihood = stage_switch(
-        "Rank by the summarizer's likelihood", "likelihood", "likelihood", notes, ready, base.likelihood
-    )
+    switches = {
+        stage.switch: stage_switch(
+            stage.demo.label, stage.switch, stage.demo.model, notes, ready, getattr(base, stage.switch)
+        )
+        for stage in SWITCHED_STAGES
+    }
     modes = settings["mode"].setting.choices
     mode = st.sidebar.selectbox(
         "Search mode",
@@ -123,7 +124,7 @@ def controls(notes: dict[str, str], ready: dict[str, bool], base: PipelineConfig
     )
     first, last = results_range()
     top_k = st.sidebar.slider("Results", first, last, 5, key="ctl_top_k", help=settings["top_k"].describe())
-    return Controls(summarize, rerank, likelihood, mode, top_k)
+    return Controls(**switches, mode=mode, top_k=top_k)
 
 
 def results_range() -> tuple[int, int]:

@@ -194,7 +194,7 @@ def choose_likelihood(
     with the labelled questions' gold FAQs added, as a benchmark over it holds them). Questions whose gold FAQs are
     not in the searched index are left out."""
     from medfaq.retriever.pipeline import Pipeline
-    from medfaq.retriever.stages import locate_summarizer
+    from medfaq.retriever.stages.rewrite import locate_summarizer
 
     directory = Path(directory).expanduser()
     started = time.perf_counter()

@@ -83,7 +83,7 @@ def choose_reranker(
     from medfaq.retriever.decisions.abstention import inherit_thresholds
     from medfaq.retriever.model_cache import build_pipeline
     from medfaq.retriever.pipeline import Pipeline
-    from medfaq.retriever.stages import locate_reranker
+    from medfaq.retriever.stages.rerank import locate_reranker
 
     directory = Path(directory).expanduser()
     started = time.perf_counter()
