@@ -25,6 +25,21 @@ CONFINED = {"medfaq.index.onnx": ("medfaq.index.onnx", "medfaq.index.model_files
 both the bi-encoder and the cross-encoder build on it."""
 APART = [("medfaq.retriever.queue", "medfaq.retriever.reranker")]
 """Sibling subpackages neither of which imports the other: the experts' queue and a model family."""
+SEARCH_PATH = (
+    "retriever.pipeline",
+    "retriever.search",
+    "retriever.model_cache",
+    "retriever.pipeline_file",
+    "retriever.stages",
+)
+"""The online path of a question: what `medfaq search`, the server and the demo load to answer one."""
+OFF_THE_SEARCH_PATH = ("app", "eval", "retriever.decisions", "retriever.queue.question_queue", "summarizer.training")
+"""What the search path never reaches, through any chain of imports: the set-up recipe and the commands, the
+evaluation, the per-index decisions, the experts' queue, training (a model family's `training`, `losses`,
+`distill*`, `adapted` modules, and the shared training loop and data)."""
+SEARCH_PATH_MAY_REACH = ("retriever.decisions.encoder_rule", "retriever.training.config")
+"""The encoder rule (`--encoder auto` applies it) and the training config every saved model carries."""
+TRAINING_MODULES = ("training", "losses", "distill", "distill_data", "adapted", "loop", "pair_data", "pair_models")
 NOT_IMPORTED = {"medfaq.app.__main__", "medfaq.app.streamlit_app"}  # scripts: importing them runs them
 
 
@@ -145,6 +160,26 @@ def test_subpackages_keep_to_their_rules():
     )
     assert not confined and not crossing
     assert all(any(_inside(name, package) for name in graph) for package in [*CONFINED, *sum(APART, ())])
+
+
+def test_the_search_path_reaches_no_training_decision_or_set_up():
+    graph = import_graph(module_files())
+    reached: set[str] = set()
+    stack = [name for name in graph if any(_inside(name, f"medfaq.{part}") for part in SEARCH_PATH)]
+    while stack:
+        for target in graph[stack.pop()] - reached:
+            reached.add(target)
+            stack.append(target)
+    allowed = {f"medfaq.{name}" for name in SEARCH_PATH_MAY_REACH}
+    off_path = sorted(
+        name
+        for name in reached - allowed
+        if any(_inside(name, f"medfaq.{part}") for part in OFF_THE_SEARCH_PATH)
+        or name.rpartition(".")[2] in TRAINING_MODULES
+        or ".training." in name
+    )
+    assert not off_path
+    assert "medfaq.retriever.pipeline" in graph and "medfaq.retriever.trained_models" in reached
 
 
 def test_no_module_imports_itself_through_others():
