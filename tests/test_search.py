@@ -1,6 +1,8 @@
 from __future__ import annotations
 
+import json
 import logging
+from dataclasses import asdict
 
 import pytest
 
@@ -9,8 +11,10 @@ from medfaq.common.runtime import MedfaqError
 from medfaq.index.faq_index import FaqIndex
 from medfaq.retriever.model_cache import build_pipeline, register_stage_loader
 from medfaq.retriever.pipeline import Pipeline, PipelineConfig, SearchResponse
-from medfaq.retriever.pipeline_file import read_config, write_config
+from medfaq.retriever.pipeline_file import read_config, store_threshold, write_config
 from medfaq.retriever.search import Retriever, clean_queries, reciprocal_rank_fusion
+from medfaq.retriever.stages import STAGES
+from medfaq.retriever.stages.rerank import RerankSettings
 
 
 @pytest.fixture
@@ -118,6 +122,33 @@ def test_pipeline_config_round_trip_and_validation(tmp_path, index):
     assert applied.rerank_margin == 0.05
     assert applied.rerank_precision == "bf16"
     assert StageFlags().apply(applied) == applied  # flags not given keep the index's settings
+
+
+def test_pipeline_json_is_nested_by_stage_and_a_file_of_the_flat_format_is_read_and_rewritten(tmp_path):
+    path = tmp_path / "pipeline.json"
+    flat = {"mode": "dense", "summarize": True, "query_source": "both", "rerank": True, "rerank_depth": 7}
+    path.write_text(json.dumps({**flat, "threshold": 0.4}), encoding="utf-8")  # the first format, one threshold
+    config = read_config(tmp_path)
+    assert (config.rerank_depth, config.stage("rerank").depth, config.stage("rewrite").on) == (7, 7, True)
+    assert config.thresholds == {"dense+rerank@both": 0.4} and config.threshold is None
+
+    store_threshold(tmp_path, config, 0.5)  # a change writes the file again, in format 2
+    saved = json.loads(path.read_text(encoding="utf-8"))
+    assert saved["format"] == 2 and saved["mode"] == "dense" and "rerank_depth" not in saved
+    assert saved["stages"]["rerank"] == {**asdict(RerankSettings()), "on": True, "depth": 7}
+    assert saved["stages"]["rewrite"]["on"] is True and set(saved["stages"]) == {stage.name for stage in STAGES}
+    assert saved["thresholds"] == {"dense+rerank@both": 0.5}
+    assert read_config(tmp_path) == config.replace(thresholds={"dense+rerank@both": 0.5})
+
+    for wrong, refusal in (
+        ({**saved, "format": 3}, "format 3 is not one this medfaq reads"),
+        ({**saved, "stages": {"rerank": {"deep": 3}}}, "unknown setting.s. of the rerank stage: deep"),
+        ({**saved, "stages": {"rewind": {}}}, "unknown pipeline stage 'rewind'"),
+        ({**saved, "stages": {"rerank": {"depth": 0}}}, "rerank_depth must be a whole number of at least 1"),
+    ):
+        path.write_text(json.dumps(wrong), encoding="utf-8")
+        with pytest.raises(MedfaqError, match=f"pipeline.json is not a valid pipeline config: {refusal}"):
+            read_config(tmp_path)
 
 
 def test_stage_loaders_build_stages_from_config(monkeypatch, index):
