@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import argparse
 
-from medfaq.eval.benchmarks import Benchmark, read_trec_run
+from medfaq.common.ranking import read_trec_run
+from medfaq.eval.benchmarks import Benchmark
 from medfaq.retriever.decisions.stage_choice import sign_test
 
 
