@@ -10,10 +10,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from tests.test_summarization_eval import FakeSummarizer
 from typer.testing import CliRunner
 
 from medfaq.app.cli import app
+from tests.test_summarization_eval import FakeSummarizer
 
 runner = CliRunner()
 REPO = Path(__file__).resolve().parents[1]

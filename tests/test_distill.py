@@ -10,7 +10,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tests.conftest import save_tiny_bert, write_jsonl
 from typer.testing import CliRunner
 
 from medfaq.app.cli import app
@@ -25,6 +24,7 @@ from medfaq.retriever.biencoder.distill_data import (
     teacher_vectors,
 )
 from medfaq.retriever.training.pair_data import normalise, quebec_query_split
+from tests.conftest import save_tiny_bert, write_jsonl
 
 runner = CliRunner()
 TOPICS = ["gout", "asthma", "acne", "eczema", "migraine", "shingles", "measles", "anemia", "lupus", "psoriasis"]

@@ -9,8 +9,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tests.conftest import DEVELOPMENT_QUESTIONS as QUESTIONS
-from tests.conftest import FAQ_ROWS, assert_decision_kept_and_shown
 from typer.testing import CliRunner
 
 from medfaq.app.cli import app
@@ -29,6 +27,8 @@ from medfaq.retriever.decisions.likelihood_choice import (
 from medfaq.retriever.pipeline import Pipeline, PipelineConfig
 from medfaq.retriever.pipeline_file import read_config
 from medfaq.summarizer.likelihood import TokenScores
+from tests.conftest import DEVELOPMENT_QUESTIONS as QUESTIONS
+from tests.conftest import FAQ_ROWS, assert_decision_kept_and_shown
 
 
 class KnowingScorer:

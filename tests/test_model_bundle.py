@@ -13,13 +13,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from tests.conftest import CONSUMER_QUESTIONS, FAQ_ROWS, write_jsonl
 from typer.testing import CliRunner
 
 from medfaq.app.cli import app
 from medfaq.app.setup_plan import RERANKER
 from medfaq.common.runtime import indexes_dir, medfaq_home, models_dir, utc_timestamp
 from medfaq.retriever.trained_models import FAQ_INDEX, MPNET_BIENCODER_MODEL, encoded_by
+from tests.conftest import CONSUMER_QUESTIONS, FAQ_ROWS, write_jsonl
 
 QUESTIONS = [question for question, _ in CONSUMER_QUESTIONS] + ["what is the capital of france"]
 

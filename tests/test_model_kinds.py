@@ -8,11 +8,11 @@ import shutil
 from pathlib import Path
 
 import pytest
-from tests.conftest import FAQ_ROWS, write_jsonl
 from typer.testing import CliRunner
 
 from medfaq.app.cli import app
 from medfaq.common.runtime import MedfaqError
+from tests.conftest import FAQ_ROWS, write_jsonl
 
 runner = CliRunner()
 

@@ -6,8 +6,6 @@ beside the index, and `medfaq setup` retrains the reranker when the index's enco
 from __future__ import annotations
 
 import pytest
-from tests.conftest import DEVELOPMENT_QUESTIONS as QUESTIONS
-from tests.conftest import FAQ_ROWS, assert_decision_kept_and_shown
 from typer.testing import CliRunner
 
 from medfaq.app.cli import app
@@ -17,6 +15,8 @@ from medfaq.retriever.decisions.adaptation import DevQuery
 from medfaq.retriever.decisions.reranker_choice import CHOICE_FILE, choose_reranker, decided_for, read_choice
 from medfaq.retriever.pipeline import RERANK_MARGIN, Pipeline, PipelineConfig
 from medfaq.retriever.pipeline_file import read_config, write_config
+from tests.conftest import DEVELOPMENT_QUESTIONS as QUESTIONS
+from tests.conftest import FAQ_ROWS, assert_decision_kept_and_shown
 
 GOLD_QUESTIONS = {text: next(r["question"] for r in FAQ_ROWS if r["id"] == gold) for text, gold in QUESTIONS}
 

@@ -10,14 +10,14 @@ import urllib.request
 
 import pytest
 from fastapi.testclient import TestClient
-from tests.conftest import FAQ_ROWS
-from tests.servers import free_port, serving
 
 from medfaq.app.server import API_KEY_ENV, NOT_JSON, ServerLimits, create_app
 from medfaq.app.service import SearchService
 from medfaq.eval.load_test import run_load, serial_answers
 from medfaq.index.faq_index import FaqIndex
 from medfaq.index.records import FaqRecord
+from tests.conftest import FAQ_ROWS
+from tests.servers import free_port, serving
 
 QUESTIONS = ["can i drink alcohol on amoxicillin", "what are diabetes symptoms", "is parkinson inherited"]
 

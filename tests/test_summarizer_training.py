@@ -6,8 +6,6 @@ import json
 
 import pytest
 import torch
-from tests.conftest import SUMMARY_PAIRS as PAIRS
-from tests.conftest import tiny_summarizer_config
 
 from medfaq.common.runtime import UNFINISHED_FILE, MedfaqError, resumable_run
 from medfaq.retriever.trained_models import model_ready
@@ -17,6 +15,8 @@ from medfaq.summarizer.training.collator import Collator
 from medfaq.summarizer.training.config import CONFIG_FILE, VARIANTS, preset_config
 from medfaq.summarizer.training.examples import Example, build_examples, epoch_batches
 from medfaq.summarizer.training.trainer import LAST_DIR, SummarizerTrainer, train_summarizer
+from tests.conftest import SUMMARY_PAIRS as PAIRS
+from tests.conftest import tiny_summarizer_config
 
 
 def tiny_config(variant: str, **overrides):
