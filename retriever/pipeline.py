@@ -150,7 +150,7 @@ class PipelineConfig:
             if declared.name != "stages":
                 default = declared.default
                 value = declared.default_factory() if default is dataclasses.MISSING else default
-                object.__setattr__(self, declared.name, value)
+                setattr(self, declared.name, value)
         given = dict(stages or {})
         unknown_stages = sorted(set(given) - {stage.name for stage in STAGES})
         if unknown_stages:
@@ -171,7 +171,7 @@ class PipelineConfig:
                 stage, field_name = nested[name]
                 changes.setdefault(stage, {})[field_name] = value
             else:
-                object.__setattr__(self, name, value)
+                setattr(self, name, value)
         for stage, values in changes.items():
             self.stages[stage] = dataclasses.replace(self.stages[stage], **values)
 
@@ -235,7 +235,9 @@ class PipelineConfig:
     def replace(self, **changes: Any) -> PipelineConfig:
         """A copy with `changes` (by flat name) applied as given (None included); what they change is checked."""
         changed = copy.copy(self)
-        object.__setattr__(changed, "stages", dict(self.stages))
+        for name, value in vars(self).items():  # no dict of settings shared with this config
+            if isinstance(value, dict):
+                setattr(changed, name, dict(value))
         changed._set(changes)
         declarations = pipeline_settings()
         changed._check({name: declarations[name] for name in changes})

@@ -146,7 +146,7 @@ def test_searches_run_concurrently_on_every_encoder_backend(tmp_path, exported_d
     index.open_encoder(backend)
     pipeline = build_pipeline(index, PipelineConfig(entities=False, log_unanswered=False, top_k=4))
     assert index.searches_concurrently(dense=True)
-    assert pipeline._timed("retrieve", {}).lock is None
+    assert pipeline.timed("retrieve", {}).lock is None
     questions = [record.question for record in faq_records] * 8
 
     def ranking(question: str) -> list[tuple[str, float]]:

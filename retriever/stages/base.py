@@ -104,7 +104,8 @@ class Stage:
     setting naming its model. `optional`: the stage runs only where its object was given (it decorates answers);
     otherwise a config that turns it on without its object is an error. `before_retrieval`: it reads the questions
     (rewrite, entities); else it acts on the hits. `rescores`: its ranking of the top :meth:`depth` hits joins the
-    reranking RRF (:meth:`scores`, :meth:`weight`). `demo`: its switch in the demo, if it has one."""
+    reranking RRF (:meth:`scores`, :meth:`weight`); `scores_top_when_sure`: where that RRF is gated off, it still
+    scores the top hit (the confidence). `demo`: its switch in the demo, if it has one."""
 
     name: ClassVar[str]
     settings: ClassVar[type]
