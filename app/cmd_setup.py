@@ -16,7 +16,7 @@ import typer
 from medfaq.app.setup_plan import MODEL_STEPS, left_out, step_of
 from medfaq.app.setup_state import REPO_ROOT, DemoSettings, SetupStep, default_steps
 from medfaq.common.runtime import MedfaqError
-from medfaq.retriever.trained_models import ModelNotTrained
+from medfaq.retriever.trained_models import SET_UP_MODELS, ModelNotTrained
 
 
 def plan_lines(steps: list[SetupStep], fast: bool = False, everything: bool = False) -> list[str]:
@@ -55,6 +55,12 @@ def setup(
         help="Also train every model the default pipeline leaves off (the fine-tuned MiniLM, summarizers, reranker, "
         "question writer, rank models) up front, instead of on first need.",
     ),
+    models: list[str] | None = typer.Option(
+        None,
+        "--model",
+        help="Train only this set-up model (and the models it starts from), e.g. reranker-correction-quick; "
+        "repeatable. The names: " + ", ".join(SET_UP_MODELS) + ".",
+    ),
     dry_run: bool = typer.Option(False, "--dry-run", help="List the steps and their times; run nothing."),
     source: Path | None = typer.Option(
         None,
@@ -70,6 +76,13 @@ def setup(
         from medfaq.app.cmd_models import import_file
 
         import_file(source, force=False, dry_run=dry_run)
+        return
+    if models:
+        steps = steps_training(models)
+        for line in plan_lines(steps, fast, everything=True):
+            typer.echo(line)
+        if not dry_run:
+            run_steps(steps)
         return
     steps = default_steps(DemoSettings.from_env(fast=fast, everything=everything))
     # the plan is the command's output (`medfaq setup --dry-run > plan.txt`)
@@ -102,10 +115,12 @@ def run_steps(pending: list[SetupStep]) -> None:
         typer.echo("set-up complete", err=True)
 
 
-def train_on_first_need(missing: ModelNotTrained, yes: bool) -> None:
-    """Train the set-up model a command found missing (and the models it starts from), after saying what that
-    trains and how long it takes: at once with `yes`, else after a yes at a terminal; elsewhere it is the one-line
-    error, naming ``--yes`` and the time."""
+def steps_training(models: list[str]) -> list[SetupStep]:
+    """The pending set-up steps that train the set-up `models` (by name) and the models they start from, in the
+    order the set-up runs them; a name that is no set-up model is a one-line error."""
+    unknown = [name for name in models if step_of(name) is None]
+    if unknown:
+        raise MedfaqError(f"no set-up model {unknown[0]!r}; choose among {', '.join(SET_UP_MODELS)}")
     steps = {step.key: step for step in default_steps(DemoSettings.from_env(everything=True))}
     wanted: list[SetupStep] = []
 
@@ -116,15 +131,23 @@ def train_on_first_need(missing: ModelNotTrained, yes: bool) -> None:
         if steps[key].status == "pending" and steps[key] not in wanted:
             wanted.append(steps[key])
 
-    plan = step_of(missing.model)
-    if plan is None:
+    for name in models:
+        add(step_of(name).key)
+    return wanted
+
+
+def train_on_first_need(missing: ModelNotTrained, yes: bool) -> None:
+    """Train the set-up model a command found missing (and the models it starts from), after saying what that
+    trains and how long it takes: at once with `yes`, else after a yes at a terminal; elsewhere it is the one-line
+    error, naming ``--yes`` and the time."""
+    if step_of(missing.model) is None:
         raise missing
-    add(plan.key)
+    wanted = steps_training([missing.model])
     if not wanted:
         raise missing
     minutes = sum(step.minutes for step in wanted)
     if not yes and not sys.stdin.isatty():
-        raise MedfaqError(f"{missing}, or `{plan.shown()}`; training it takes about {minutes:g} min") from missing
+        raise MedfaqError(f"{missing}; training it takes about {minutes:g} min") from missing
     titles = "; ".join(step.title for step in wanted)
     typer.echo(f"{missing.model} is not trained yet: {titles} (about {minutes:g} min)", err=True)
     if not yes and not typer.confirm("Train it now?", err=True):

@@ -128,8 +128,8 @@ class ModelNotTrained(MedfaqError):
     def __init__(self, model: str, kind: str) -> None:
         self.model = model
         super().__init__(
-            f"no {kind} model {model!r} is trained yet: run the command again as `medfaq --yes ...` to train it "
-            "now, or `medfaq setup --all`"
+            f"no {kind} model {model!r} is trained yet: `medfaq setup --model {model}` trains it, or run the command "
+            "again as `medfaq --yes ...` (`medfaq setup --all` trains every model)"
         )
 
 

@@ -265,7 +265,7 @@ def test_a_failed_adaptation_says_why_and_the_index_goes_on_serving(service):
     client = client_for(service, allow_writes=True)
     assert client.post("/index/adapt", json={"questions": 1}).status_code == 202
     failed = service.adaptation.wait(60)
-    assert failed["state"] == "failed" and "medfaq train question-writer" in failed["error"]
+    assert failed["state"] == "failed" and "medfaq setup --model question-writer" in failed["error"]
     assert client.post("/search", json={"question": QUESTIONS[0]}).status_code == 200
 
 

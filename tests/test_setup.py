@@ -208,3 +208,15 @@ def test_each_step_says_the_time_left_in_the_whole_set_up(monkeypatch, capsys):
     shown = capsys.readouterr().err
     assert "(1/2) First (about 5 min; 57 min left in all)" in shown
     assert "(2/2) Second (about 52 min; 52 min left in all)" in shown
+
+
+def test_setup_model_trains_one_set_up_model_and_what_it_starts_from():
+    planned = CliRunner().invoke(app, ["setup", "--model", "reranker-correction-quick", "--dry-run"])
+    assert planned.exit_code == 0, planned.output
+    steps = [line for line in planned.output.splitlines() if line.startswith("[")]
+    assert [line.split("]")[0] for line in steps] == ["[1/2", "[2/2"]
+    assert "MiniLM bi-encoder" in steps[0] and "FAQ reranker" in steps[1]
+    assert "train crossencoder" in planned.output and "2 step(s) to run" in planned.output
+    unknown = CliRunner().invoke(app, ["setup", "--model", "bert", "--dry-run"])
+    assert unknown.exit_code == 2 and "no set-up model 'bert'; choose among" in unknown.output
+    assert len(unknown.output.strip().splitlines()) == 1
