@@ -474,78 +474,82 @@ def access_rules(allow_writes: bool, allow_public_queue: bool, allow_public_writ
     ]
 
 
-def create_app(
-    service: SearchService,
-    allow_writes: bool = False,
-    limits: ServerLimits | None = None,
-    allow_public_queue: bool = False,
-    allow_public_writes: bool = False,
-) -> FastAPI:
-    limits = limits or ServerLimits()
-    app = FastAPI(title="medfaq", description="Medical FAQ retrieval for consumer health questions.")
-    app.router.route_class = Utf8Route
-    app.add_middleware(BodyLimit, max_bytes=limits.max_body_bytes)
-    threads = anyio.CapacityLimiter(limits.workers)
-    # single questions wait in the service's batcher: threads for one batch running and the next one filling
-    batched = anyio.CapacityLimiter(2 * service.batching.max_size)
+@dataclass(frozen=True)
+class Access:
+    """Who may call what: with an API key set, its holders; else loopback clients, unless the server was started to
+    open the queue's reads or the writes to everyone. Its methods are the endpoints' FastAPI dependencies."""
 
-    async def run_in_threadpool(function, *args, limiter: anyio.CapacityLimiter = threads):
-        return await anyio.to_thread.run_sync(partial(function, *args), limiter=limiter)
+    allow_writes: bool = False
+    allow_public_queue: bool = False
+    allow_public_writes: bool = False
+
+    def require_key(self, x_api_key: str | None = Header(None)) -> None:
+        expected = os.environ.get(API_KEY_ENV)
+        if expected and x_api_key != expected:
+            raise HTTPException(401, f"this endpoint needs the API key ({API_KEY_ENV}) in the X-API-Key header")
+
+    def private(self, request: Request, x_api_key: str | None, public: bool, refusal: str) -> None:
+        """The key when one is set; else a loopback client, unless `public`."""
+        if os.environ.get(API_KEY_ENV):
+            self.require_key(x_api_key)
+        elif not public and not is_loopback(request.client.host if request.client else None):
+            raise HTTPException(403, refusal)
+
+    def may_read_queue(self, request: Request, x_api_key: str | None = Header(None)) -> None:
+        self.private(
+            request,
+            x_api_key,
+            self.allow_public_queue,
+            "the experts' queue holds consumers' questions: it is served to loopback clients only "
+            f"(set {API_KEY_ENV}, or start the server with --allow-public-queue)",
+        )
+
+    def may_write(self, request: Request, x_api_key: str | None = Header(None)) -> None:
+        if not self.allow_writes:
+            raise HTTPException(403, "the index is read-only: start the server with --allow-writes")
+        self.private(
+            request,
+            x_api_key,
+            self.allow_public_writes,
+            "changes to the index and the experts' queue are accepted from loopback clients only "
+            f"(set {API_KEY_ENV}, or start the server with --allow-public-writes)",
+        )
+
+
+class Workers:
+    """The threads the endpoints run the service's work in: `limits.workers` of them, and for single questions, which
+    wait in the service's batcher, room for one batch running and the next one filling."""
+
+    def __init__(self, service: SearchService, limits: ServerLimits) -> None:
+        self.threads = anyio.CapacityLimiter(limits.workers)
+        self.batched = anyio.CapacityLimiter(2 * service.batching.max_size)
+
+    async def run(self, function: Any, *args: Any, limiter: anyio.CapacityLimiter | None = None) -> Any:
+        return await anyio.to_thread.run_sync(partial(function, *args), limiter=limiter or self.threads)
+
+
+def add_error_handlers(app: FastAPI) -> None:
+    """Every refusal is one line of JSON: a bad request 422, a user error 400, a running adaptation 409, an unknown
+    FAQ or group 404, an index or service that cannot answer 503."""
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(_request: Request, error: RequestValidationError) -> JSONResponse:
         return JSONResponse({"detail": _one_line(error)}, status_code=422)
 
-    @app.exception_handler(MedfaqError)
-    async def user_error(_request: Request, error: MedfaqError) -> JSONResponse:
-        return JSONResponse({"detail": str(error)}, status_code=400)
+    for error_type, status in ((MedfaqError, 400), (AdaptationRunning, 409), (NotFound, 404)):
+        app.add_exception_handler(error_type, partial(_detail, status=status))
+    for error_type in (ServiceUnavailable, IndexCorrupt):
+        app.add_exception_handler(error_type, partial(_detail, status=503))
 
-    @app.exception_handler(AdaptationRunning)
-    async def conflict(_request: Request, error: AdaptationRunning) -> JSONResponse:
-        return JSONResponse({"detail": str(error)}, status_code=409)
 
-    @app.exception_handler(NotFound)
-    async def not_found(_request: Request, error: NotFound) -> JSONResponse:
-        return JSONResponse({"detail": str(error)}, status_code=404)
+async def _detail(_request: Request, error: Exception, status: int) -> JSONResponse:
+    return JSONResponse({"detail": str(error)}, status_code=status)
 
-    @app.exception_handler(ServiceUnavailable)
-    @app.exception_handler(IndexCorrupt)
-    async def server_fault(_request: Request, error: MedfaqError) -> JSONResponse:
-        return JSONResponse({"detail": str(error)}, status_code=503)
 
-    def require_key(x_api_key: str | None = Header(None)) -> None:
-        expected = os.environ.get(API_KEY_ENV)
-        if expected and x_api_key != expected:
-            raise HTTPException(401, f"this endpoint needs the API key ({API_KEY_ENV}) in the X-API-Key header")
-
-    def private(request: Request, x_api_key: str | None, public: bool, refusal: str) -> None:
-        """The key when one is set; else a loopback client, unless `public`."""
-        if os.environ.get(API_KEY_ENV):
-            require_key(x_api_key)
-        elif not public and not is_loopback(request.client.host if request.client else None):
-            raise HTTPException(403, refusal)
-
-    def may_read_queue(request: Request, x_api_key: str | None = Header(None)) -> None:
-        private(
-            request,
-            x_api_key,
-            allow_public_queue,
-            "the experts' queue holds consumers' questions: it is served to loopback clients only "
-            f"(set {API_KEY_ENV}, or start the server with --allow-public-queue)",
-        )
-
-    def may_write(request: Request, x_api_key: str | None = Header(None)) -> None:
-        if not allow_writes:
-            raise HTTPException(403, "the index is read-only: start the server with --allow-writes")
-        private(
-            request,
-            x_api_key,
-            allow_public_writes,
-            "changes to the index and the experts' queue are accepted from loopback clients only "
-            f"(set {API_KEY_ENV}, or start the server with --allow-public-writes)",
-        )
-
-    WRITE = [Depends(may_write)]
+def add_search_routes(
+    app: FastAPI, service: SearchService, limits: ServerLimits, workers: Workers, access: Access
+) -> None:
+    """Searching, the "Was this helpful?" feedback, and the service's health."""
 
     @app.post("/search", response_model=SearchOut | BatchOut, responses=errors(400, 413, 422, 503))
     async def search(body: SearchRequest, x_api_key: str | None = Header(None)):
@@ -556,71 +560,82 @@ def create_app(
         expected = os.environ.get(API_KEY_ENV)
         if body.sets_queue_settings() and not (expected and x_api_key == expected):
             overrides["log_unanswered"] = False  # its own threshold may not fill the experts' queue
-        limiter = batched if len(questions) == 1 else threads
-        results = await run_in_threadpool(service.search, questions, overrides, limiter=limiter)
+        limiter = workers.batched if len(questions) == 1 else workers.threads
+        results = await workers.run(service.search, questions, overrides, limiter=limiter)
         return results[0] if body.question is not None else {"results": results}
 
     @app.post(
         "/feedback",
         status_code=201,
-        dependencies=[Depends(require_key)],
+        dependencies=[Depends(access.require_key)],
         response_model=FeedbackOut,
         responses=errors(400, 401, 404, 413, 422, 503),
     )
     async def feedback(body: FeedbackRequest):
-        row = await run_in_threadpool(service.add_feedback, body.question, body.faq_id, body.helpful, body.comment)
+        row = await workers.run(service.add_feedback, body.question, body.faq_id, body.helpful, body.comment)
         return {"id": row}
-
-    @app.get("/unanswered", dependencies=[Depends(may_read_queue)], response_model=QueueOut, responses=errors(401, 403))
-    async def unanswered():
-        return {"questions": await run_in_threadpool(service.unanswered)}
-
-    @app.get(
-        "/queue", dependencies=[Depends(may_read_queue)], response_model=GroupsOut, responses=errors(400, 401, 403)
-    )
-    async def queue(status: Literal["waiting", "linked", "answered", "all"] = "waiting"):
-        groups = await run_in_threadpool(service.queue_groups, None if status == "all" else status)
-        return {"groups": groups}
-
-    QUEUE_WRITE = dict(dependencies=WRITE, response_model=GroupOut, responses=errors(400, 401, 403, 404, 413, 422))
-
-    @app.post("/queue/{group_id}/link", **QUEUE_WRITE)
-    async def link(group_id: GroupId, body: LinkRequest):
-        return await run_in_threadpool(partial(service.resolve_group, "link", group_id, **body.model_dump()))
-
-    @app.post("/queue/{group_id}/answer", **QUEUE_WRITE)
-    async def answer(group_id: GroupId, body: AnswerRequest):
-        return await run_in_threadpool(partial(service.resolve_group, "answer", group_id, **body.model_dump()))
-
-    @app.post("/queue/{group_id}/split", **QUEUE_WRITE)
-    async def split(group_id: GroupId, body: SplitRequest):
-        return await run_in_threadpool(partial(service.resolve_group, "split", group_id, **body.model_dump()))
-
-    @app.post("/queue/{group_id}/undo", **QUEUE_WRITE)
-    async def undo(group_id: GroupId):
-        return await run_in_threadpool(service.resolve_group, "undo", group_id)
-
-    @app.post("/queue/merge", **QUEUE_WRITE)
-    async def merge(body: MergeRequest):
-        return await run_in_threadpool(service.merge_groups, body.group_ids)
 
     @app.get("/health", response_model=ServiceStatus)
     async def health():
-        return await run_in_threadpool(service.status)
+        return await workers.run(service.status)
 
-    @app.post("/index/add", dependencies=WRITE, response_model=AddOut, responses=errors(400, 401, 403, 413, 422))
+
+def add_queue_routes(app: FastAPI, service: SearchService, workers: Workers, access: Access) -> None:
+    """The experts' queue: the unanswered questions, their groups, and an expert's link, answer, split, undo and
+    merge."""
+    reads = [Depends(access.may_read_queue)]
+
+    @app.get("/unanswered", dependencies=reads, response_model=QueueOut, responses=errors(401, 403))
+    async def unanswered():
+        return {"questions": await workers.run(service.unanswered)}
+
+    @app.get("/queue", dependencies=reads, response_model=GroupsOut, responses=errors(400, 401, 403))
+    async def queue(status: Literal["waiting", "linked", "answered", "all"] = "waiting"):
+        return {"groups": await workers.run(service.queue_groups, None if status == "all" else status)}
+
+    write = dict(
+        dependencies=[Depends(access.may_write)],
+        response_model=GroupOut,
+        responses=errors(400, 401, 403, 404, 413, 422),
+    )
+
+    @app.post("/queue/{group_id}/link", **write)
+    async def link(group_id: GroupId, body: LinkRequest):
+        return await workers.run(partial(service.resolve_group, "link", group_id, **body.model_dump()))
+
+    @app.post("/queue/{group_id}/answer", **write)
+    async def answer(group_id: GroupId, body: AnswerRequest):
+        return await workers.run(partial(service.resolve_group, "answer", group_id, **body.model_dump()))
+
+    @app.post("/queue/{group_id}/split", **write)
+    async def split(group_id: GroupId, body: SplitRequest):
+        return await workers.run(partial(service.resolve_group, "split", group_id, **body.model_dump()))
+
+    @app.post("/queue/{group_id}/undo", **write)
+    async def undo(group_id: GroupId):
+        return await workers.run(service.resolve_group, "undo", group_id)
+
+    @app.post("/queue/merge", **write)
+    async def merge(body: MergeRequest):
+        return await workers.run(service.merge_groups, body.group_ids)
+
+
+def add_index_routes(app: FastAPI, service: SearchService, workers: Workers, access: Access) -> None:
+    """Changes to the served index: FAQs added and deleted, its adaptation started, undone and followed."""
+    write = [Depends(access.may_write)]
+
+    @app.post("/index/add", dependencies=write, response_model=AddOut, responses=errors(400, 401, 403, 413, 422))
     async def add(body: AddRequest):
-        records = [faq.record() for faq in body.faqs]
-        return {"added": await run_in_threadpool(service.add_faqs, records)}
+        return {"added": await workers.run(service.add_faqs, [faq.record() for faq in body.faqs])}
 
-    @app.post("/index/delete", dependencies=WRITE, response_model=DeleteOut, responses=errors(400, 401, 403, 413, 422))
+    @app.post("/index/delete", dependencies=write, response_model=DeleteOut, responses=errors(400, 401, 403, 413, 422))
     async def delete(body: DeleteRequest):
-        return {"removed": await run_in_threadpool(service.delete_faqs, body.ids)}
+        return {"removed": await workers.run(service.delete_faqs, body.ids)}
 
     @app.post(
         "/index/adapt",
         status_code=202,
-        dependencies=WRITE,
+        dependencies=write,
         response_model=AdaptOut,
         responses=errors(400, 401, 403, 409, 422),
     )
@@ -632,4 +647,24 @@ def create_app(
     async def adaptation_status():
         return service.adaptation.status()
 
+
+def create_app(
+    service: SearchService,
+    allow_writes: bool = False,
+    limits: ServerLimits | None = None,
+    allow_public_queue: bool = False,
+    allow_public_writes: bool = False,
+) -> FastAPI:
+    """The HTTP API over one served index: its searches, the experts' queue and the index's changes, each group of
+    endpoints added by its own function."""
+    limits = limits or ServerLimits()
+    app = FastAPI(title="medfaq", description="Medical FAQ retrieval for consumer health questions.")
+    app.router.route_class = Utf8Route
+    app.add_middleware(BodyLimit, max_bytes=limits.max_body_bytes)
+    add_error_handlers(app)
+    access = Access(allow_writes, allow_public_queue, allow_public_writes)
+    workers = Workers(service, limits)
+    add_search_routes(app, service, limits, workers, access)
+    add_queue_routes(app, service, workers, access)
+    add_index_routes(app, service, workers, access)
     return app

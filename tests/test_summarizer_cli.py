@@ -67,7 +67,7 @@ def test_cli_errors_are_one_line(tmp_path):
     one_line_error(medfaq("train", "summarizer", "--resume", "--out", tmp_path / "x"), "nothing to resume")
     one_line_error(medfaq("summarize", "--model", tmp_path), "give either a question or --input")
     one_line_error(medfaq("summarize", "--model", tmp_path, "hello"), "not a trained summarizer")
-    nothing_set_up = "is trained yet: run the command again as `medfaq --yes"
+    nothing_set_up = "is trained yet: `medfaq setup --model summarizer-ecl-quick` trains it"
     one_line_error(medfaq("summarize", "hello"), nothing_set_up)
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"id": 1}\n')
