@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from medfaq.app.config_options import takes_config_options
-from medfaq.app.options import DEVICE, NO_OVERRIDES, positive, takes_training_overrides
+from medfaq.app.options import DEVICE, NO_OVERRIDES, takes_training_overrides
 from medfaq.common.runtime import UNFINISHED_FILE, MedfaqError, check_out_dir, resolve_model
 from medfaq.retriever.biencoder.student_config import StudentTrainConfig
 from medfaq.summarizer.training.config import SummarizerTrainConfig
@@ -361,51 +361,14 @@ def calibrate(
             typer.echo(f"warning: {directory} left as it was ({why})", err=True)
 
 
+@takes_config_options(StudentTrainConfig, "settings", with_defaults=True)
 def train_student(
     out: Path = typer.Option(
         ...,
         "--out",
         help="Directory to save the student and its train_config.json (the teacher's vectors: OUT.teacher)",
     ),
-    teacher: str = typer.Option(
-        StudentTrainConfig.teacher, "--teacher", help="The encoder the student learns: mpnet, a directory or a name."
-    ),
-    init: str = typer.Option(
-        StudentTrainConfig.init, "--init", help="The student's starting weights: minilm, a directory or a name."
-    ),
-    teacher_backend: str = typer.Option(
-        StudentTrainConfig.teacher_backend,
-        "--teacher-backend",
-        help="What encodes the teacher's vectors (once): auto (torch on a GPU; on the CPU bf16 weights where the CPU "
-        "measures bf16 fast, else ONNX int8 where its check passed, else ONNX fp32) | torch | torch-bf16 | onnx | "
-        "onnx-int8.",
-    ),
-    teacher_space: str = typer.Option(
-        StudentTrainConfig.teacher_space,
-        "--teacher-space",
-        help="aligned: the teacher reduced to the student's width and rotated onto its space (no layer added) | "
-        "projection: a Dense layer to the teacher's width.",
-    ),
-    epochs: int = typer.Option(StudentTrainConfig.epochs, "--epochs", min=1),
-    batch_size: int = typer.Option(StudentTrainConfig.batch_size, "--batch-size", min=1),
-    lr: float = typer.Option(StudentTrainConfig.lr, "--lr", callback=positive, help="Learning rate."),
-    max_length: int = typer.Option(
-        StudentTrainConfig.max_length,
-        "--max-length",
-        min=8,
-        help="Tokens read in training (the student keeps its own limit)",
-    ),
-    max_texts: int | None = typer.Option(
-        None, "--max-texts", min=2, help="Distil on a seeded sample of at most N texts (quick runs)."
-    ),
-    dev_fraction: float = typer.Option(
-        StudentTrainConfig.dev_fraction,
-        "--dev-fraction",
-        min=0.0,
-        max=0.5,
-        help="Texts held out: the student's MSE and mean cosine to the teacher on them, before and after training.",
-    ),
-    seed: int = typer.Option(StudentTrainConfig.seed, "--seed"),
+    settings: Mapping[str, Any] = NO_OVERRIDES,
     data_root: Path | None = typer.Option(None, "--data-root", help="Read data laid out like ../shared/data."),
     device: str | None = DEVICE,
     force: bool = typer.Option(False, "--force", help="Overwrite a non-empty --out directory."),
@@ -427,19 +390,7 @@ def train_student(
     )
     from medfaq.retriever.training.pair_models import save_trained
 
-    config = StudentTrainConfig(
-        teacher=teacher,
-        init=init,
-        teacher_backend=teacher_backend,
-        teacher_space=teacher_space,
-        epochs=epochs,
-        batch_size=batch_size,
-        lr=lr,
-        max_length=max_length,
-        max_texts=max_texts,
-        dev_fraction=dev_fraction,
-        seed=seed,
-    )
+    config = StudentTrainConfig(**settings)
     check_out_dir(out, force)
     for name in (config.init, config.teacher):  # a wrong model, or one of another kind, fails before the data is read
         check_model_directory(resolve_model(name), name)

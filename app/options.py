@@ -222,23 +222,33 @@ def takes_training_overrides() -> Callable[[Command], Command]:
     return takes_group(TRAINING_OVERRIDES, "overrides", lambda **values: keywords(TRAINING_OVERRIDES, values))
 
 
-def stage_flag(declared: Declared) -> SharedOption:
-    """The option of a pipeline setting that declares a flag (None: not given), built from its declaration:
-    named as the field (a bool is ``--x/--no-x``), its aliases hidden; a value the declaration refuses is a one-line
-    usage error."""
+def checked_by(declared: Declared) -> Callable[[Any], Any]:
+    """Option callback: a value `declared` refuses is a one-line usage error; None (not given) passes."""
 
     def checked(value: Any) -> Any:
-        if value is None:  # not given
-            return None
-        try:
-            check_setting(declared, value)
-        except MedfaqError as error:
-            raise typer.BadParameter(str(error)) from None
+        if value is not None:
+            try:
+                check_setting(declared, value)
+            except MedfaqError as error:
+                raise typer.BadParameter(str(error)) from None
         return value
 
+    return checked
+
+
+def declared_option(declared: Declared, *, with_default: bool = False) -> SharedOption:
+    """The option of a declared setting that declares a flag (a stage flag, a config field's option): spelled as
+    declared (a bool's ``--x/--no-x`` unless the declaration spells both switches), its help with its limits, its
+    aliases hidden; its default is None (not given), or with `with_default` the declared default, shown in the help
+    (then it has no aliases: a default would hide them)."""
+    if with_default and declared.setting.aliases:
+        raise ValueError(f"{declared.name}: an option with aliases defaults to None (not given)")
     flag = declared.flag
-    switch = f"{flag}/--no-{flag.removeprefix('--')}" if declared.kind is bool else flag
-    option = typer.Option(None, switch, callback=checked, help=declared.describe())
+    if declared.kind is bool and "/" not in flag:
+        flag = f"{flag}/--no-{flag.removeprefix('--')}"
+    checked = checked_by(declared)
+    default = declared.default if with_default else None
+    option = typer.Option(default, flag, callback=checked, help=declared.describe())
     aliases = tuple(typer.Option(None, alias, callback=checked, hidden=True) for alias in declared.setting.aliases)
     return SharedOption(declared.kind | None, option, aliases)
 
@@ -248,7 +258,7 @@ def stage_flag(declared: Declared) -> SharedOption:
 # flat names; a command takes them with @takes_stage_flags() where its `flags` parameter stands, as the
 # `PipelineConfig.with_flags` keywords they are.
 STAGE_FLAGS: dict[str, SharedOption] = {
-    name: stage_flag(declared) for name, declared in pipeline_settings().items() if declared.flag
+    name: declared_option(declared) for name, declared in pipeline_settings().items() if declared.flag
 }
 
 

@@ -255,7 +255,7 @@ def test_too_few_texts_for_the_aligned_space_fail_before_the_teacher_encodes(
     [
         (("--dev-fraction", "0.9"), "Invalid value for '--dev-fraction'"),
         (("--max-texts", "1"), "Invalid value for '--max-texts'"),
-        (("--lr", "0"), "0.0 is not above 0"),
+        (("--lr", "0"), "lr must be a finite number above 0"),
         (("--teacher-backend", "gpu"), "unknown teacher backend 'gpu'"),
         (("--teacher-space", "pca"), "unknown teacher space 'pca'"),
         (("--init", "/nonexistent/student"), "/nonexistent/student"),

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from medfaq.common.runtime import ENCODER_BACKENDS, MedfaqError
+from medfaq.common.settings import check_setting, declared_settings, setting
 from medfaq.retriever.training.config import DISTILL_TASK, EncoderTrainConfig
 
 TEACHER_SPACES = ("aligned", "projection")
@@ -20,15 +21,39 @@ class StudentTrainConfig(EncoderTrainConfig):
     model_type: str = "biencoder"
     task: str = DISTILL_TASK
     loss: str = "mse"
-    epochs: int = 1
-    batch_size: int = 64
-    lr: float = 1e-4
-    max_length: int | None = 128  # tokens read in training; the saved student reads as far as `init` did
-    dev_fraction: float = 0.05
-    teacher: str = "mpnet"
-    teacher_backend: str = "auto"  # auto: torch on a GPU; on the CPU the int8 graph where its check passed, else fp32
-    max_texts: int | None = None
-    teacher_space: str = "aligned"  # aligned | projection (retriever/biencoder/distill.py)
+    init: str = setting("minilm", help="The student's starting weights: minilm, a directory or a name.", flag=True)
+    seed: int = setting(0, help="Random seed.", flag=True)
+    epochs: int = setting(1, help="Epochs over the training texts.", flag=True, ge=1)
+    batch_size: int = setting(64, help="Texts per batch.", flag=True, ge=1)
+    lr: float = setting(1e-4, help="Learning rate.", flag=True, gt=0)
+    max_length: int | None = setting(  # the saved student reads as far as `init` did
+        128, help="Tokens read in training (the student keeps its own limit).", flag=True, ge=8
+    )
+    dev_fraction: float = setting(
+        0.05,
+        help="Texts held out: the student's MSE and mean cosine to the teacher on them, before and after training.",
+        flag=True,
+        ge=0,
+        le=0.5,
+    )
+    teacher: str = setting("mpnet", help="The encoder the student learns: mpnet, a directory or a name.", flag=True)
+    teacher_backend: str = setting(
+        "auto",
+        help="What encodes the teacher's vectors (once); auto: torch on a GPU, on the CPU bf16 weights where the CPU "
+        "measures bf16 fast, else ONNX int8 where its check passed, else ONNX fp32.",
+        flag=True,
+        choices=ENCODER_BACKENDS,
+    )
+    max_texts: int | None = setting(
+        None, help="Distil on a seeded sample of at most N texts (quick runs).", flag=True, ge=2
+    )
+    teacher_space: str = setting(  # retriever/biencoder/distill.py
+        "aligned",
+        help="aligned: the teacher reduced to the student's width and rotated onto its space (no layer added); "
+        "projection: a Dense layer to the teacher's width.",
+        flag=True,
+        choices=TEACHER_SPACES,
+    )
     teacher_fingerprint: str = ""  # filled in by training, as everything below
     projection: list[int] = field(default_factory=list)  # [student dim, teacher dim] of the Dense layer added, if any
     teacher_variance_kept: float | None = None  # aligned: the share of the teacher's squared singular values kept
@@ -42,13 +67,5 @@ class StudentTrainConfig(EncoderTrainConfig):
         super().__post_init__()
         if self.task != DISTILL_TASK or self.model_type != "biencoder":
             raise MedfaqError("a student is a bi-encoder of task distill")
-        if self.teacher_backend not in ENCODER_BACKENDS:
-            raise MedfaqError(
-                f"unknown teacher backend {self.teacher_backend!r}; choose one of {', '.join(ENCODER_BACKENDS)}"
-            )
-        if self.teacher_space not in TEACHER_SPACES:
-            raise MedfaqError(
-                f"unknown teacher space {self.teacher_space!r}; choose one of {', '.join(TEACHER_SPACES)}"
-            )
-        if self.max_texts is not None and self.max_texts < 2:
-            raise MedfaqError("--max-texts must be at least 2")
+        for declared in declared_settings(StudentTrainConfig).values():
+            check_setting(declared, getattr(self, declared.name))
