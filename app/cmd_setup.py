@@ -14,6 +14,7 @@ from pathlib import Path
 import typer
 
 from medfaq.app.setup_plan import MODEL_STEPS, left_out, step_of
+from medfaq.app.setup_speed import speed_here
 from medfaq.app.setup_state import REPO_ROOT, DemoSettings, SetupStep, default_steps
 from medfaq.common.runtime import MedfaqError
 from medfaq.retriever.trained_models import SET_UP_MODELS, ModelNotTrained
@@ -30,8 +31,11 @@ def plan_lines(steps: list[SetupStep], fast: bool = False, everything: bool = Fa
             lines.append(f"[{number}/{len(steps)}] {step.title}: {step.detail}")
     pending = [step for step in steps if step.status == "pending"]
     total = sum(step.minutes for step in pending)
+    speed = speed_here()
     lines.append(
-        f"{len(pending)} step(s) to run, about {total:g} min on 2 CPU cores (measured beside other jobs)"
+        f"{len(pending)} step(s) to run, about {total:g} min here (the times measured on the reference machine, "
+        f"training x{speed.factor('train'):.2f} and encoding x{speed.factor('encode'):.2f} as this machine timed "
+        "them)"
         if pending
         else "everything is ready"
     )
@@ -84,7 +88,7 @@ def setup(
         if not dry_run:
             run_steps(steps)
         return
-    steps = default_steps(DemoSettings.from_env(fast=fast, everything=everything))
+    steps = default_steps(DemoSettings.from_env(fast=fast, everything=everything), speed_here())
     # the plan is the command's output (`medfaq setup --dry-run > plan.txt`)
     for line in plan_lines(steps, fast, everything):
         typer.echo(line)
@@ -121,7 +125,7 @@ def steps_training(models: list[str]) -> list[SetupStep]:
     unknown = [name for name in models if step_of(name) is None]
     if unknown:
         raise MedfaqError(f"no set-up model {unknown[0]!r}; choose among {', '.join(SET_UP_MODELS)}")
-    steps = {step.key: step for step in default_steps(DemoSettings.from_env(everything=True))}
+    steps = {step.key: step for step in default_steps(DemoSettings.from_env(everything=True), speed_here())}
     wanted: list[SetupStep] = []
 
     def add(key: str) -> None:

@@ -46,6 +46,7 @@ class ModelStep:
     slow: bool = False  # left out by ``medfaq setup --fast``
     seeds: tuple[int, ...] = ()  # the commands holding ``{seed}`` run once per seed, each into its `outputs` entry
     needs: tuple[str, ...] = ()  # the keys of the steps whose models its commands start from
+    kind: str = "train"  # the kind of work its minutes scale with on another machine (app.setup_speed)
 
     def outputs(self, out: Path | None = None) -> list[Path]:
         """The model directories the step fills: `out` (default: its name under the models directory), and with
@@ -238,23 +239,15 @@ SUMMARIZER_RANK = ModelStep(
 @dataclass(frozen=True)
 class IndexBuild:
     """How the set-up encodes the MedQuAD index (`FAQ_INDEX`) with one retrieval encoder: with which `synonyms`
-    (chosen on medquad-chq's development part, docs/results.md) and in how many measured `minutes` on ONNX Runtime,
-    `bf16_minutes` where `auto` runs the encoder in bf16 (None: not measured, `minutes` stands)."""
+    (chosen on medquad-chq's development part, docs/results.md) and in how many measured `minutes` (on the runtime
+    `auto` picks on the machine the steps were timed on, app.setup_speed.REFERENCE)."""
 
     synonyms: str
     minutes: float
-    bf16_minutes: float | None = None
+    kind: str = "encode"
 
     def argv(self, encoder: Path, out: Path) -> tuple[str, ...]:
         return ("index", "build", "medquad", "--encoder", str(encoder), "--synonyms", self.synonyms, "--out", str(out))
-
-    def minutes_here(self) -> float:
-        """The measured minutes of the runtime `auto` picks on this machine (importing torch where bf16 is measured)."""
-        if self.bf16_minutes is None:
-            return self.minutes
-        from medfaq.index.encoder import resolve_backend
-
-        return self.bf16_minutes if resolve_backend("auto") == "torch-bf16" else self.minutes
 
 
 FAQ_INDEX_BUILDS = {
@@ -262,7 +255,8 @@ FAQ_INDEX_BUILDS = {
     # 11 min 32 s alone; synonyms lost development R@1 (69.8 -> 69.1); 10 min 32 s in bf16 on a slower day, when ONNX
     # Runtime encoded a sample 3.0 times slower than bf16 (docs/results.md, the encoder in bf16); 2 min 40 s in bf16
     # alone on another AMX machine (docs/results.md, a fresh set-up of the MPNet pipeline), 3 min 48 s on a third
-    MPNET_BIENCODER_MODEL: IndexBuild("none", 12, 11),
+    # here (the reference machine of app.setup_speed): 3 min 48 s in bf16 (docs/results.md, the summary's set-up)
+    MPNET_BIENCODER_MODEL: IndexBuild("none", 3.8),
 }
 """The MedQuAD index's build per retrieval encoder (docs/results.md, index build speed, and "Set-up ships the
 chosen encoder")."""

@@ -14,11 +14,13 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TextIO
 
 from medfaq.app.setup_plan import FAQ_INDEX_BUILDS, RERANKER, ModelStep, steps_for
+from medfaq.app.setup_speed import MachineSpeed, speed_here
 from medfaq.common.runtime import MedfaqError, medfaq_home, models_dir
 from medfaq.retriever.decisions.encoder_rule import stock_encoder
 from medfaq.retriever.trained_models import (
@@ -182,9 +184,15 @@ def model_targets(settings: DemoSettings) -> list[tuple[ModelStep, Path | None]]
     return targets
 
 
-def default_steps(settings: DemoSettings) -> list[SetupStep]:
+def default_steps(settings: DemoSettings, speed: MachineSpeed | None = None) -> list[SetupStep]:
     """The set-up steps of :mod:`app.setup_plan`: fetch MedQuAD and build the index when it is missing,
-    then train the missing models (or skip them when training is off). Steps with nothing to do are marked done."""
+    then train the missing models (or skip them when training is off). Steps with nothing to do are marked done.
+    Their minutes are those measured on the reference machine, or with `speed`, this machine's
+    (:mod:`app.setup_speed`)."""
+
+    def here(minutes: float, kind: str) -> float:
+        return round(minutes * speed.factor(kind), 1) if speed else minutes
+
     source = ("--from", str(settings.shared_data)) if settings.shared_data else ()
 
     def fetch(*names: str) -> tuple[tuple[str, ...], ...]:
@@ -198,7 +206,7 @@ def default_steps(settings: DemoSettings) -> list[SetupStep]:
         "index",
         "Fetch MedQuAD and build the FAQ index",
         (*fetch("medquad"), stock),
-        minutes=INDEX_MINUTES,
+        minutes=here(INDEX_MINUTES, "encode"),
     )
     index.status, index.detail = ("done", "ready") if settings.index_ready() else ("pending", "")
     steps = [index]
@@ -209,13 +217,13 @@ def default_steps(settings: DemoSettings) -> list[SetupStep]:
     for plan, target in targets:
         argv = plan.argv(target, index_encoder)
         step = SetupStep(plan.key, plan.title, (*fetch(*plan.data), *map(tuple, argv)), target)
-        step.minutes = plan.pending_minutes(target)
+        step.minutes = here(plan.pending_minutes(target), plan.kind)
         ready = target is not None and plan.ready(target)
         if plan is RERANKER and settings.faq_index_dir is not None:  # it corrects the MedQuAD index's encoder:
             ready = target is not None and reranker_corrects(target, index_encoder)
         steps.append(_with_status(step, target is None, ready, settings.train))
         if encoders and plan is encoders[-1]:  # after the encoders: the MedQuAD index
-            steps.append(_faq_index_step(settings, index_model, index_target))
+            steps.append(_faq_index_step(settings, index_model, index_target, here))
     return steps
 
 
@@ -229,14 +237,16 @@ def _index_encoder(settings: DemoSettings, planned: list[ModelStep]) -> tuple[st
     return names[-1], None
 
 
-def _faq_index_step(settings: DemoSettings, model: str, encoder: Path | None) -> SetupStep:
+def _faq_index_step(
+    settings: DemoSettings, model: str, encoder: Path | None, here: Callable[[float, str], float]
+) -> SetupStep:
     """Encode the MedQuAD index with the fine-tuned `encoder` (`FAQ_INDEX_BUILDS`); done once it is encoded by it."""
     build = FAQ_INDEX_BUILDS[model]
     synonyms = " and MedQuAD's synonyms" if build.synonyms != "none" else ""
     title = f"Encode the MedQuAD index with the fine-tuned {model}{synonyms}"
     out = settings.faq_index_dir
     step = SetupStep("index-faq", title, (build.argv(encoder, out),) if encoder and out else ())
-    step.minutes = build.minutes_here() if encoder and out else build.minutes  # switched off: no need to measure
+    step.minutes = here(build.minutes, build.kind)
     done = encoder is not None and out is not None and encoded_by(out, encoder)
     return _with_status(step, encoder is None or out is None, done, settings.train)
 
@@ -260,7 +270,7 @@ class SetupRunner:
         self.settings = settings
         self.log_dir = medfaq_home() / "demo" / "setup"
         self._lock = threading.Lock()
-        self._steps = default_steps(settings) if steps is None else steps
+        self._steps = default_steps(settings, speed_here()) if steps is None else steps
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -18,6 +19,14 @@ SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 def _isolated_home(tmp_path, monkeypatch):
     """Every test gets its own MEDFAQ_HOME so nothing leaks between tests or into the user's home."""
     monkeypatch.setenv("MEDFAQ_HOME", str(tmp_path / "medfaq_home"))
+    from dataclasses import asdict, replace
+
+    from medfaq.app.setup_speed import REFERENCE, SPEED_FILE, machine_name
+
+    # the set-up's times as measured: no test times this machine unless it asks to (tests/test_setup.py)
+    speed = tmp_path / "medfaq_home" / SPEED_FILE
+    speed.parent.mkdir(parents=True, exist_ok=True)
+    speed.write_text(json.dumps(asdict(replace(REFERENCE, machine=machine_name()))), encoding="utf-8")
 
 
 @pytest.fixture(autouse=True)

@@ -107,22 +107,47 @@ def test_the_reranker_is_trained_again_when_it_corrects_another_encoder_than_the
     assert f"{title}: ready" in dry_run("--all")
 
 
-def test_the_medquad_index_build_takes_the_time_measured_on_the_runtime_auto_picks(monkeypatch):
-    """The MPNet index's build minutes: those measured in bf16 where `auto` runs the encoder in bf16, else ONNX's."""
+def test_the_dry_run_states_each_steps_time_on_this_machine_from_its_measured_speed():
+    """A machine twice as slow to train and three times as slow to encode: each step's minutes scaled by its kind."""
+    import json
     import re
+    from dataclasses import asdict, replace
 
-    import medfaq.index.encoder as encoder_module
-    from medfaq.app.setup_plan import FAQ_INDEX_BUILDS
+    from medfaq.app.setup_plan import FAQ_INDEX_BUILDS, MPNET_BIENCODER
+    from medfaq.app.setup_speed import REFERENCE, SPEED_FILE, machine_name
+    from medfaq.app.setup_state import INDEX_MINUTES
+    from medfaq.common.runtime import medfaq_home
     from medfaq.retriever.trained_models import MPNET_BIENCODER_MODEL
 
-    build = FAQ_INDEX_BUILDS[MPNET_BIENCODER_MODEL]
-    assert build.bf16_minutes is not None and build.bf16_minutes < build.minutes
-    for backend, minutes in (("torch-bf16", build.bf16_minutes), ("onnx", build.minutes)):
-        monkeypatch.setattr(encoder_module, "resolve_backend", lambda *_, chosen=backend, **__: chosen)
-        line = re.search(
-            r"Encode the MedQuAD index with the fine-tuned biencoder-mpnet-faq-quick: about (\S+) min", dry_run()
-        )
-        assert line and float(line.group(1)) == minutes, backend
+    slower = replace(REFERENCE, train=2 * REFERENCE.train, encode=3 * REFERENCE.encode, machine=machine_name())
+    (medfaq_home() / SPEED_FILE).write_text(json.dumps(asdict(slower)), encoding="utf-8")
+    minutes = [float(value) for value in re.findall(r"^\[\d+/\d+\] .*: about (\S+) min", dry_run(), re.M)]
+    expected = [INDEX_MINUTES * 3, MPNET_BIENCODER.minutes * 2, FAQ_INDEX_BUILDS[MPNET_BIENCODER_MODEL].minutes * 3]
+    assert minutes == [round(value, 1) for value in expected]
+    assert "training x2.00 and encoding x3.00" in dry_run()
+
+
+def test_this_machines_speed_is_timed_once_and_again_on_another_machine(monkeypatch):
+    import medfaq.app.setup_speed as setup_speed
+    from medfaq.common.runtime import medfaq_home
+
+    (medfaq_home() / setup_speed.SPEED_FILE).unlink()
+    timed = []
+    monkeypatch.setattr(setup_speed, "probe_training", lambda: timed.append("train") or 1.0)
+    monkeypatch.setattr(setup_speed, "probe_encoding", lambda: timed.append("encode") or 0.1)
+    first = setup_speed.speed_here()
+    assert setup_speed.speed_here() == first and timed == ["train", "encode"]
+    assert first.factor("train") == 1.0 / setup_speed.REFERENCE.train
+    monkeypatch.setattr(setup_speed, "machine_name", lambda: "another CPU")
+    assert setup_speed.speed_here().machine == "another CPU" and len(timed) == 4
+    (medfaq_home() / setup_speed.SPEED_FILE).write_text("{not json", encoding="utf-8")
+    assert setup_speed.speed_here().machine == "another CPU" and len(timed) == 6
+
+
+def test_the_probes_time_real_work_on_the_real_minilm(minilm_dir):
+    from medfaq.app.setup_speed import probe_encoding, probe_training
+
+    assert 0 < probe_encoding(repeats=1) < 30 and 0 < probe_training(steps=1) < 60
 
 
 def _saved(directory, unfinished: bool = False, checkpoint: bool = False):

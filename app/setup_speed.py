@@ -1,0 +1,117 @@
+"""The set-up's times on this machine. Each set-up step was timed on one machine (`REFERENCE`); a step's minutes
+here are those minutes times how much slower this machine runs the step's kind of work, timed here with the same
+probes: ``train`` (training steps of the stock MiniLM bi-encoder, in the precision `auto` trains in) and ``encode``
+(texts encoded by the stock MiniLM on the runtime `auto` picks for an index build). The probes take a few seconds
+and are kept per machine in ``$MEDFAQ_HOME/setup-speed.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from medfaq.common.runtime import logger, medfaq_home
+
+KINDS = ("train", "encode")
+SPEED_FILE = "setup-speed.json"
+PROBE_TEXT = (
+    "my mother was told she has high blood pressure and her doctor gave her lisinopril, she now has a dry cough at "
+    "night and some swelling in her ankles, is that from the medicine and should she stop it?"
+)
+PROBE_BATCH = 16  # texts per probe training step and per encoded batch
+
+
+@dataclass(frozen=True)
+class MachineSpeed:
+    """Seconds this machine takes for one probe of each kind: a training step (`train`) and encoding a batch of
+    texts (`encode`); `machine` says which machine it is (`machine_name`)."""
+
+    train: float
+    encode: float
+    machine: str
+
+    def factor(self, kind: str) -> float:
+        """How many times longer work of `kind` takes here than on the `REFERENCE` machine."""
+        return getattr(self, kind) / getattr(REFERENCE, kind)
+
+
+REFERENCE = MachineSpeed(
+    train=0.48, encode=0.055, machine="Intel(R) Xeon(R) Processor (AMX: bf16 training and encoding), 2 logical cores"
+)
+"""The probes on the machine the default set-up's minutes were measured on (app.setup_plan): best of three runs,
+with ``OMP_NUM_THREADS=1`` as the README sets it."""
+
+
+def machine_name() -> str:
+    """The CPU model, its logical cores and the threads torch would use: what the probes' times depend on."""
+    model = platform.processor() or platform.machine()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        names = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines() if "model name" in line]
+        model = names[0] if names else model
+    threads = os.environ.get("OMP_NUM_THREADS", "default")
+    return f"{model}, {os.cpu_count()} logical cores, OMP_NUM_THREADS={threads}"
+
+
+def probe_training(steps: int = 3) -> float:
+    """Seconds of the fastest of `steps` training steps (forward, in-batch contrastive loss, backward, AdamW) of the
+    stock MiniLM on `PROBE_BATCH` question pairs, after one warm-up step."""
+    import torch
+    from sentence_transformers import SentenceTransformer
+
+    from medfaq.common.runtime import autocast, resolve_model
+
+    model = SentenceTransformer(resolve_model("minilm"), device="cpu")
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    features = model.preprocess([PROBE_TEXT] * PROBE_BATCH)
+    best = float("inf")
+    for _ in range(steps + 1):
+        start = time.perf_counter()
+        with autocast("auto"):
+            vectors = model(features)["sentence_embedding"].float()
+            scores = vectors @ vectors.T
+            loss = torch.nn.functional.cross_entropy(scores, torch.arange(PROBE_BATCH))
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def probe_encoding(repeats: int = 3) -> float:
+    """Seconds of the fastest of `repeats` encodings of `PROBE_BATCH` texts by the stock MiniLM on the runtime an
+    index build takes here (``auto``), after one warm-up."""
+    from medfaq.index.encoder import load_encoder
+
+    encoder = load_encoder("minilm", backend="auto")
+    texts = [f"{PROBE_TEXT} ({number})" for number in range(PROBE_BATCH)]
+    best = float("inf")
+    for _ in range(repeats + 1):
+        start = time.perf_counter()
+        encoder.encode(texts)
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def speed_here(path: Path | None = None) -> MachineSpeed:
+    """This machine's probes: read from `path` (default ``$MEDFAQ_HOME/setup-speed.json``) when they were timed on
+    this machine, else timed now and saved there."""
+    path = path or medfaq_home() / SPEED_FILE
+    name = machine_name()
+    if path.is_file():
+        try:
+            saved = MachineSpeed(**json.loads(path.read_text(encoding="utf-8")))
+        except (TypeError, ValueError):  # damaged or of an older layout: time again
+            saved = None
+        if saved is not None and saved.machine == name:
+            return saved
+    logger.info("timing this machine's training and encoding speed for the set-up's estimates (once)")
+    speed = MachineSpeed(train=probe_training(), encode=probe_encoding(), machine=name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(asdict(speed), indent=1) + "\n", encoding="utf-8")
+    return speed
