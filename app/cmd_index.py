@@ -9,19 +9,20 @@ from __future__ import annotations
 import json
 import math
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import typer
 
-from medfaq.app.options import DEVICE, ENCODER_OPTION, SYNONYMS_OPTION
+from medfaq.app.config_options import takes_config_options
+from medfaq.app.options import DEVICE, ENCODER_OPTION, NO_OVERRIDES, SYNONYMS_OPTION
 from medfaq.common.runtime import BACKEND_HELP, MedfaqError, local_model_dir, resolve_model
 from medfaq.index.collections import FORMATS
 from medfaq.index.records import FIELDS
 from medfaq.index.vector_store import INDEX_KINDS as KINDS
 from medfaq.index.vector_store import VECTOR_BACKENDS
-from medfaq.retriever.decisions.adaptation_config import PARTS, AdaptConfig
+from medfaq.retriever.decisions.adaptation_config import AdaptConfig
 from medfaq.retriever.decisions.encoder_rule import stock_encoder
 from medfaq.retriever.trained_models import AUTO_ENCODER, choose_encoder, set_up_reranker
 
@@ -303,41 +304,12 @@ def info(
         typer.echo(f"{key:<20} {json.dumps(value) if isinstance(value, (dict, list)) else value}")
 
 
+@takes_config_options(AdaptConfig, "settings", with_defaults=True)
 def adapt(
     directory: Path = typer.Argument(..., help="Index directory."),
-    writer: str = typer.Option(
-        "question-writer", "--writer", help="The question writer (`medfaq train question-writer`): a name or directory."
-    ),
-    questions: int = typer.Option(
-        AdaptConfig.questions_per_faq,
-        "--questions",
-        "-k",
-        min=1,
-        help="Questions written per FAQ (one without --dev-queries: the held-back one).",
-    ),
-    depth: int = typer.Option(
-        AdaptConfig.round_trip_depth,
-        "--depth",
-        min=0,
-        help="Round trip: keep a question whose FAQ ranks in this top k (0: keep every one).",
-    ),
-    parts: list[str] = typer.Option(
-        list(PARTS),
-        "--part",
-        help="What may be added, each only where it wins: answers | phrasings | encoder (repeatable).",
-    ),
-    labels: str = typer.Option(
-        "auto",
-        "--labels",
-        help="The adapted encoder's labels: margin (the reranker's), hard, or auto (margin where "
-        "a reranker is set up).",
-    ),
-    dev_faqs: int = typer.Option(
-        AdaptConfig.dev_faqs, "--dev-faqs", min=1, help="FAQs lending one question each to development."
-    ),
+    settings: Mapping[str, Any] = NO_OVERRIDES,
     dev_queries: Path | None = DEV_QUERIES_OPTION,
     dev_qrels: Path | None = DEV_QRELS_OPTION,
-    seed: int = typer.Option(0, "--seed", help="Random seed of the sampling and the development split."),
     undo: bool = typer.Option(False, "--undo", help="Remove everything an adaptation added."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Say what would be done and how long it would take."),
 ) -> None:
@@ -352,15 +324,7 @@ def adapt(
         typer.echo(f"removed {removed} adapted rows from {directory}")
         return
     labelled = _labelled_queries(dev_queries, dev_qrels)
-    config = AdaptConfig(
-        writer=writer,
-        questions_per_faq=questions,
-        round_trip_depth=depth,
-        dev_faqs=dev_faqs,
-        parts=parts,
-        seed=seed,
-        encoder_labels=labels,
-    )
+    config = AdaptConfig(**settings)
     if dry_run:
         typer.echo(adaptation.dry_run_plan(directory, config, bool(labelled)))
         return

@@ -238,19 +238,21 @@ def checked_by(declared: Declared) -> Callable[[Any], Any]:
 
 def declared_option(declared: Declared, *, with_default: bool = False) -> SharedOption:
     """The option of a declared setting that declares a flag (a stage flag, a config field's option): spelled as
-    declared (a bool's ``--x/--no-x`` unless the declaration spells both switches), its help with its limits, its
-    aliases hidden; its default is None (not given), or with `with_default` the declared default, shown in the help
-    (then it has no aliases: a default would hide them)."""
+    declared (a bool's ``--x/--no-x`` unless the declaration spells both switches; a short name may follow the flag,
+    ``--questions -k``; a list is a repeatable option of text), its help with its limits, its aliases hidden; its
+    default is None (not given), or with `with_default` the declared default, shown in the help (then it has no
+    aliases: a default would hide them)."""
     if with_default and declared.setting.aliases:
         raise ValueError(f"{declared.name}: an option with aliases defaults to None (not given)")
-    flag = declared.flag
+    flag, *short = declared.flag.split()
     if declared.kind is bool and "/" not in flag:
         flag = f"{flag}/--no-{flag.removeprefix('--')}"
+    kind = list[str] if declared.kind is list else declared.kind
     checked = checked_by(declared)
     default = declared.default if with_default else None
-    option = typer.Option(default, flag, callback=checked, help=declared.describe())
+    option = typer.Option(default, flag, *short, callback=checked, help=declared.describe())
     aliases = tuple(typer.Option(None, alias, callback=checked, hidden=True) for alias in declared.setting.aliases)
-    return SharedOption(declared.kind | None, option, aliases)
+    return SharedOption(kind | None, option, aliases)
 
 
 # `search`, `bench`, `eval retrieval` and `demo --cli`: the pipeline flags (None: the index's pipeline.json), built from
