@@ -449,3 +449,16 @@ def test_answer_rows_interrupted_while_encoding_resume_where_they_stopped(index_
     assert len(keys) == 10 and resumed_encoder.calls == whole_encoder.calls - 2 > 0  # only the chunks left
     queries = encoder.encode([text for texts in rows.values() for text in texts])  # each row finds itself
     assert_same_rankings(resumed.search_vectors(queries, 6), whole.search_vectors(queries, 6))
+
+
+def test_adapt_options_are_the_config_s_declarations_and_reach_it(monkeypatch, tmp_path):
+    seen = []
+    monkeypatch.setattr(adaptation, "dry_run_plan", lambda directory, config, labelled: seen.append(config) or "plan")
+    given = ["-k", "3", "--depth", "0", "--part", "answers", "--labels", "hard", "--dev-faqs", "5", "--seed", "7"]
+    for options in ([], given):
+        result = CliRunner().invoke(app, ["index", "adapt", str(tmp_path), *options, "--dry-run"])
+        assert result.exit_code == 0, result.output
+    changes = {"questions_per_faq": 3, "round_trip_depth": 0, "parts": ["answers"], "encoder_labels": "hard"}
+    assert seen == [AdaptConfig(), AdaptConfig(**changes, dev_faqs=5, seed=7)]
+    result = CliRunner().invoke(app, ["index", "adapt", str(tmp_path), "--dev-faqs", "0"])
+    assert result.exit_code == 2 and "dev_faqs must be a whole number of at least 1" in result.output

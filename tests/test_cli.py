@@ -256,6 +256,14 @@ def test_stage_flags_are_built_from_the_pipeline_settings_declarations():
         assert_one_line_error(medfaq("search", *arguments, "a question"), rule)
 
 
+def test_an_option_with_hidden_aliases_takes_none_for_not_given():
+    """A declared default would hide the older spellings (the first value given wins): refused."""
+    from medfaq.app.options import declared_option
+
+    with pytest.raises(ValueError, match="aliases"):
+        declared_option(pipeline_settings()["query_source"], with_default=True)
+
+
 def test_an_abstention_says_so_before_the_hits_and_shows_them_as_the_closest_faqs(built):
     store_threshold(built, read_config(built).updated(entities=False), 2.0)  # every question abstains
     lines = medfaq("search", "--index", built, "--top-k", "2", "How is shingles treated?").stdout.splitlines()

@@ -266,6 +266,28 @@ def test_bad_options_are_one_line_errors(options, pattern, tmp_path):
     assert_one_line_error(medfaq("train", "student", "--out", tmp_path / "s", *options), pattern)
 
 
+def test_every_declared_setting_is_an_option_with_its_default_and_reaches_the_config(monkeypatch, tmp_path):
+    from medfaq.app import cmd_train
+    from medfaq.common.runtime import MedfaqError
+    from medfaq.common.settings import declared_settings
+    from medfaq.retriever.biencoder.student_config import StudentTrainConfig
+
+    seen = []
+
+    def recorded(**settings):
+        seen.append(settings)
+        raise MedfaqError("recorded")
+
+    monkeypatch.setattr(cmd_train, "StudentTrainConfig", recorded)
+    medfaq("train", "student", "--out", tmp_path / "s", "--epochs", 3, "--teacher-space", "projection")
+    declared = declared_settings(StudentTrainConfig)
+    defaults = {name: rule.default for name, rule in declared.items() if rule.flag and rule.default is not None}
+    assert {"teacher", "init", "teacher_backend", "max_texts", "dev_fraction", "seed"} <= {
+        name for name, rule in declared.items() if rule.flag
+    }
+    assert seen == [{**defaults, "epochs": 3, "teacher_space": "projection"}]
+
+
 def test_a_full_out_directory_and_the_mse_loss_elsewhere_are_refused(tmp_path):
     (tmp_path / "s").mkdir()
     (tmp_path / "s" / "file").write_text("x")
