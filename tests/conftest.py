@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -19,14 +18,17 @@ SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 def _isolated_home(tmp_path, monkeypatch):
     """Every test gets its own MEDFAQ_HOME so nothing leaks between tests or into the user's home."""
     monkeypatch.setenv("MEDFAQ_HOME", str(tmp_path / "medfaq_home"))
-    from dataclasses import asdict, replace
 
-    from medfaq.app.setup_speed import REFERENCE, SPEED_FILE, machine_name
 
-    # the set-up's times as measured: no test times this machine unless it asks to (tests/test_setup.py)
-    speed = tmp_path / "medfaq_home" / SPEED_FILE
-    speed.parent.mkdir(parents=True, exist_ok=True)
-    speed.write_text(json.dumps(asdict(replace(REFERENCE, machine=machine_name()))), encoding="utf-8")
+@pytest.fixture(autouse=True)
+def _reference_speed(request, monkeypatch):
+    """The set-up's times as measured on the reference machine: no test times this machine's speed (a few seconds)
+    unless it is marked `speed_probes`."""
+    if request.node.get_closest_marker("speed_probes") is None:
+        from medfaq.app import setup_speed
+
+        monkeypatch.setattr(setup_speed, "probe_training", lambda: setup_speed.REFERENCE.train)
+        monkeypatch.setattr(setup_speed, "probe_encoding", lambda: setup_speed.REFERENCE.encode)
 
 
 @pytest.fixture(autouse=True)

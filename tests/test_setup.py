@@ -4,6 +4,7 @@ out the slow models); a command that needs a model set-up left out trains it on 
 
 from __future__ import annotations
 
+import pytest
 from typer.testing import CliRunner
 
 from medfaq.app.cli import app
@@ -120,6 +121,7 @@ def test_the_dry_run_states_each_steps_time_on_this_machine_from_its_measured_sp
     from medfaq.retriever.trained_models import MPNET_BIENCODER_MODEL
 
     slower = replace(REFERENCE, train=2 * REFERENCE.train, encode=3 * REFERENCE.encode, machine=machine_name())
+    medfaq_home().mkdir(parents=True)
     (medfaq_home() / SPEED_FILE).write_text(json.dumps(asdict(slower)), encoding="utf-8")
     minutes = [float(value) for value in re.findall(r"^\[\d+/\d+\] .*: about (\S+) min", dry_run(), re.M)]
     expected = [INDEX_MINUTES * 3, MPNET_BIENCODER.minutes * 2, FAQ_INDEX_BUILDS[MPNET_BIENCODER_MODEL].minutes * 3]
@@ -131,7 +133,6 @@ def test_this_machines_speed_is_timed_once_and_again_on_another_machine(monkeypa
     import medfaq.app.setup_speed as setup_speed
     from medfaq.common.runtime import medfaq_home
 
-    (medfaq_home() / setup_speed.SPEED_FILE).unlink()
     timed = []
     monkeypatch.setattr(setup_speed, "probe_training", lambda: timed.append("train") or 1.0)
     monkeypatch.setattr(setup_speed, "probe_encoding", lambda: timed.append("encode") or 0.1)
@@ -144,6 +145,7 @@ def test_this_machines_speed_is_timed_once_and_again_on_another_machine(monkeypa
     assert setup_speed.speed_here().machine == "another CPU" and len(timed) == 6
 
 
+@pytest.mark.speed_probes
 def test_the_probes_time_real_work_on_the_real_minilm(minilm_dir):
     from medfaq.app.setup_speed import probe_encoding, probe_training
 
