@@ -13,7 +13,7 @@ from pathlib import Path
 
 import typer
 
-from medfaq.app.setup_plan import MODEL_STEPS, left_out, step_of
+from medfaq.app.setup_plan import MODEL_STEPS, left_out, step_environment, step_of
 from medfaq.app.setup_speed import speed_here
 from medfaq.app.setup_state import REPO_ROOT, DemoSettings, SetupStep, default_steps
 from medfaq.common.runtime import MedfaqError
@@ -108,7 +108,9 @@ def run_steps(pending: list[SetupStep]) -> None:
         start = time.monotonic()
         for command in step.commands:
             typer.echo(f"$ medfaq {' '.join(command)}", err=True)
-            code = subprocess.run([sys.executable, "-m", "medfaq.app", *command], cwd=REPO_ROOT).returncode
+            code = subprocess.run(
+                [sys.executable, "-m", "medfaq.app", *command], cwd=REPO_ROOT, env=step_environment()
+            ).returncode
             if code != 0:
                 typer.echo(
                     f"error: set-up step {step.key!r} failed (exit {code}): medfaq {' '.join(command)}", err=True

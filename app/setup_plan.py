@@ -7,6 +7,7 @@ shared with other jobs (docs/results.md), so the set-up can say up front how lon
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -89,6 +90,13 @@ def fill(command: tuple[str, ...], where: dict[str, str | list[str]]) -> list[st
         value = where.get(part, part)
         filled.extend([value] if isinstance(value, str) else value)
     return filled
+
+
+def step_environment() -> dict[str, str]:
+    """The environment the set-up's commands run in: this one, with every core this process may use given to torch
+    and ONNX Runtime (``OMP_NUM_THREADS``; a serving machine's lower setting would leave cores idle in batch work)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return {**os.environ, "OMP_NUM_THREADS": str(cores)}
 
 
 RESUMABLE_COMMANDS = (("train", "summarizer"), ("train", "question-writer"))  # they checkpoint and take --resume

@@ -1,20 +1,23 @@
 """The set-up's times on this machine. Each set-up step was timed on one machine (`REFERENCE`); a step's minutes
 here are those minutes times how much slower this machine runs the step's kind of work, timed here with the same
 probes: ``train`` (training steps of the stock MiniLM bi-encoder, in the precision `auto` trains in) and ``encode``
-(texts encoded by the stock MiniLM on the runtime `auto` picks for an index build). The probes take a few seconds
-and are kept per machine in ``$MEDFAQ_HOME/setup-speed.json``.
+(texts encoded by the stock MiniLM on the runtime `auto` picks for an index build). The probes run as the steps do,
+in a process on every core (`app.setup_plan.step_environment`), take about ten seconds, and are kept per machine in
+``$MEDFAQ_HOME/setup-speed.json``.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import platform
+import subprocess
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from medfaq.common.runtime import logger, medfaq_home
+from medfaq.app.setup_plan import step_environment
+from medfaq.common.runtime import MedfaqError, logger, medfaq_home
 
 KINDS = ("train", "encode")
 SPEED_FILE = "setup-speed.json"
@@ -40,21 +43,20 @@ class MachineSpeed:
 
 
 REFERENCE = MachineSpeed(
-    train=0.48, encode=0.055, machine="Intel(R) Xeon(R) Processor (AMX: bf16 training and encoding), 2 logical cores"
+    train=0.31, encode=0.038, machine="Intel(R) Xeon(R) Processor (AMX: bf16 training and encoding), 2 cores"
 )
-"""The probes on the machine the default set-up's minutes were measured on (app.setup_plan): best of three runs,
-with ``OMP_NUM_THREADS=1`` as the README sets it."""
+"""The probes on the machine the default set-up's minutes were measured on (app.setup_plan): the best of three
+timings, on both cores."""
 
 
 def machine_name() -> str:
-    """The CPU model, its logical cores and the threads torch would use: what the probes' times depend on."""
+    """The CPU model and the cores this process may use: what the probes' times depend on."""
     model = platform.processor() or platform.machine()
     cpuinfo = Path("/proc/cpuinfo")
     if cpuinfo.is_file():
         names = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines() if "model name" in line]
         model = names[0] if names else model
-    threads = os.environ.get("OMP_NUM_THREADS", "default")
-    return f"{model}, {os.cpu_count()} logical cores, OMP_NUM_THREADS={threads}"
+    return f"{model}, {step_environment()['OMP_NUM_THREADS']} cores"
 
 
 def probe_training(steps: int = 3) -> float:
@@ -98,6 +100,20 @@ def probe_encoding(repeats: int = 3) -> float:
     return best
 
 
+def measure_speed() -> tuple[float, float]:
+    """The training and encoding probes, timed in a process of their own on every core, as the steps run."""
+    code = (
+        "from medfaq.app.setup_speed import probe_encoding, probe_training\nprint(probe_training(), probe_encoding())"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=step_environment(), check=False
+    )
+    if done.returncode != 0:
+        raise MedfaqError(f"timing this machine's speed failed: {done.stderr.strip().splitlines()[-1:]}")
+    train, encode = map(float, done.stdout.split()[-2:])
+    return train, encode
+
+
 def speed_here(path: Path | None = None) -> MachineSpeed:
     """This machine's probes: read from `path` (default ``$MEDFAQ_HOME/setup-speed.json``) when they were timed on
     this machine, else timed now and saved there."""
@@ -111,7 +127,8 @@ def speed_here(path: Path | None = None) -> MachineSpeed:
         if saved is not None and saved.machine == name:
             return saved
     logger.info("timing this machine's training and encoding speed for the set-up's estimates (once)")
-    speed = MachineSpeed(train=probe_training(), encode=probe_encoding(), machine=name)
+    train, encode = measure_speed()
+    speed = MachineSpeed(train=train, encode=encode, machine=name)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(asdict(speed), indent=1) + "\n", encoding="utf-8")
     return speed

@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TextIO
 
-from medfaq.app.setup_plan import FAQ_INDEX_BUILDS, RERANKER, ModelStep, steps_for
+from medfaq.app.setup_plan import FAQ_INDEX_BUILDS, RERANKER, ModelStep, step_environment, steps_for
 from medfaq.app.setup_speed import MachineSpeed, speed_here
 from medfaq.common.runtime import MedfaqError, medfaq_home, models_dir
 from medfaq.retriever.decisions.encoder_rule import stock_encoder
@@ -328,6 +328,7 @@ class SetupRunner:
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 cwd=REPO_ROOT,
+                env=step_environment(),
             )
         except OSError as error:
             return False, f"cannot run medfaq: {error}"

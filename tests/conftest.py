@@ -27,8 +27,8 @@ def _reference_speed(request, monkeypatch):
     if request.node.get_closest_marker("speed_probes") is None:
         from medfaq.app import setup_speed
 
-        monkeypatch.setattr(setup_speed, "probe_training", lambda: setup_speed.REFERENCE.train)
-        monkeypatch.setattr(setup_speed, "probe_encoding", lambda: setup_speed.REFERENCE.encode)
+        reference = setup_speed.REFERENCE
+        monkeypatch.setattr(setup_speed, "measure_speed", lambda: (reference.train, reference.encode))
 
 
 @pytest.fixture(autouse=True)
