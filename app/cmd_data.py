@@ -110,7 +110,8 @@ def make_benchmark(
     from medfaq.eval.benchmarks import make_benchmark as build
     from medfaq.index.collections import load_collection, read_records
     from medfaq.index.concepts import concept_lexicon
-    from medfaq.index.faq_index import RECORDS, FaqIndex, check_index_target, is_index
+    from medfaq.index.faq_index import FaqIndex
+    from medfaq.index.storage import RECORDS, check_index_target, is_index
 
     if build_index:
         check_index_target(out / "index")

@@ -124,9 +124,11 @@ def build(
 ) -> None:
     """Build a dense (FAISS or Milvus) + BM25 index over an FAQ collection (an existing index is replaced
     atomically, under its lock; a collection without a single FAQ is refused and changes nothing)."""
+    from medfaq.index.chunked_encoding import staging_dir
     from medfaq.index.collections import load_collection, parse_field_map
     from medfaq.index.concepts import concept_lexicon
-    from medfaq.index.faq_index import FaqIndex, check_index_target, staging_dir
+    from medfaq.index.faq_index import FaqIndex
+    from medfaq.index.storage import check_index_target
     from medfaq.retriever.runs import check_not_an_input
 
     check_choice("--kind", kind, KINDS)
@@ -217,7 +219,9 @@ def migrate(
     lock_timeout: float | None = LOCK_OPTION,
 ) -> None:
     """Move an index to another vector backend (e.g. FAISS -> a Milvus cluster): vectors are copied, not re-encoded."""
-    from medfaq.index.faq_index import FaqIndex, check_index_target, write_lock
+    from medfaq.index.faq_index import FaqIndex
+    from medfaq.index.lock import write_lock
+    from medfaq.index.storage import check_index_target
 
     if kind is not None:
         check_choice("--kind", kind, KINDS)
@@ -247,7 +251,8 @@ def add(
 
     The index is read under its lock, so adds and deletes running at the same time all keep their changes."""
     from medfaq.index.collections import load_collection, parse_field_map
-    from medfaq.index.faq_index import FaqIndex, read_manifest
+    from medfaq.index.faq_index import FaqIndex
+    from medfaq.index.storage import read_manifest
 
     check_lock_timeout(lock_timeout)
     read_manifest(directory.expanduser())  # a wrong directory fails before the collection is read
@@ -281,7 +286,7 @@ def info(
     as_json: bool = typer.Option(False, "--json", help="Print the information as JSON."),
 ) -> None:
     """Show an index's manifest: encoder, dimension, fingerprint, fields, kind, counts, sources, version."""
-    from medfaq.index.faq_index import index_info
+    from medfaq.index.storage import index_info
     from medfaq.retriever.decisions import likelihood_choice, reranker_choice
 
     details = index_info(directory)
@@ -390,7 +395,7 @@ def _decide_stage(
 ) -> None:
     """A per-index stage decision (`decision`: its module): turned off by hand with `off`, else `decide(labelled,
     log)` on the labelled development questions `dev` (queries, qrels), and its one line printed."""
-    from medfaq.index.faq_index import read_manifest
+    from medfaq.index.storage import read_manifest
 
     read_manifest(directory)  # not an index: its one-line error, before anything loads
     if off:

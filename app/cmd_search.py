@@ -65,7 +65,7 @@ def search_inputs(index: Path, config: PipelineConfig) -> list[Path]:
     """What a search of `index` with `config` reads or appends to: the index, its unanswered log, and the local
     directories of its encoder (the bundled MiniLM too) and of every model its stages load, the default ones
     included (an output must be none of them)."""
-    from medfaq.index.faq_index import read_manifest
+    from medfaq.index.storage import read_manifest
     from medfaq.retriever.queue.unanswered import UnansweredLog
 
     models = (read_manifest(index).encoder, *stage_models(config))

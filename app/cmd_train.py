@@ -27,7 +27,7 @@ UNFINISHED_EXIT = 3  # a summarizer run stopped before its end (--max-steps): it
 
 def retrieval_negatives_index(index: Path | None) -> Path:
     """The index `--retrieval-negatives` searches (None: the set-up index); a path that is no index fails here."""
-    from medfaq.index.faq_index import read_manifest
+    from medfaq.index.storage import read_manifest
     from medfaq.retriever.trained_models import set_up_index
 
     index = Path(index).expanduser() if index is not None else set_up_index()
@@ -227,7 +227,7 @@ def resolve_training_models(config: EncoderTrainConfig) -> None:
     missing one, or one of another kind, fails with its one-line error first."""
     from medfaq.common.model_kinds import CROSSENCODER, ENCODER_KINDS, check_model_kind
     from medfaq.index.concepts import concept_lexicon
-    from medfaq.index.faq_index import read_manifest
+    from medfaq.index.storage import read_manifest
 
     init, *biencoders = training_models(config)
     starts = (CROSSENCODER, *ENCODER_KINDS) if config.model_type == CROSSENCODER else ENCODER_KINDS
@@ -351,7 +351,7 @@ def calibrate(
     """Calibrate a retrieval model's abstention threshold on its development split and store it with the model
     (threshold.json; training does this itself): indexes built with it then abstain out of the box."""
     from medfaq.app.cmd_index import inherit_threshold
-    from medfaq.index.faq_index import read_manifest
+    from medfaq.index.storage import read_manifest
 
     manifests = {directory: read_manifest(directory) for directory in index}  # a wrong directory fails first
     _report_threshold(model, data_from, seed)

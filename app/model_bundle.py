@@ -116,7 +116,7 @@ def model_entry(directory: Path, hashed: bool = True) -> dict[str, Any]:
 def index_entry(directory: Path, hashed: bool = True) -> dict[str, Any]:
     """The set-up index's manifest entry: its files, the encoder it was encoded by, the check that encoder's runtime
     passed, and the decisions recorded beside it."""
-    from medfaq.index.faq_index import read_manifest
+    from medfaq.index.storage import read_manifest
     from medfaq.retriever.decisions.stage_choice import read_record
 
     manifest = read_manifest(directory)
@@ -185,7 +185,7 @@ def _named_by(index: Path) -> list[Path]:
     """The model directories under the models directory that the index is encoded by or its pipeline names; an
     encoder elsewhere on this machine cannot travel with it (a one-line error)."""
     from medfaq.common.runtime import local_model_dir
-    from medfaq.index.faq_index import read_manifest
+    from medfaq.index.storage import read_manifest
     from medfaq.retriever.pipeline_file import read_config
 
     encoder = read_manifest(index).encoder
@@ -213,7 +213,7 @@ def compression(file: Path) -> str:
 def export_models(file: Path, everything: bool = False) -> dict[str, Any]:
     """Write the models (:func:`shipped_items`) and the set-up index into `file`, atomically (a partial file renamed
     into place); returns the manifest written. The index is read under its write lock."""
-    from medfaq.index.faq_index import write_lock
+    from medfaq.index.lock import write_lock
 
     models, index = shipped_items(everything)
     file = Path(file).expanduser()
@@ -384,7 +384,8 @@ def _would(state: str, force: bool) -> str:
 
 def _install(staged: Path, target: Path, state: str) -> str:
     """Rename `staged` into place as `target` (an index under its write lock, as the index swaps its saves)."""
-    from medfaq.index.faq_index import swap_in, write_lock
+    from medfaq.index.lock import write_lock
+    from medfaq.index.storage import swap_in
 
     if state == "same":
         return "unchanged"

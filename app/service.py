@@ -21,8 +21,9 @@ from medfaq.app.adaptation_job import AdaptationJob
 from medfaq.app.batching import BatchSettings, MicroBatcher
 from medfaq.common.runtime import MedfaqError, NotFound
 from medfaq.index import verified
-from medfaq.index.faq_index import FaqIndex, disk_version, verify_checksums
+from medfaq.index.faq_index import FaqIndex
 from medfaq.index.records import FaqRecord
+from medfaq.index.storage import disk_version, verify_checksums
 from medfaq.retriever.decisions import likelihood_choice, reranker_choice
 from medfaq.retriever.model_cache import StageError, shared_cache, wanted_stages
 from medfaq.retriever.pipeline import Pipeline

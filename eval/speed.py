@@ -159,7 +159,7 @@ def bm25_peers(index: FaqIndex, queries: list[str], top_k: int = 10) -> dict[str
     from rank_bm25 import BM25Okapi
 
     from medfaq.index.bm25_store import tokenize
-    from medfaq.index.faq_index import record_text
+    from medfaq.index.records import record_text
 
     texts = [record_text(r, index.manifest.fields) for r in index.records()]
     start = time.perf_counter()

@@ -20,22 +20,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from medfaq.common.runtime import MedfaqError, resolve_model
-from medfaq.index.chunked_encoding import staging_dir as staging_dir  # `X as X`: names callers import from here
 from medfaq.index.concepts import ConceptLexicon, read_with_concepts
 from medfaq.index.editor import IndexEditor, build_parts
-from medfaq.index.lock import write_lock as write_lock
+from medfaq.index.lock import write_lock
 from medfaq.index.phrasings import Phrasing
 from medfaq.index.records import FaqRecord
-from medfaq.index.records import record_text as record_text
-from medfaq.index.storage import MANIFEST as MANIFEST
-from medfaq.index.storage import RECORDS as RECORDS
 from medfaq.index.storage import IndexManifest, IndexParts, load_parts, read_manifest
-from medfaq.index.storage import check_index_target as check_index_target
-from medfaq.index.storage import disk_version as disk_version
-from medfaq.index.storage import index_info as index_info
-from medfaq.index.storage import is_index as is_index
-from medfaq.index.storage import swap_in as swap_in
-from medfaq.index.storage import verify_checksums as verify_checksums
 from medfaq.index.vector_store import VectorStore
 
 if TYPE_CHECKING:  # bm25s (scipy) and sentence-transformers (torch) are imported when an index needs them

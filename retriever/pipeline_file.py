@@ -121,7 +121,7 @@ def read_config(directory: str | Path, overrides: Mapping[str, Any] | None = Non
 
 def write_config(directory: str | Path, config: PipelineConfig) -> Path:
     """Write `config` as `directory`'s ``pipeline.json``; the file survives index saves."""
-    from medfaq.index.faq_index import write_lock
+    from medfaq.index.lock import write_lock
 
     path = config_path(directory)
     with write_lock(directory):  # an index save beside this one copies the finished file
@@ -137,7 +137,7 @@ def update_config(
     """Read, change and write `directory`'s ``pipeline.json`` under one write lock, so that no concurrent change is
     lost: ``change(saved)`` (None: there is no file yet) returns the config to write, or None to leave the file as
     it is. Returns what was written."""
-    from medfaq.index.faq_index import write_lock
+    from medfaq.index.lock import write_lock
 
     with write_lock(directory):
         saved = config_bytes(directory)

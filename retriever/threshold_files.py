@@ -4,7 +4,7 @@ A bi-encoder or reranker calibrated by :mod:`retriever.decisions.abstention` kee
 in its directory (:class:`ModelThreshold`); the stock encoders ship theirs in `STOCK_THRESHOLDS`, matched to an index by
 its encoder's weights fingerprint. An index inherits them (:func:`model_thresholds`): `medfaq index build` writes them
 into its ``pipeline.json`` marked as inherited, and reading a ``pipeline.json`` that is missing or lacks one fills it in
-the same way (:func:`with_model_thresholds`), so that a threshold travels with the encoder. """
+the same way (:func:`with_model_thresholds`), so that a threshold travels with the encoder."""
 
 from __future__ import annotations
 
@@ -105,7 +105,7 @@ def with_model_thresholds(config: PipelineConfig, index_dir: str | Path) -> Pipe
     its models carry (:func:`model_thresholds`: the index's encoder, and the reranker the config names, else the one
     ``medfaq setup`` trained) for every configuration it has none for, marked as inherited: what ``medfaq index
     build`` writes. Unchanged where `index_dir` holds no index or its encoder is not on this machine."""
-    from medfaq.index.faq_index import is_index, read_manifest
+    from medfaq.index.storage import is_index, read_manifest
     from medfaq.retriever.trained_models import set_up_reranker
 
     if not is_index(index_dir):

@@ -91,14 +91,14 @@ def reranker_corrects(reranker: Path, encoder: Path) -> bool:
 
 def index_built(path: Path) -> bool:
     """Whether `path` holds a built index (its manifest)."""
-    from medfaq.index.faq_index import is_index  # imported late: the command line starts without the index stack
+    from medfaq.index.storage import is_index  # imported late: the command line starts without the index stack
 
     return is_index(path)
 
 
 def encoded_by(index: Path, encoder: Path) -> bool:
     """Whether the index at `index` is built and was encoded by the model directory `encoder`."""
-    from medfaq.index.faq_index import read_manifest
+    from medfaq.index.storage import read_manifest
 
     if not index_built(index):
         return False

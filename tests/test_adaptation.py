@@ -12,7 +12,8 @@ from typer.testing import CliRunner
 
 from medfaq.app.cli import app
 from medfaq.common.runtime import UNFINISHED_FILE, MedfaqError
-from medfaq.index.faq_index import MANIFEST, FaqIndex, read_manifest
+from medfaq.index.faq_index import FaqIndex
+from medfaq.index.storage import MANIFEST, read_manifest
 from medfaq.retriever.decisions import adaptation
 from medfaq.retriever.decisions.adaptation import DevQuery
 from medfaq.retriever.decisions.adaptation_config import AdaptConfig

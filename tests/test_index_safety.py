@@ -17,8 +17,10 @@ from typer.testing import CliRunner
 
 from medfaq.app.cli import app
 from medfaq.common.runtime import MedfaqError
-from medfaq.index.faq_index import FaqIndex, disk_version, write_lock
+from medfaq.index.faq_index import FaqIndex
+from medfaq.index.lock import write_lock
 from medfaq.index.records import FaqRecord
+from medfaq.index.storage import disk_version
 from tests.conftest import FAQ_ROWS, write_jsonl
 
 runner = CliRunner()
@@ -410,7 +412,8 @@ def test_index_info_and_bm25_work_without_model_libraries(index_dir):
     """`index info` reads the manifest only; neither it nor a BM25 load imports torch or sentence-transformers."""
     code = (
         "import sys\n"
-        "from medfaq.index.faq_index import FaqIndex, index_info\n"
+        "from medfaq.index.faq_index import FaqIndex\n"
+        "from medfaq.index.storage import index_info\n"
         f"info = index_info({str(index_dir)!r})\n"
         f"hits = FaqIndex.load({str(index_dir)!r}).search_bm25(['shingles treated'], 1)\n"
         "heavy = [m for m in ('torch', 'transformers', 'sentence_transformers') if m in sys.modules]\n"

@@ -43,7 +43,7 @@ def exported(tmp_path_factory, tiny_encoder_dir) -> tuple[Path, list[dict]]:
     """A home where the set-up trained its encoder (the tiny random one, with a training config and a threshold) and
     encoded the MedQuAD index with it, the reranker's decision recorded beside the index; its export and the
     results of searching it."""
-    from medfaq.index.faq_index import read_manifest
+    from medfaq.index.storage import read_manifest
     from medfaq.retriever.decisions.abstention import ModelThreshold
     from medfaq.retriever.training.config import EncoderTrainConfig
 

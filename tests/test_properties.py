@@ -22,8 +22,9 @@ from medfaq.app.server import create_app
 from medfaq.app.service import SearchService
 from medfaq.common.runtime import MedfaqError
 from medfaq.index.collections import load_collection
-from medfaq.index.faq_index import FaqIndex, disk_version
+from medfaq.index.faq_index import FaqIndex
 from medfaq.index.records import FaqRecord, record_problem
+from medfaq.index.storage import disk_version
 from tests.conftest import FAQ_ROWS
 from tests.servers import serving
 

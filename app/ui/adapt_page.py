@@ -8,7 +8,7 @@ import streamlit as st
 from medfaq.app.adaptation_job import AdaptationJob
 from medfaq.app.ui import resources
 from medfaq.common.runtime import MedfaqError
-from medfaq.index.faq_index import read_manifest
+from medfaq.index.storage import read_manifest
 from medfaq.retriever.decisions.adaptation import describe_adaptation
 
 

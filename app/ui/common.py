@@ -8,7 +8,7 @@ import re
 import streamlit as st
 
 from medfaq.app.setup_state import DemoSettings, SetupRunner, SetupStep
-from medfaq.index.faq_index import read_manifest
+from medfaq.index.storage import read_manifest
 
 STYLE = """
 <style>

@@ -232,7 +232,7 @@ def inherit_thresholds(index_dir: str | Path, encoder: str, reranker: str | Path
     fingerprint in its manifest) into its
     ``pipeline.json``, each marked as inherited with where it came from; inherited ones of an earlier encoder are
     dropped, thresholds calibrated on the index itself (``--save-threshold``) kept. Returns the thresholds written."""
-    from medfaq.index.faq_index import is_index, read_manifest
+    from medfaq.index.storage import is_index, read_manifest
     from medfaq.retriever.pipeline import PipelineConfig
     from medfaq.retriever.pipeline_file import update_config
 

@@ -45,8 +45,10 @@ from typing import Any
 
 from medfaq.common.ranking import first_hits
 from medfaq.common.runtime import MedfaqError, resolve_model, utc_timestamp
-from medfaq.index.faq_index import MANIFEST, FaqIndex, disk_version, is_index, read_manifest, write_lock
+from medfaq.index.faq_index import FaqIndex
+from medfaq.index.lock import write_lock
 from medfaq.index.records import FaqRecord
+from medfaq.index.storage import MANIFEST, disk_version, is_index, read_manifest
 from medfaq.retriever.decisions.adaptation_config import PARTS, AdaptConfig
 
 ORIGIN_PREFIX = "adapt:"

@@ -122,7 +122,8 @@ def development_sets(
     error) and ``generated`` where `medfaq index adapt` held questions back. Questions whose gold FAQs are not in
     that index are left out, and labelled ones whose gold FAQs are only in the copy (inserted into it: no evidence
     about this bank); `limit`: only the first N of each set (0: all)."""
-    from medfaq.index.faq_index import FaqIndex, read_manifest
+    from medfaq.index.faq_index import FaqIndex
+    from medfaq.index.storage import read_manifest
 
     fingerprint = read_manifest(directory).encoder_fingerprint  # not an index: its one-line error first
     if not labelled:  # generated questions alone never turn a stage on
@@ -173,7 +174,7 @@ def read_record(path: Path) -> dict[str, Any] | None:
 def decided_for_encoder(directory: str | Path, record: dict[str, Any] | None) -> bool:
     """Whether `record` was decided with the encoder that encodes the index in `directory` now (a rebuild with
     another encoder keeps ``pipeline.json`` and the records, which then describe another first stage)."""
-    from medfaq.index.faq_index import is_index, read_manifest
+    from medfaq.index.storage import is_index, read_manifest
 
     if record is None or not is_index(directory):
         return False
