@@ -34,7 +34,9 @@ from medfaq.retriever.trained_models import (
 class ModelStep:
     """One model to train: `commands` are ``medfaq`` argument lists, ``{out}`` standing for the model's directory
     and ``{biencoder}`` for the fine-tuned retrieval bi-encoder under the models directory; `data` the datasets
-    they read (fetched first); `minutes` the measured wall time (of one seed, with `seeds`)."""
+    they read (fetched first); `minutes` the measured wall time (of one seed, with `seeds`): on the reference machine
+    of app.setup_speed for the default pipeline's steps; the others' were measured before the steps ran on every
+    core, on other 2-core machines, some beside other jobs (upper bounds)."""
 
     key: str
     model: str
@@ -129,11 +131,10 @@ MPNET_BIENCODER = ModelStep(
     stage="retrieve",
     data=FAQ_TRAINING_DATA,
     commands=(("train", "biencoder", "--task", "faq", "--preset", "quick", "--init", "mpnet", "--out", "{out}"),),
-    minutes=52,
-    measured="48 min 25 s wall alone on 2 cores, bf16, 21.8 GB peak, its abstention threshold calibrated at the end "
-    "(docs/results.md, MPNet fine-tuned with the faq recipe); 25 min 9 s on another AMX machine (docs/results.md, "
-    "a fresh set-up of the MPNet pipeline); 58 min 54 s on an AMX machine, 7-28 s a step as other jobs came and went, "
-    "22.3 GB peak (docs/results.md, the summary's set-up)",
+    minutes=31.0,
+    measured="31.0 min alone on the reference machine (app.setup_speed), both cores, bf16: 25 min 10 s for 207 steps, "
+    "the rest preparing pairs and negatives and calibrating the threshold; 22.7 GB peak (docs/experiments/setup.md, a "
+    "fresh set-up timed against its dry run)",
     slow=True,
 )
 SUMMARIZER_ECL = ModelStep(
@@ -263,7 +264,7 @@ FAQ_INDEX_BUILDS = {
     # 11 min 32 s alone; synonyms lost development R@1 (69.8 -> 69.1); 10 min 32 s in bf16 on a slower day, when ONNX
     # Runtime encoded a sample 3.0 times slower than bf16 (docs/results.md, the encoder in bf16); 2 min 40 s in bf16
     # alone on another AMX machine (docs/results.md, a fresh set-up of the MPNet pipeline), 3 min 48 s on a third
-    # here (the reference machine of app.setup_speed): 3 min 48 s in bf16 (docs/results.md, the summary's set-up)
+    # on the reference machine (app.setup_speed), both cores, bf16: 3 min 48 s, twice (docs/experiments/setup.md)
     MPNET_BIENCODER_MODEL: IndexBuild("none", 3.8),
 }
 """The MedQuAD index's build per retrieval encoder (docs/results.md, index build speed, and "Set-up ships the

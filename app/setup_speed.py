@@ -1,7 +1,8 @@
 """The set-up's times on this machine. Each set-up step was timed on one machine (`REFERENCE`); a step's minutes
 here are those minutes times how much slower this machine runs the step's kind of work, timed here with the same
-probes: ``train`` (training steps of the stock MiniLM bi-encoder, in the precision `auto` trains in) and ``encode``
-(texts encoded by the stock MiniLM on the runtime `auto` picks for an index build). The probes run as the steps do,
+probes: ``train`` (training steps of stock MPNet, the default encoder's start, in the precision `auto` trains in: a
+smaller model's steps measured a CPU without AMX 1.5 times slower where MPNet's were 3.2 times) and ``encode`` (texts
+encoded by the stock MiniLM on the runtime `auto` picks for an index build). The probes run as the steps do,
 in a process on every core (`app.setup_plan.step_environment`), take about ten seconds, and are kept per machine in
 ``$MEDFAQ_HOME/setup-speed.json``.
 """
@@ -43,10 +44,10 @@ class MachineSpeed:
 
 
 REFERENCE = MachineSpeed(
-    train=0.31, encode=0.038, machine="Intel(R) Xeon(R) Processor (AMX: bf16 training and encoding), 2 cores"
+    train=1.0, encode=0.030, machine="Intel(R) Xeon(R) Processor (AMX: bf16 training and encoding), 2 cores"
 )
-"""The probes on the machine the default set-up's minutes were measured on (app.setup_plan): the best of three
-timings, on both cores."""
+"""The probes on the machine the default set-up's minutes were measured on (app.setup_plan), alone, on both cores
+(two timings agreeing within 3 %)."""
 
 
 def machine_name() -> str:
@@ -59,15 +60,15 @@ def machine_name() -> str:
     return f"{model}, {step_environment()['OMP_NUM_THREADS']} cores"
 
 
-def probe_training(steps: int = 3) -> float:
-    """Seconds of the fastest of `steps` training steps (forward, in-batch contrastive loss, backward, AdamW) of the
-    stock MiniLM on `PROBE_BATCH` question pairs, after one warm-up step."""
+def probe_training(steps: int = 2) -> float:
+    """Seconds of the fastest of `steps` training steps (forward, in-batch contrastive loss, backward, AdamW) of
+    stock MPNet on `PROBE_BATCH` long questions, after one warm-up step."""
     import torch
     from sentence_transformers import SentenceTransformer
 
     from medfaq.common.runtime import autocast, resolve_model
 
-    model = SentenceTransformer(resolve_model("minilm"), device="cpu")
+    model = SentenceTransformer(resolve_model("mpnet"), device="cpu")
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
     features = model.preprocess([PROBE_TEXT] * PROBE_BATCH)

@@ -36,9 +36,9 @@ from medfaq.retriever.trained_models import (
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
 OFF_VALUES = {"", "0", "off", "none", "false", "no"}
-# `medfaq index build medquad --synonyms none` with stock MiniLM: 4 min 40 s on one core (docs/results.md); 1 min 3 s
-# alone on an AMX machine, 7 min 54 s there beside a test suite (docs/results.md, the summary's set-up)
-INDEX_MINUTES = 5
+# fetching MedQuAD and `medfaq index build medquad --synonyms none` with stock MiniLM: 1.0 min on the reference
+# machine, alone, on both cores (docs/experiments/setup.md, a fresh set-up timed against its dry run)
+INDEX_MINUTES = 1.0
 EXAMPLE_QUESTIONS = (
     "I've been on amoxicillin for a chest infection since Monday. Is it OK to have a glass of wine at my "
     "sister's wedding this weekend?",
@@ -117,7 +117,7 @@ class DemoSettings:
 
     def index_stamp(self) -> float:
         """Changes whenever the index is rebuilt or edited (cache key for the loaded index)."""
-        from medfaq.index.faq_index import MANIFEST
+        from medfaq.index.storage import MANIFEST
 
         return (self.index_dir / MANIFEST).stat().st_mtime
 

@@ -61,7 +61,7 @@ def test_present_models_are_skipped_and_fast_all_leaves_out_gemma():
 
 def test_the_demo_serves_the_fine_tuned_index_once_it_is_built(monkeypatch):
     from medfaq.app.setup_state import DemoSettings
-    from medfaq.index.faq_index import MANIFEST
+    from medfaq.index.storage import MANIFEST
 
     monkeypatch.delenv("MEDFAQ_DEMO_INDEX", raising=False)
     settings = DemoSettings.from_env()
