@@ -287,7 +287,11 @@ def build_parts(
     workers: int = 1,
     concepts: ConceptLexicon | None = None,
 ) -> IndexParts:
-    """The parts of a new index of `records`, encoded by `encoder` (see :meth:`FaqIndex.build`)."""
+    """The parts of a new index of `records`, encoded by `encoder` (:meth:`FaqIndex.build`). `backend` is a registered
+    vector backend ("faiss", "milvus") created with `kind` and `backend_options`. With `concepts`, an FAQ that names a
+    concept is encoded with its synonyms too (index/concepts.py). `staging` makes the encoding resumable
+    (index/chunked_encoding.py); `workers` > 1 encodes in that many processes (one per GPU on CUDA). An empty
+    `records` is refused: an index of 0 FAQs answers nothing."""
     from medfaq.index.bm25_store import Bm25Index
 
     if fields not in FIELDS:

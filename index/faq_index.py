@@ -47,28 +47,11 @@ class FaqIndex:
     # ---- construction -------------------------------------------------------------------------------------------
 
     @classmethod
-    def build(
-        cls,
-        records: list[FaqRecord],
-        encoder: SentenceEncoder,
-        fields: str = "question",
-        kind: str = "flat",
-        backend: str = "faiss",
-        backend_options: dict[str, Any] | None = None,
-        progress: bool = True,
-        staging: Path | None = None,
-        workers: int = 1,
-        concepts: ConceptLexicon | None = None,
-    ) -> FaqIndex:
-        """Encode `records` and index them; call :meth:`save` to write the index.
-
-        `backend` is a registered vector backend ("faiss", "milvus") created with `kind` and `backend_options`.
-        With `concepts`, an FAQ that names a concept is encoded with its synonyms too (index/concepts.py).
-        `staging` makes the encoding resumable (index/chunked_encoding.py); `workers` > 1 encodes in that many
-        processes (one per GPU on CUDA). An empty `records` is refused: an index of 0 FAQs answers nothing.
-        """
-        options = {"progress": progress, "staging": staging, "workers": workers, "concepts": concepts}
-        return cls(build_parts(records, encoder, fields, kind, backend, backend_options, **options), encoder)
+    def build(cls, records: list[FaqRecord], encoder: SentenceEncoder, *args: Any, **options: Any) -> FaqIndex:
+        """Encode `records` and index them (the options of :func:`index.editor.build_parts`: the fields encoded, the
+        vector backend and its kind, progress, a staging directory that makes the encoding resumable, workers, a
+        concept lexicon); call :meth:`save` to write the index. An empty `records` is refused."""
+        return cls(build_parts(records, encoder, *args, **options), encoder)
 
     def moved_to(
         self,
