@@ -14,15 +14,15 @@ from pathlib import Path
 import typer
 
 from medfaq.app.setup_plan import MODEL_STEPS, left_out, step_environment, step_of
-from medfaq.app.setup_speed import speed_here
+from medfaq.app.setup_speed import MachineSpeed, speed_here
 from medfaq.app.setup_state import REPO_ROOT, DemoSettings, SetupStep, default_steps
 from medfaq.common.runtime import MedfaqError
 from medfaq.retriever.trained_models import SET_UP_MODELS, ModelNotTrained
 
 
-def plan_lines(steps: list[SetupStep], fast: bool = False, everything: bool = False) -> list[str]:
-    """One line per step: its state, measured time and commands; then the total time of what will run, and the
-    models this set-up leaves to the commands that need them."""
+def plan_lines(steps: list[SetupStep], speed: MachineSpeed, fast: bool = False, everything: bool = False) -> list[str]:
+    """One line per step: its state, time here (`speed`: this machine's) and commands; then the total time of what
+    will run, and the models this set-up leaves to the commands that need them."""
     lines = []
     for number, step in enumerate(steps, 1):
         if step.status == "pending":
@@ -31,7 +31,6 @@ def plan_lines(steps: list[SetupStep], fast: bool = False, everything: bool = Fa
             lines.append(f"[{number}/{len(steps)}] {step.title}: {step.detail}")
     pending = [step for step in steps if step.status == "pending"]
     total = sum(step.minutes for step in pending)
-    speed = speed_here()
     lines.append(
         f"{len(pending)} step(s) to run, about {total:g} min here (the times measured on the reference machine, "
         f"training x{speed.factor('train'):.2f} and encoding x{speed.factor('encode'):.2f} as this machine timed "
@@ -81,16 +80,17 @@ def setup(
 
         import_file(source, force=False, dry_run=dry_run)
         return
+    speed = speed_here()
     if models:
-        steps = steps_training(models)
-        for line in plan_lines(steps, fast, everything=True):
+        steps = steps_training(models, speed)
+        for line in plan_lines(steps, speed, fast, everything=True):
             typer.echo(line)
         if not dry_run:
             run_steps(steps)
         return
-    steps = default_steps(DemoSettings.from_env(fast=fast, everything=everything), speed_here())
+    steps = default_steps(DemoSettings.from_env(fast=fast, everything=everything), speed)
     # the plan is the command's output (`medfaq setup --dry-run > plan.txt`)
-    for line in plan_lines(steps, fast, everything):
+    for line in plan_lines(steps, speed, fast, everything):
         typer.echo(line)
     if dry_run:
         return
@@ -121,13 +121,14 @@ def run_steps(pending: list[SetupStep]) -> None:
         typer.echo("set-up complete", err=True)
 
 
-def steps_training(models: list[str]) -> list[SetupStep]:
+def steps_training(models: list[str], speed: MachineSpeed) -> list[SetupStep]:
     """The pending set-up steps that train the set-up `models` (by name) and the models they start from, in the
-    order the set-up runs them; a name that is no set-up model is a one-line error."""
+    order the set-up runs them, timed for this machine (`speed`); a name that is no set-up model is a one-line
+    error."""
     unknown = [name for name in models if step_of(name) is None]
     if unknown:
         raise MedfaqError(f"no set-up model {unknown[0]!r}; choose among {', '.join(SET_UP_MODELS)}")
-    steps = {step.key: step for step in default_steps(DemoSettings.from_env(everything=True), speed_here())}
+    steps = {step.key: step for step in default_steps(DemoSettings.from_env(everything=True), speed)}
     wanted: list[SetupStep] = []
 
     def add(key: str) -> None:
@@ -146,9 +147,7 @@ def train_on_first_need(missing: ModelNotTrained, yes: bool) -> None:
     """Train the set-up model a command found missing (and the models it starts from), after saying what that
     trains and how long it takes: at once with `yes`, else after a yes at a terminal; elsewhere it is the one-line
     error, naming ``--yes`` and the time."""
-    if step_of(missing.model) is None:
-        raise missing
-    wanted = steps_training([missing.model])
+    wanted = steps_training([missing.model], speed_here())
     if not wanted:
         raise missing
     minutes = sum(step.minutes for step in wanted)

@@ -13,12 +13,11 @@ import json
 import platform
 import subprocess
 import sys
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from medfaq.app.setup_plan import step_environment
-from medfaq.common.runtime import MedfaqError, logger, medfaq_home
+from medfaq.common.runtime import MedfaqError, fastest_seconds, logger, medfaq_home
 
 KINDS = ("train", "encode")
 SPEED_FILE = "setup-speed.json"
@@ -72,18 +71,16 @@ def probe_training(steps: int = 2) -> float:
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
     features = model.preprocess([PROBE_TEXT] * PROBE_BATCH)
-    best = float("inf")
-    for _ in range(steps + 1):
-        start = time.perf_counter()
+
+    def step() -> None:
         with autocast("auto"):
             vectors = model(features)["sentence_embedding"].float()
-            scores = vectors @ vectors.T
-            loss = torch.nn.functional.cross_entropy(scores, torch.arange(PROBE_BATCH))
+            loss = torch.nn.functional.cross_entropy(vectors @ vectors.T, torch.arange(PROBE_BATCH))
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
-        best = min(best, time.perf_counter() - start)
-    return best
+
+    return fastest_seconds(step, steps)
 
 
 def probe_encoding(repeats: int = 3) -> float:
@@ -93,12 +90,7 @@ def probe_encoding(repeats: int = 3) -> float:
 
     encoder = load_encoder("minilm", backend="auto")
     texts = [f"{PROBE_TEXT} ({number})" for number in range(PROBE_BATCH)]
-    best = float("inf")
-    for _ in range(repeats + 1):
-        start = time.perf_counter()
-        encoder.encode(texts)
-        best = min(best, time.perf_counter() - start)
-    return best
+    return fastest_seconds(lambda: encoder.encode(texts), repeats)
 
 
 def measure_speed() -> tuple[float, float]:
@@ -110,7 +102,8 @@ def measure_speed() -> tuple[float, float]:
         [sys.executable, "-c", code], capture_output=True, text=True, env=step_environment(), check=False
     )
     if done.returncode != 0:
-        raise MedfaqError(f"timing this machine's speed failed: {done.stderr.strip().splitlines()[-1:]}")
+        last = done.stderr.strip().splitlines()[-1:] or [f"exit {done.returncode}"]
+        raise MedfaqError(f"timing this machine's speed failed: {last[0]}")
     train, encode = map(float, done.stdout.split()[-2:])
     return train, encode
 

@@ -313,20 +313,26 @@ def resolve_precision(precision: str, device: str = "cpu") -> str:
     return _measured_precision[device]
 
 
-def _time_matmul(dtype: Any, size: int = 512, repeats: int = 8) -> float:
-    """Seconds of the fastest of `repeats` (size x size) matrix products in `dtype` on the CPU."""
+def fastest_seconds(call: Callable[[], Any], repeats: int) -> float:
+    """Seconds of the fastest of `repeats` calls of `call`, after one untimed warm-up call (the first may build
+    kernels or caches)."""
     import time
 
-    import torch
-
-    a, b = torch.ones(size, size, dtype=dtype), torch.ones(size, size, dtype=dtype)
-    a @ b  # warm-up: the first call may build kernels
+    call()
     best = float("inf")
     for _ in range(repeats):
         start = time.perf_counter()
-        a @ b
+        call()
         best = min(best, time.perf_counter() - start)
     return max(best, 1e-9)
+
+
+def _time_matmul(dtype: Any, size: int = 512, repeats: int = 8) -> float:
+    """Seconds of the fastest of `repeats` (size x size) matrix products in `dtype` on the CPU."""
+    import torch
+
+    a, b = torch.ones(size, size, dtype=dtype), torch.ones(size, size, dtype=dtype)
+    return fastest_seconds(lambda: a @ b, repeats)
 
 
 def cast_for_inference(module: Any, precision: str, device: str = "cpu") -> None:
