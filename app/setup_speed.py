@@ -26,16 +26,18 @@ PROBE_TEXT = (
     "night and some swelling in her ankles, is that from the medicine and should she stop it?"
 )
 PROBE_BATCH = 16  # texts per probe training step and per encoded batch
+PROBES = 2  # the probes' version: a file timed by other probes is timed again (1: a MiniLM training step)
 
 
 @dataclass(frozen=True)
 class MachineSpeed:
     """Seconds this machine takes for one probe of each kind: a training step (`train`) and encoding a batch of
-    texts (`encode`); `machine` says which machine it is (`machine_name`)."""
+    texts (`encode`); `machine` says which machine it is (`machine_name`), `probes` which probes timed it."""
 
     train: float
     encode: float
     machine: str
+    probes: int = PROBES
 
     def factor(self, kind: str) -> float:
         """How many times longer work of `kind` takes here than on the `REFERENCE` machine."""
@@ -110,16 +112,16 @@ def measure_speed() -> tuple[float, float]:
 
 def speed_here(path: Path | None = None) -> MachineSpeed:
     """This machine's probes: read from `path` (default ``$MEDFAQ_HOME/setup-speed.json``) when they were timed on
-    this machine, else timed now and saved there."""
+    this machine by these probes, else timed now and saved there."""
     path = path or medfaq_home() / SPEED_FILE
     name = machine_name()
     if path.is_file():
         try:
-            saved = MachineSpeed(**json.loads(path.read_text(encoding="utf-8")))
-        except (TypeError, ValueError):  # damaged or of an older layout: time again
-            saved = None
-        if saved is not None and saved.machine == name:
-            return saved
+            saved = json.loads(path.read_text(encoding="utf-8"))
+            if saved.get("machine") == name and saved.get("probes") == PROBES:
+                return MachineSpeed(**saved)
+        except (AttributeError, TypeError, ValueError):  # damaged: time again
+            pass
     logger.info("timing this machine's training and encoding speed for the set-up's estimates (once)")
     train, encode = measure_speed()
     speed = MachineSpeed(train=train, encode=encode, machine=name)

@@ -129,7 +129,9 @@ def test_the_dry_run_states_each_steps_time_on_this_machine_from_its_measured_sp
     assert "training x2.00 and encoding x3.00" in dry_run()
 
 
-def test_this_machines_speed_is_timed_once_and_again_on_another_machine(monkeypatch):
+def test_this_machines_speed_is_timed_once_and_again_on_another_machine_or_by_other_probes(monkeypatch):
+    import json
+
     import medfaq.app.setup_speed as setup_speed
     from medfaq.common.runtime import medfaq_home
 
@@ -142,6 +144,9 @@ def test_this_machines_speed_is_timed_once_and_again_on_another_machine(monkeypa
     assert setup_speed.speed_here().machine == "another CPU" and len(timed) == 2
     (medfaq_home() / setup_speed.SPEED_FILE).write_text("{not json", encoding="utf-8")
     assert setup_speed.speed_here().machine == "another CPU" and len(timed) == 3
+    older = {"train": 0.3, "encode": 0.04, "machine": "another CPU"}  # timed by the first probes, which had no version
+    (medfaq_home() / setup_speed.SPEED_FILE).write_text(json.dumps(older), encoding="utf-8")
+    assert setup_speed.speed_here().probes == setup_speed.PROBES and len(timed) == 4
 
 
 @pytest.mark.speed_probes
