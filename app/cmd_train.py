@@ -11,6 +11,7 @@ import typer
 from medfaq.app.config_options import takes_config_options
 from medfaq.app.options import DEVICE, NO_OVERRIDES, takes_training_overrides
 from medfaq.common.runtime import UNFINISHED_FILE, MedfaqError, check_out_dir, resolve_model
+from medfaq.index.datasets import FAQ_SOURCES, OPTIONAL_FAQ_SOURCES
 from medfaq.retriever.biencoder.student_config import StudentTrainConfig
 from medfaq.summarizer.training.config import SummarizerTrainConfig
 
@@ -249,6 +250,15 @@ def train_command(model_type: str) -> Callable[..., None]:
         seed: int = typer.Option(0, "--seed"),
         overrides: Mapping[str, Any] = NO_OVERRIDES,
         max_pairs: int | None = typer.Option(None, "--max-pairs", min=1, help="Train on at most this many pairs."),
+        sources: str | None = typer.Option(
+            None,
+            "--sources",
+            help=f"Task faq: the training sources, comma-separated (default: {','.join(FAQ_SOURCES)}; "
+            f"also: {','.join(OPTIONAL_FAQ_SOURCES)}).",
+        ),
+        per_source: int | None = typer.Option(
+            None, "--per-source", min=1, help="Task faq: at most this many queries per source (override the preset)."
+        ),
         negatives: int | None = typer.Option(
             None, "--negatives", min=1, help="Task faq: hard negatives mined per query (override the preset)."
         ),
@@ -287,6 +297,8 @@ def train_command(model_type: str) -> Callable[..., None]:
             init=init,
             seed=seed,
             max_pairs=max_pairs,
+            faq_sources=tuple(filter(None, map(str.strip, sources.split(",")))) if sources is not None else None,
+            faq_per_source=per_source,
             faq_negatives=negatives,
             negatives_encoder=negatives_encoder,
             faq_synonyms=synonyms,

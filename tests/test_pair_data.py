@@ -8,6 +8,7 @@ import random
 import numpy as np
 import pytest
 
+from medfaq.common.runtime import MedfaqError
 from medfaq.retriever.training.config import make_config
 from medfaq.retriever.training.loop import make_batches
 from medfaq.retriever.training.pair_data import (
@@ -187,3 +188,24 @@ def test_listwise_subsampling_keeps_whole_queries():
     assert {p.group for p in kept} == {p.group for p in kept if p.label == 1}
     assert all(sum(p.group == g for p in kept) == 4 for g in {p.group for p in kept})
     assert subsample_groups(pairs, 10, seed=3) == kept and subsample_groups(pairs, None, seed=0) != pairs
+
+
+def test_chosen_sources_and_cap_reach_the_pairs(faq_data):
+    root, _ = faq_data
+    config = make_config("biencoder", "faq", "quick", faq_sources=("rqe",), faq_per_source=1, negatives_encoder="x")
+    assert config.faq_sources == ("rqe",) and config.faq_per_source == 1
+    pairs = faq_pairs(bag_of_words, config.faq_sources, 1, config.faq_per_source, data_root=root)
+    assert {pair.source for pair in pairs} == {"rqe"} and pair_counts(pairs)["rqe"]["queries"] == 1
+
+
+@pytest.mark.parametrize(
+    ("task", "sources", "message"),
+    [
+        ("faq", ("rqe", "pubmed"), "unknown training source pubmed; choose from meqsum"),
+        ("faq", (), "no training source"),
+        ("mqp", ("rqe",), "needs --task faq"),
+    ],
+)
+def test_bad_sources_are_refused_in_one_line(task, sources, message):
+    with pytest.raises(MedfaqError, match=message):
+        make_config("biencoder", task, "quick", faq_sources=sources)

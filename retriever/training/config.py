@@ -13,7 +13,7 @@ from typing import Any
 
 from medfaq.common.model_kinds import KIND_KEY, STUDENT, TRAIN_CONFIG
 from medfaq.common.runtime import PRECISIONS, MedfaqError
-from medfaq.index.datasets import FAQ_SOURCES
+from medfaq.index.datasets import FAQ_SOURCES, OPTIONAL_FAQ_SOURCES
 
 CONFIG_FILE = TRAIN_CONFIG
 MODEL_TYPES = ("biencoder", "crossencoder")
@@ -98,6 +98,19 @@ class EncoderTrainConfig:
         if not 0 < self.keep_ratio <= 1:
             raise MedfaqError("the keep ratio must be in (0, 1]")
         self.faq_sources = tuple(self.faq_sources)
+        if self.task == "faq" or self.faq_sources != FAQ_SOURCES:
+            self._check_faq_sources()
+
+    def _check_faq_sources(self) -> None:
+        if self.task != "faq":
+            raise MedfaqError("--sources picks the query -> FAQ training sources: it needs --task faq")
+        known = (*FAQ_SOURCES, *OPTIONAL_FAQ_SOURCES)
+        unknown = [source for source in self.faq_sources if source not in known]
+        if unknown or not self.faq_sources:
+            named = f"unknown training source {', '.join(unknown)}" if unknown else "no training source"
+            raise MedfaqError(f"{named}; choose from {', '.join(known)}")
+        if self.faq_per_source is not None and self.faq_per_source < 1:
+            raise MedfaqError("--per-source must be at least 1")
 
     @property
     def prior_model(self) -> str:
