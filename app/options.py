@@ -193,6 +193,14 @@ TRAINING_OVERRIDES: dict[str, SharedOption] = {
             help="Task mqp: each training group's similar and dissimilar rewrite as one more negative (override).",
         ),
     ),
+    "length_buckets": SharedOption(
+        bool | None,
+        typer.Option(
+            None,
+            "--length-buckets/--no-length-buckets",
+            help="Bi-encoder: questions of similar length share a batch, so less padding is computed (override).",
+        ),
+    ),
     "prior_scale": SharedOption(
         float | None,
         typer.Option(

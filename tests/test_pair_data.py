@@ -209,3 +209,22 @@ def test_chosen_sources_and_cap_reach_the_pairs(faq_data):
 def test_bad_sources_are_refused_in_one_line(task, sources, message):
     with pytest.raises(MedfaqError, match=message):
         make_config("biencoder", task, "quick", faq_sources=sources)
+
+
+def test_length_buckets_keep_distinct_batches_and_group_similar_lengths():
+    short = [(f"q{i}", f"faq {i}", f"neg {i}") for i in range(64)]
+    long = [("long question " * 20 + str(i), f"faq {i + 64}", f"neg {i + 64}") for i in range(64)]
+    triplets = [*short, *long]
+    keys = lambda t: t[1:]  # noqa: E731
+    batches = make_batches(triplets, 16, random.Random(0), length=lambda t: len(t[0]), distinct=keys)
+    assert sorted(t for batch in batches for t in batch) == sorted(triplets)
+    assert all(len({key for t in batch for key in keys(t)}) == 2 * len(batch) for batch in batches)
+    assert all(len({len(t[0]) > 50 for t in batch}) == 1 for batch in batches)  # no batch mixes short and long
+    mixed = make_batches(triplets, 16, random.Random(0), distinct=keys)
+    assert any(len({len(t[0]) > 50 for t in batch}) == 2 for batch in mixed)
+
+
+def test_length_buckets_are_a_biencoder_setting():
+    assert make_config("biencoder", "faq", "quick", length_buckets=True).length_buckets
+    with pytest.raises(MedfaqError, match="always bucketed"):
+        make_config("crossencoder", "faq", "quick", length_buckets=True)

@@ -45,6 +45,11 @@ def train_biencoder(pairs: Sequence[Pair], config: EncoderTrainConfig, device: s
             return loss(columns, torch.zeros(len(batch), device=model.device))
 
     distinct = (lambda triplet: map(normalise, triplet)) if config.loss == "mnrl" else None
-    train_loop(model, step, examples, config, desc=f"bi-encoder ({config.loss})", distinct=distinct)
+
+    def question_chars(example) -> int:  # the question is the column whose padding costs most
+        return len(example[0] if config.loss == "mnrl" else example.text_a)
+
+    length = question_chars if config.length_buckets else None
+    train_loop(model, step, examples, config, desc=f"bi-encoder ({config.loss})", length=length, distinct=distinct)
     model.max_seq_length = inference_length
     return model

@@ -63,6 +63,7 @@ class EncoderTrainConfig:
     keep_ratio: float = 1.0  # final weights = start + keep_ratio x (fine-tuned - start); 1: the fine-tuned ones
     prior_scale: float = 0.0  # cross-encoder: logits += prior_scale x cosine of the prior encoder (learn a correction)
     prior_encoder: str | None = None  # the bi-encoder that prior is (None: negatives_encoder, the first stage)
+    length_buckets: bool = False  # bi-encoder: queries of similar length share a batch (less padding, faster steps)
     precision: str = "auto"  # training matrix products: fp32 | bf16 | auto (bf16 where measured faster; the one used)
     n_train_pairs: int = 0  # filled in by training
     extra: dict[str, Any] = field(default_factory=dict)
@@ -87,6 +88,8 @@ class EncoderTrainConfig:
             raise MedfaqError("--synonyms reads FAQs as a synonym index shows them to a reranker: it needs --task faq")
         if self.feedback_index and self.task != "faq":
             raise MedfaqError("--feedback learns which FAQ answers a question: it needs --task faq")
+        if self.length_buckets and self.model_type != "biencoder":
+            raise MedfaqError("--length-buckets shapes a bi-encoder's batches; a cross-encoder's are always bucketed")
         if self.prior_scale < 0:
             raise MedfaqError("--prior-scale must be 0 (off) or positive")
         if self.prior_scale and self.model_type != "crossencoder":

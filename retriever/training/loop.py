@@ -57,7 +57,14 @@ def make_batches(
     order = list(examples)
     rng.shuffle(order)
     if distinct is not None:
-        return _distinct_batches(order, batch_size, distinct)
+        if length is None:
+            return _distinct_batches(order, batch_size, distinct)
+        pools = [order[start : start + batch_size * pool] for start in range(0, len(order), batch_size * pool)]
+        batches = [
+            batch for chunk in pools for batch in _distinct_batches(sorted(chunk, key=length), batch_size, distinct)
+        ]
+        rng.shuffle(batches)
+        return batches
     by_label: dict[int, list[T]] = {}
     for example in order:
         by_label.setdefault(label(example) if label else 0, []).append(example)

@@ -1,0 +1,176 @@
+"""Variants of the set-up's retrieval recipe (``medfaq train biencoder --task faq --preset quick --init mpnet``)
+scored on the real FAQ banks: each variant is trained, gets its own MedQuAD index, and is evaluated on the test
+questions of covid-q, quebec and medquad-rqe (all and the clean ones) and on the development parts of quebec and
+medquad-rqe, the parts a recipe is chosen on. Produced "How many training steps the set-up needs" and "Training on
+the banks' own FAQs" of docs/experiments/setup.md:
+
+    python experiments/recipe_variants.py run half -- --max-pairs 6559
+    python experiments/recipe_variants.py run real -- --sources rqe,quebec,mqp
+    python experiments/recipe_variants.py run shipped --model $MEDFAQ_HOME/models/biencoder-mpnet-faq-quick
+    python experiments/recipe_variants.py table shipped half real --against shipped
+
+Each variant lives in OUT/NAME (default OUT: /tmp/recipe-variants): model/, medquad/ (its MedQuAD index), bench/,
+runs/ (TREC runs of the test questions), test-BANK.json and dev.json (`medfaq eval retrieval --json`); a step whose
+output exists is skipped, so an interrupted run resumes. The clean question ids come from `medfaq data audit
+--clean-ids DIR`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import time
+from pathlib import Path
+
+from medfaq.common.ranking import read_trec_run
+from medfaq.eval.benchmarks import Benchmark
+from medfaq.retriever.decisions.stage_choice import sign_test
+
+BANKS = ("covid-q", "quebec", "medquad-rqe")
+DEV_BANKS = ("quebec", "medquad-rqe")  # covid-q has no development part: every question is a test question
+RECIPE = ("train", "biencoder", "--task", "faq", "--preset", "quick", "--init", "mpnet")
+
+
+def medfaq(*args: str, log: Path) -> float:
+    """Run one medfaq command, its standard output into `log` and its errors beside it (``.err``); its wall
+    seconds."""
+    start = time.perf_counter()
+    with log.open("w") as out, log.with_suffix(".err").open("w") as err:
+        subprocess.run(["medfaq", *args], stdout=out, stderr=err, check=True)
+    return time.perf_counter() - start
+
+
+def run(name: str, out: Path, data: str, clean: Path, model: str | None, train_args: list[str]) -> None:
+    """Train (unless `model` is given), index MedQuAD, make the benchmarks and evaluate one variant."""
+    home = out / name
+    home.mkdir(parents=True, exist_ok=True)
+    walls = json.loads((home / "walls.json").read_text()) if (home / "walls.json").is_file() else {}
+    encoder = model or str(home / "model")
+    if model is None and not (home / "model" / "threshold.json").is_file():
+        walls["train"] = medfaq(*RECIPE, "--out", encoder, "--force", *train_args, log=home / "train.log")
+    if not (home / "medquad" / "manifest.json").is_file():
+        walls["index"] = medfaq(
+            "index", "build", "medquad", "--encoder", encoder, "--synonyms", "none", "--out", str(home / "medquad"),
+            log=home / "index.log",
+        )  # fmt: skip
+    (home / "walls.json").write_text(json.dumps(walls, indent=2))
+    for bank in BANKS:
+        target = home / "bench" / bank
+        if not (target / "benchmark.json").is_file():
+            source = ["--bank", str(home / "medquad")] if bank == "medquad-rqe" else ["--encoder", encoder]
+            medfaq(
+                "data", "make-benchmark", bank, "--out", str(target), "--from", data, *source, "--synonyms", "none",
+                log=home / f"bench-{bank}.log",
+            )  # fmt: skip
+    (home / "runs").mkdir(exist_ok=True)
+    for bank in BANKS:
+        medfaq(
+            "eval", "retrieval", "--benchmark", str(home / "bench" / bank), "--mode", "dense", "--json",
+            "--query-ids", str(clean / f"{bank}.txt"), "--run-out", str(home / "runs" / f"{bank}.trec"),
+            log=home / f"test-{bank}.json",
+        )  # fmt: skip
+    dev_ids = home / "dev-ids"
+    dev_ids.mkdir(exist_ok=True)
+    targets = []
+    for bank in DEV_BANKS:  # the same benchmark with no questions set apart, the development ones listed
+        source, target = home / "bench" / bank, home / "dev" / bank
+        target.mkdir(parents=True, exist_ok=True)
+        for entry in source.iterdir():
+            if entry.name != "dev.txt" and not (target / entry.name).exists():
+                (target / entry.name).symlink_to(entry)
+        (target / "dev.txt").write_text("")
+        (dev_ids / f"{bank}.txt").write_text((source / "dev.txt").read_text())
+        targets += ["--benchmark", str(target)]
+    medfaq(
+        "eval", "retrieval", *targets, "--mode", "dense", "--json", "--query-ids", str(dev_ids), log=home / "dev.json"
+    )
+
+
+def scores(path: Path) -> dict[str, dict[str, float]]:
+    """Per benchmark: R@1 and MRR@10 of all judged questions and R@1 of the listed ones, from `--json` output."""
+    text = path.read_text()
+    report = json.loads(text[text.index("{") :])
+    found = {}
+    for benchmark in report["benchmarks"]:
+        row = benchmark["rows"][0]
+        found[benchmark["benchmark"]] = {
+            "r1": row["recall@1"],
+            "mrr": row["mrr@10"],
+            "listed_r1": row.get("listed", {}).get("recall@1", float("nan")),
+        }
+    return found
+
+
+def first_hits(path: Path) -> dict[str, str]:
+    return {qid: max(ranked, key=ranked.get) for qid, ranked in read_trec_run(str(path)).items() if ranked}
+
+
+def paired(home: Path, against: Path, bank: str) -> tuple[int, int]:
+    """Test questions the variant answers at rank 1 where `against` does not, and the other way."""
+    benchmark = Benchmark.load(home / "bench" / bank)
+    judged = {qid: golds for qid, golds in benchmark.qrels.items() if qid not in benchmark.dev_ids}
+    mine, theirs = first_hits(home / "runs" / f"{bank}.trec"), first_hits(against / "runs" / f"{bank}.trec")
+    won = sum(mine.get(q) in golds and theirs.get(q) not in golds for q, golds in judged.items())
+    lost = sum(theirs.get(q) in golds and mine.get(q) not in golds for q, golds in judged.items())
+    return won, lost
+
+
+def steps(home: Path) -> str:
+    """The variant's training steps, from its training log's progress bar."""
+    logs = [home / "train.err", home / "train.log"]  # progress bars go to the errors
+    found = [
+        total
+        for log in logs
+        if log.is_file()
+        for total in re.findall(r"bi-encoder[^|]*\| *\d+/(\d+) \[", log.read_text())
+    ]
+    return found[-1] if found else "-"
+
+
+def table(names: list[str], out: Path, against: str | None) -> None:
+    header = "| variant | steps | train min | " + " | ".join(f"{b} R@1 / MRR@10 (clean R@1)" for b in BANKS)
+    header += " | " + " | ".join(f"dev {b} R@1" for b in DEV_BANKS) + " |"
+    print(header + "\n|" + "---|" * (3 + len(BANKS) + len(DEV_BANKS)))
+    for name in names:
+        home = out / name
+        test = {bank: scores(home / f"test-{bank}.json")[bank] for bank in BANKS}
+        dev = scores(home / "dev.json")
+        walls = json.loads((home / "walls.json").read_text()) if (home / "walls.json").is_file() else {}
+        cells = []
+        for bank in BANKS:
+            cell = f"{test[bank]['r1']:.1f} / {test[bank]['mrr']:.1f} ({test[bank]['listed_r1']:.1f})"
+            if against and name != against:
+                won, lost = paired(home, out / against, bank)
+                cell += f" +{won} -{lost} p {sign_test(won, lost):.2g}"
+            cells.append(cell)
+        cells += [f"{dev[bank]['listed_r1']:.1f}" for bank in DEV_BANKS]
+        train = f"{walls['train'] / 60:.1f}" if "train" in walls else "-"
+        print(f"| {name} | {steps(home)} | {train} | " + " | ".join(cells) + " |")
+    if against:
+        print(f"\n+W -L p: test questions right at rank 1 where {against} is wrong, the other way, one-sided sign test")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", type=Path, default=Path("/tmp/recipe-variants"))
+    commands = parser.add_subparsers(dest="command", required=True)
+    run_parser = commands.add_parser("run", help="Train, index and evaluate one variant.")
+    run_parser.add_argument("name")
+    run_parser.add_argument("--model", help="Evaluate this trained model instead of training one.")
+    run_parser.add_argument("--data", default="../shared/data")
+    run_parser.add_argument("--clean", type=Path, default=Path("bench/clean"), help="`medfaq data audit --clean-ids`")
+    run_parser.add_argument("train_args", nargs="*", help="After --: options added to the recipe's command.")
+    table_parser = commands.add_parser("table", help="The variants' scores side by side.")
+    table_parser.add_argument("names", nargs="+")
+    table_parser.add_argument("--against", help="The variant the others are paired with, question by question.")
+    args = parser.parse_args()
+    if args.command == "run":
+        run(args.name, args.out, args.data, args.clean, args.model, args.train_args)
+    else:
+        table(args.names, args.out, args.against)
+
+
+if __name__ == "__main__":
+    main()
