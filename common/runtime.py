@@ -7,6 +7,8 @@ This module sits at the bottom of the dependency graph (it imports no other medf
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import functools
 import logging
 import os
 import random
@@ -342,6 +344,26 @@ def cast_for_inference(module: Any, precision: str, device: str = "cpu") -> None
 
     if resolve_precision(precision, device) == "bf16":
         module.to(torch.bfloat16)
+
+
+@functools.cache
+def _glibc_malloc_trim() -> Callable[[int], int] | None:
+    try:
+        return ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):  # not glibc (macOS, Windows, musl)
+        return None
+
+
+def release_freed_memory() -> None:
+    """Hand the memory freed since the last call back to the system (glibc's ``malloc_trim``; elsewhere nothing).
+
+    A training step on CPU allocates its activations anew at each batch's padded length; glibc keeps the freed
+    blocks of varying sizes in its heap, and a process that is handed them back after every step stays at the memory
+    it uses (an MPNet bi-encoder training step: 2.2 GB after 40 steps instead of 6.9 and climbing; 20 GB after 99
+    steps of the set-up's recipe, docs/experiments/setup.md)."""
+    trim = _glibc_malloc_trim()
+    if trim is not None:
+        trim(0)
 
 
 def autocast(precision: str, device: str = "cpu") -> Any:

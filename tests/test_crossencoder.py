@@ -140,6 +140,17 @@ def test_best_epoch_weights_are_restored():
     assert torch.equal(model.weight, seen[1]) and not torch.equal(seen[1], seen[2])
 
 
+def test_each_training_step_hands_freed_memory_back(monkeypatch):
+    import medfaq.common.runtime as runtime
+
+    trims: list[int] = []
+    monkeypatch.setattr(runtime, "_glibc_malloc_trim", lambda: trims.append)
+    model = torch.nn.Linear(2, 1)
+    config = EncoderTrainConfig(epochs=2, batch_size=2, lr=0.1)
+    train_loop(model, lambda batch: model(torch.stack(batch)).pow(2).mean(), [torch.randn(2) for _ in range(6)], config)
+    assert trims == [0] * 6  # 3 steps an epoch, 2 epochs
+
+
 def test_reranker_protocol_and_quantized_scores(tmp_path, tiny_bert_dir):
     config = _config(tiny_bert_dir, epochs=1, batch_size=4, lr=None)
     save_trained(train_crossencoder(PAIRS, config, device="cpu"), config, tmp_path / "ce")

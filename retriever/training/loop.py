@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 
 from tqdm.auto import tqdm
 
-from medfaq.common.runtime import MedfaqError, autocast, resolve_precision, seed_everything
+from medfaq.common.runtime import MedfaqError, autocast, release_freed_memory, resolve_precision, seed_everything
 from medfaq.retriever.training.config import EncoderTrainConfig
 
 logger = logging.getLogger("medfaq.training")
@@ -140,6 +140,7 @@ def train_loop(
                 optimizer.step()
                 scheduler.step()
                 optimizer.zero_grad()
+                release_freed_memory()
                 losses.append(float(loss.item()))
                 bar.update(1)
                 bar.set_postfix(loss=f"{sum(losses[-20:]) / len(losses[-20:]):.4f}")

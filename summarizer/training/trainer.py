@@ -41,6 +41,7 @@ from medfaq.common.runtime import (
     autocast,
     check_out_dir,
     choose_device,
+    release_freed_memory,
     resolve_precision,
     resumable_run,
     seed_everything,
@@ -474,6 +475,7 @@ class SummarizerTrainer:
             generator_optimizer.zero_grad(set_to_none=True)
         if self.moco is not None:
             self.moco.update(self.encoder)
+        release_freed_memory()
         self.global_step += 1
 
     def _end_epoch(self, stage, valid, optimizer, scheduler, generator_optimizer) -> bool:
