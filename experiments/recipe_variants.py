@@ -66,26 +66,37 @@ def run(name: str, out: Path, data: str, clean: Path, model: str | None, train_a
             )  # fmt: skip
     (home / "runs").mkdir(exist_ok=True)
     for bank in BANKS:
+        if reported(home / f"test-{bank}.json"):
+            continue
         medfaq(
             "eval", "retrieval", "--benchmark", str(home / "bench" / bank), "--mode", "dense", "--json",
             "--query-ids", str(clean / f"{bank}.txt"), "--run-out", str(home / "runs" / f"{bank}.trec"),
             log=home / f"test-{bank}.json",
         )  # fmt: skip
+    if reported(home / "dev.json"):
+        return
     dev_ids = home / "dev-ids"
     dev_ids.mkdir(exist_ok=True)
     targets = []
-    for bank in DEV_BANKS:  # the same benchmark with no questions set apart, the development ones listed
+    for bank in DEV_BANKS:  # the same benchmark with its development questions counted as judged ones, and listed
         source, target = home / "bench" / bank, home / "dev" / bank
         target.mkdir(parents=True, exist_ok=True)
-        for entry in source.iterdir():
-            if entry.name != "dev.txt" and not (target / entry.name).exists():
-                (target / entry.name).symlink_to(entry)
-        (target / "dev.txt").write_text("")
-        (dev_ids / f"{bank}.txt").write_text((source / "dev.txt").read_text())
+        for entry in ("benchmark.json", "corpus.jsonl", "qrels.tsv", "index"):
+            if not (target / entry).exists():
+                (target / entry).symlink_to(source / entry)
+        benchmark = Benchmark.load(source)
+        queries = [{**query, "metadata": {**query.get("metadata", {}), "split": "all"}} for query in benchmark.queries]
+        (target / "queries.jsonl").write_text("".join(json.dumps(query) + "\n" for query in queries))
+        (dev_ids / f"{bank}.txt").write_text("".join(f"{qid}\n" for qid in sorted(benchmark.dev_ids)))
         targets += ["--benchmark", str(target)]
     medfaq(
         "eval", "retrieval", *targets, "--mode", "dense", "--json", "--query-ids", str(dev_ids), log=home / "dev.json"
     )
+
+
+def reported(path: Path) -> bool:
+    """Whether an evaluation's output is there already (an interrupted one leaves it empty)."""
+    return path.is_file() and "{" in path.read_text()
 
 
 def scores(path: Path) -> dict[str, dict[str, float]]:
