@@ -21,6 +21,7 @@ import argparse
 import json
 import re
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -172,13 +173,14 @@ def main() -> None:
     run_parser.add_argument("--model", help="Evaluate this trained model instead of training one.")
     run_parser.add_argument("--data", default="../shared/data")
     run_parser.add_argument("--clean", type=Path, default=Path("bench/clean"), help="`medfaq data audit --clean-ids`")
-    run_parser.add_argument("train_args", nargs="*", help="After --: options added to the recipe's command.")
     table_parser = commands.add_parser("table", help="The variants' scores side by side.")
     table_parser.add_argument("names", nargs="+")
     table_parser.add_argument("--against", help="The variant the others are paired with, question by question.")
-    args = parser.parse_args()
+    argv = sys.argv[1:]
+    cut = argv.index("--") if "--" in argv else len(argv)  # after --: options added to the recipe's command
+    args = parser.parse_args(argv[:cut])
     if args.command == "run":
-        run(args.name, args.out, args.data, args.clean, args.model, args.train_args)
+        run(args.name, args.out, args.data, args.clean, args.model, argv[cut + 1 :])
     else:
         table(args.names, args.out, args.against)
 
