@@ -151,6 +151,20 @@ def test_each_training_step_hands_freed_memory_back(monkeypatch):
     assert trims == [0] * 6  # 3 steps an epoch, 2 epochs
 
 
+def test_the_schedule_counts_the_batches_distinct_texts_add():
+    model = torch.nn.Linear(2, 1)
+    config = EncoderTrainConfig(epochs=1, batch_size=3, lr=0.1)
+    examples = [(f"q{i}", "the same FAQ", torch.randn(2)) for i in range(6)]  # no two may share a batch
+    sizes: list[int] = []
+
+    def loss(batch):
+        sizes.append(len(batch))
+        return model(torch.stack([example[2] for example in batch])).pow(2).mean()
+
+    history = train_loop(model, loss, examples, config, distinct=lambda example: [example[1]])
+    assert history["steps"] == 6 and sizes == [1] * 6  # six batches of one, where 6 / 3 = 2 were counted
+
+
 def test_reranker_protocol_and_quantized_scores(tmp_path, tiny_bert_dir):
     config = _config(tiny_bert_dir, epochs=1, batch_size=4, lr=None)
     save_trained(train_crossencoder(PAIRS, config, device="cpu"), config, tmp_path / "ce")

@@ -99,7 +99,8 @@ def train_loop(
     shared keys). `dev_score`
     (higher = better) runs after every epoch; the weights of the best epoch are restored at the end, then moved back
     towards the weights `model` had on entry, keeping `config.keep_ratio` of the change (:func:`interpolate_weights`).
-    Returns the history: mean loss and dev score per epoch, the best epoch (1-based) and the training seconds. `model`
+    Returns the history: mean loss and dev score per epoch, the best epoch (1-based), the steps and the training
+    seconds. `model`
     is a torch module (put into train mode here, eval mode at the end). The forward passes run in
     `config.precision`, resolved here (``auto``: bf16 where this machine measures it faster) and written back.
     """
@@ -114,8 +115,11 @@ def train_loop(
     device = next(model.parameters()).device.type
     config.precision = resolve_precision(config.precision, device)
     start = copy_weights(model) if config.keep_ratio < 1 else None
-    steps_per_epoch = (len(examples) + config.batch_size - 1) // config.batch_size
-    total = steps_per_epoch * config.epochs
+    rng = random.Random(config.seed)
+    epochs = [  # built first: keeping a batch's texts distinct can add batches, and the schedule counts them all
+        make_batches(examples, config.batch_size, rng, label, length, distinct=distinct) for _ in range(config.epochs)
+    ]
+    total = sum(map(len, epochs))
     trainable = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
     no_decay = [p for name, p in trainable if name.endswith("bias") or "LayerNorm" in name]
     decay = [p for name, p in trainable if not (name.endswith("bias") or "LayerNorm" in name)]
@@ -124,15 +128,14 @@ def train_loop(
         lr=config.lr,
     )
     scheduler = get_linear_schedule_with_warmup(optimizer, int(total * config.warmup_ratio), total)
-    rng = random.Random(config.seed)
-    history: dict[str, Any] = {"epoch_loss": [], "dev_score": [], "best_epoch": config.epochs}
+    history: dict[str, Any] = {"epoch_loss": [], "dev_score": [], "best_epoch": config.epochs, "steps": total}
     best_state, best_score = None, float("-inf")
     started = time.perf_counter()
     with tqdm(total=total, desc=desc, unit="step") as bar:
-        for epoch in range(config.epochs):
+        for epoch, batches in enumerate(epochs):
             model.train()
             losses: list[float] = []
-            for batch in make_batches(examples, config.batch_size, rng, label, length, distinct=distinct):
+            for batch in batches:
                 with autocast(config.precision, device):
                     loss = loss_fn(batch)
                 loss.backward()
