@@ -130,15 +130,15 @@ def paired(home: Path, against: Path, bank: str) -> tuple[int, int]:
 
 
 def steps(home: Path) -> str:
-    """The variant's training steps, from its training log's progress bar."""
-    logs = [home / "train.err", home / "train.log"]  # progress bars go to the errors
-    found = [
-        total
-        for log in logs
-        if log.is_file()
-        for total in re.findall(r"bi-encoder[^|]*\| *\d+/(\d+) \[", log.read_text())
-    ]
-    return found[-1] if found else "-"
+    """The steps the variant trained, from its training log's progress bar (which counts on past its total when
+    distinct texts add batches)."""
+    counted = []
+    for log in (home / "train.err", home / "train.log"):  # the driver's log, or a shell run's with both streams
+        if log.is_file():
+            text = log.read_text()
+            counted += re.findall(r"bi-encoder[^\r\n]*?\| *(\d+)/\d+ \[", text)
+            counted += re.findall(r"bi-encoder \(\w+\): (\d+)step \[", text)
+    return str(max(map(int, counted))) if counted else "-"
 
 
 def table(names: list[str], out: Path, against: str | None) -> None:

@@ -30,7 +30,8 @@ def test_dry_run_all_lists_every_step_with_time_and_command():
         assert command in output
     # fine-tuned MPNet, the encoder the rule chose, encodes the MedQuAD index
     mpnet = str(models_dir() / "biencoder-mpnet-faq-quick")
-    assert f"--init mpnet --length-buckets --out {mpnet}" in output and f"index build medquad --encoder {mpnet}" in output
+    assert f"--init mpnet --length-buckets --out {mpnet}" in output
+    assert f"index build medquad --encoder {mpnet}" in output
     # the reranker starts from the MiniLM bi-encoder and is trained as a correction of the index's one (its prior)
     assert f"--prior-scale 20 --negatives 7 --negatives-encoder {mpnet} --init " in output
     assert "--backbone gemma-3-270m --variant mle" in output and "about 45 min" in output
