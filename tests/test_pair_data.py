@@ -211,6 +211,16 @@ def test_bad_sources_are_refused_in_one_line(task, sources, message):
         make_config("biencoder", task, "quick", faq_sources=sources)
 
 
+def test_a_saved_config_loads_with_the_sources_it_was_trained_on(tmp_path):
+    from medfaq.retriever.training.config import EncoderTrainConfig
+
+    make_config("crossencoder", "mqp", "quick").save(tmp_path)
+    saved = json.loads((tmp_path / "train_config.json").read_text())
+    saved["faq_sources"] = ["meqsum", "a-source-since-renamed"]  # an older release's default sources
+    (tmp_path / "train_config.json").write_text(json.dumps(saved))
+    assert EncoderTrainConfig.load(tmp_path).faq_sources == ("meqsum", "a-source-since-renamed")
+
+
 def test_length_buckets_keep_distinct_batches_and_group_similar_lengths():
     short = [(f"q{i}", f"faq {i}", f"neg {i}") for i in range(64)]
     long = [("long question " * 20 + str(i), f"faq {i + 64}", f"neg {i + 64}") for i in range(64)]

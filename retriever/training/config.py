@@ -101,19 +101,6 @@ class EncoderTrainConfig:
         if not 0 < self.keep_ratio <= 1:
             raise MedfaqError("the keep ratio must be in (0, 1]")
         self.faq_sources = tuple(self.faq_sources)
-        if self.task == "faq" or self.faq_sources != FAQ_SOURCES:
-            self._check_faq_sources()
-
-    def _check_faq_sources(self) -> None:
-        if self.task != "faq":
-            raise MedfaqError("--sources picks the query -> FAQ training sources: it needs --task faq")
-        known = (*FAQ_SOURCES, *OPTIONAL_FAQ_SOURCES)
-        unknown = [source for source in self.faq_sources if source not in known]
-        if unknown or not self.faq_sources:
-            named = f"unknown training source {', '.join(unknown)}" if unknown else "no training source"
-            raise MedfaqError(f"{named}; choose from {', '.join(known)}")
-        if self.faq_per_source is not None and self.faq_per_source < 1:
-            raise MedfaqError("--per-source must be at least 1")
 
     @property
     def prior_model(self) -> str:
@@ -203,4 +190,20 @@ def make_config(model_type: str, task: str, preset: str, **overrides: Any) -> En
         settings.update(CROSSENCODER_SETTINGS)
         settings.update(CROSSENCODER_PRESETS.get((preset, task), {}))
     settings.update({key: value for key, value in overrides.items() if value is not None})
+    if settings.get("faq_sources") is not None:
+        _check_sources(task, tuple(settings["faq_sources"]))
+    if settings.get("faq_per_source") is not None and settings["faq_per_source"] < 1:
+        raise MedfaqError("--per-source must be at least 1")
     return EncoderTrainConfig(model_type=model_type, task=task, preset=preset, **settings)
+
+
+def _check_sources(task: str, sources: tuple[str, ...]) -> None:
+    """Chosen query -> FAQ training sources (checked for a new run only: a saved config keeps the sources it was
+    trained on, even ones since renamed)."""
+    if task != "faq":
+        raise MedfaqError("--sources picks the query -> FAQ training sources: it needs --task faq")
+    known = (*FAQ_SOURCES, *OPTIONAL_FAQ_SOURCES)
+    unknown = [source for source in sources if source not in known]
+    if unknown or not sources:
+        named = f"unknown training source {', '.join(unknown)}" if unknown else "no training source"
+        raise MedfaqError(f"{named}; choose from {', '.join(known)}")

@@ -96,13 +96,12 @@ def train_loop(
     """Minimise ``loss_fn(batch)`` over shuffled batches of `examples` with AdamW and linear warm-up/decay.
 
     `label`, `length` and `distinct` shape the batches (:func:`make_batches`: label-balanced, similar lengths, no
-    shared keys). `dev_score`
-    (higher = better) runs after every epoch; the weights of the best epoch are restored at the end, then moved back
-    towards the weights `model` had on entry, keeping `config.keep_ratio` of the change (:func:`interpolate_weights`).
-    Returns the history: mean loss and dev score per epoch, the best epoch (1-based), the steps and the training
-    seconds. `model`
-    is a torch module (put into train mode here, eval mode at the end). The forward passes run in
-    `config.precision`, resolved here (``auto``: bf16 where this machine measures it faster) and written back.
+    shared keys). `dev_score` (higher = better) runs after every epoch; the weights of the best epoch are restored at
+    the end, then moved back towards the weights `model` had on entry, keeping `config.keep_ratio` of the change
+    (:func:`interpolate_weights`). Returns the history: mean loss and dev score per epoch, the best epoch (1-based),
+    the steps and the training seconds. `model` is a torch module (put into train mode here, eval mode at the end).
+    The forward passes run in `config.precision`, resolved here (``auto``: bf16 where this machine measures it
+    faster) and written back.
     """
     import time
 
