@@ -19,7 +19,9 @@ score`` with a header), the same judgements as TREC qrels (``qrels.trec``: ``qid
   (:func:`retriever.training.pair_data.quebec_query_split`), halved by a second hash into ``dev`` (threshold
   calibration) and ``test``; the HealthTap questions among them are out of scope (``ood``: no qrels; they test
   abstention).
-* ``covid-q``: the first question of each COVID-Q class is its FAQ, the class's other questions are test queries.
+* ``covid-q``: the first question of each COVID-Q class is its FAQ, the class's other questions are its queries,
+  halved by the same second hash as ``quebec`` into ``dev`` and ``test`` (the one bank no model here trains on, so
+  its development half is the decisions' closest stand-in for a user's own bank).
 * ``medquad-rqe``: the CHQs of RQE test and valid whose entailed FAQ is a MedQuAD question (:func:`question_key`),
   searched against all of MedQuAD as it is (nothing added; judged on every MedQuAD record with that question), halved
   by the same second hash as ``quebec`` into ``dev`` and ``test``. Made from the MedQuAD dataset; evaluated on a copy
@@ -56,7 +58,7 @@ MEDQUAD_RQE_SPLITS = ("test", "valid")  # the RQE splits whose CHQs ``medquad-rq
 CORPUS_FIELDS = {"id": "_id", "question": "text", "answer": "answer"}
 """How `medfaq index build` reads a benchmark corpus: ``--field id=_id --field question=text --field answer=answer``
 (every corpus row has an ``answer`` beside BEIR's fields: the FAQ's answer where its bank has one, else "")."""
-DEV_SEED = 1  # second hash that halves a real bank's queries (Quebec's held-out ones, medquad-rqe's) into dev and test
+DEV_SEED = 1  # second hash that halves a real bank's queries (Quebec's held-out ones, covid-q's, medquad-rqe's)
 
 
 @dataclass
@@ -388,8 +390,8 @@ def covid_q_faq_id(class_id: str) -> str:
 
 def _covid_q(data_root: Path | None) -> Benchmark:
     """A bank no model here trained on: the first question of each COVID-Q class is its FAQ (two classes whose first
-    questions differ only in case share one), every other question of the class a test query judged relevant to
-    it (a text that is some FAQ's is not a query)."""
+    questions differ only in case share one), every other question of the class a query judged relevant to it (a
+    text that is some FAQ's is not a query), halved into dev and test (`dev_or_test`)."""
     classes, answers = _covid_q_rows(data_root)
     faq_of: dict[str, str] = {}  # normalised FAQ text -> the id of the first class that has it
     corpus = []
@@ -406,10 +408,13 @@ def _covid_q(data_root: Path | None) -> Benchmark:
             if _normalise(text) in faq_of:
                 continue
             query = queries.setdefault(
-                text, {"_id": f"q-{len(queries)}", "text": text, "metadata": {"split": "test", "ood": False}}
+                text, {"_id": f"q-{len(queries)}", "text": text, "metadata": {"split": dev_or_test(text), "ood": False}}
             )
             qrels.setdefault(query["_id"], {})[faq_of[_normalise(texts[0])]] = 1
-    description = "COVID-Q: each class's first question is its FAQ; its other questions are the test queries"
+    description = (
+        "COVID-Q: each class's first question is its FAQ; its other questions are the queries, halved into dev/test "
+        f"(seed {DEV_SEED})"
+    )
     return Benchmark("covid-q", corpus, list(queries.values()), qrels, description)
 
 

@@ -1,8 +1,9 @@
 """Variants of the set-up's retrieval recipe (``medfaq train biencoder --task faq --preset quick --init mpnet``)
 scored on the real FAQ banks: each variant is trained, gets its own MedQuAD index, and is evaluated on the test
-questions of covid-q, quebec and medquad-rqe (all and the clean ones) and on the development parts of quebec and
-medquad-rqe, the parts a recipe is chosen on. Produced "How many training steps the set-up needs" and "Training on
-the banks' own FAQs" of docs/experiments/setup.md:
+questions of covid-q, quebec and medquad-rqe (all and the clean ones) and on their development parts, the parts a
+recipe is chosen on (paired question by question with another variant there too). Produced "Training that fits two
+cores" of docs/experiments/setup.md and "Training on the banks' own FAQs" and "Every encoder on the three
+development parts" of docs/experiments/biencoder.md:
 
     python experiments/recipe_variants.py run half -- --max-pairs 6559
     python experiments/recipe_variants.py run real -- --sources rqe,quebec,mqp
@@ -10,9 +11,9 @@ the banks' own FAQs" of docs/experiments/setup.md:
     python experiments/recipe_variants.py table shipped half real --against shipped
 
 Each variant lives in OUT/NAME (default OUT: /tmp/recipe-variants): model/, medquad/ (its MedQuAD index), bench/,
-runs/ (TREC runs of the test questions), test-BANK.json and dev.json (`medfaq eval retrieval --json`); a step whose
-output exists is skipped, so an interrupted run resumes. The clean question ids come from `medfaq data audit
---clean-ids DIR`.
+runs/ (TREC runs of the test questions), dev-runs/ (of every question, the development ones listed), test-BANK.json
+and dev-BANK.json (`medfaq eval retrieval --json`); a step whose output exists is skipped, so an interrupted run
+resumes. The clean question ids come from `medfaq data audit --clean-ids DIR`.
 """
 
 from __future__ import annotations
@@ -29,8 +30,7 @@ from medfaq.common.ranking import read_trec_run
 from medfaq.eval.benchmarks import Benchmark
 from medfaq.retriever.decisions.stage_choice import sign_test
 
-BANKS = ("covid-q", "quebec", "medquad-rqe")
-DEV_BANKS = ("quebec", "medquad-rqe")  # covid-q has no development part: every question is a test question
+BANKS = ("covid-q", "quebec", "medquad-rqe")  # each halved into development and test questions
 RECIPE = ("train", "biencoder", "--task", "faq", "--preset", "quick", "--init", "mpnet")
 
 
@@ -74,12 +74,12 @@ def run(name: str, out: Path, data: str, clean: Path, model: str | None, train_a
             "--query-ids", str(clean / f"{bank}.txt"), "--run-out", str(home / "runs" / f"{bank}.trec"),
             log=home / f"test-{bank}.json",
         )  # fmt: skip
-    if reported(home / "dev.json"):
-        return
     dev_ids = home / "dev-ids"
     dev_ids.mkdir(exist_ok=True)
-    targets = []
-    for bank in DEV_BANKS:  # the same benchmark with its development questions counted as judged ones, and listed
+    (home / "dev-runs").mkdir(exist_ok=True)
+    for bank in BANKS:  # the same benchmark with its development questions counted as judged ones, and listed
+        if reported(home / f"dev-{bank}.json"):
+            continue
         source, target = home / "bench" / bank, home / "dev" / bank
         target.mkdir(parents=True, exist_ok=True)
         for entry in ("benchmark.json", "corpus.jsonl", "qrels.tsv", "index"):
@@ -89,10 +89,11 @@ def run(name: str, out: Path, data: str, clean: Path, model: str | None, train_a
         queries = [{**query, "metadata": {**query.get("metadata", {}), "split": "all"}} for query in benchmark.queries]
         (target / "queries.jsonl").write_text("".join(json.dumps(query) + "\n" for query in queries))
         (dev_ids / f"{bank}.txt").write_text("".join(f"{qid}\n" for qid in sorted(benchmark.dev_ids)))
-        targets += ["--benchmark", str(target)]
-    medfaq(
-        "eval", "retrieval", *targets, "--mode", "dense", "--json", "--query-ids", str(dev_ids), log=home / "dev.json"
-    )
+        medfaq(
+            "eval", "retrieval", "--benchmark", str(target), "--mode", "dense", "--json",
+            "--query-ids", str(dev_ids / f"{bank}.txt"), "--run-out", str(home / "dev-runs" / f"{bank}.trec"),
+            log=home / f"dev-{bank}.json",
+        )  # fmt: skip
 
 
 def reported(path: Path) -> bool:
@@ -119,11 +120,12 @@ def first_hits(path: Path) -> dict[str, str]:
     return {qid: max(ranked, key=ranked.get) for qid, ranked in read_trec_run(str(path)).items() if ranked}
 
 
-def paired(home: Path, against: Path, bank: str) -> tuple[int, int]:
-    """Test questions the variant answers at rank 1 where `against` does not, and the other way."""
+def paired(home: Path, against: Path, bank: str, part: str) -> tuple[int, int]:
+    """Questions of `part` (test or dev) the variant answers at rank 1 where `against` does not, and the other way."""
     benchmark = Benchmark.load(home / "bench" / bank)
-    judged = {qid: golds for qid, golds in benchmark.qrels.items() if qid not in benchmark.dev_ids}
-    mine, theirs = first_hits(home / "runs" / f"{bank}.trec"), first_hits(against / "runs" / f"{bank}.trec")
+    judged = {qid: golds for qid, golds in benchmark.qrels.items() if (qid in benchmark.dev_ids) == (part == "dev")}
+    runs = "dev-runs" if part == "dev" else "runs"
+    mine, theirs = first_hits(home / runs / f"{bank}.trec"), first_hits(against / runs / f"{bank}.trec")
     won = sum(mine.get(q) in golds and theirs.get(q) not in golds for q, golds in judged.items())
     lost = sum(theirs.get(q) in golds and mine.get(q) not in golds for q, golds in judged.items())
     return won, lost
@@ -143,25 +145,31 @@ def steps(home: Path) -> str:
 
 def table(names: list[str], out: Path, against: str | None) -> None:
     header = "| variant | steps | train min | " + " | ".join(f"{b} R@1 / MRR@10 (clean R@1)" for b in BANKS)
-    header += " | " + " | ".join(f"dev {b} R@1" for b in DEV_BANKS) + " |"
-    print(header + "\n|" + "---|" * (3 + len(BANKS) + len(DEV_BANKS)))
+    header += " | " + " | ".join(f"dev {b} R@1" for b in BANKS) + " | mean dev R@1 |"
+    print(header + "\n|" + "---|" * (4 + 2 * len(BANKS)))
     for name in names:
         home = out / name
         test = {bank: scores(home / f"test-{bank}.json")[bank] for bank in BANKS}
-        dev = scores(home / "dev.json")
+        dev = {bank: scores(home / f"dev-{bank}.json")[bank]["listed_r1"] for bank in BANKS}
         walls = json.loads((home / "walls.json").read_text()) if (home / "walls.json").is_file() else {}
         cells = []
-        for bank in BANKS:
-            cell = f"{test[bank]['r1']:.1f} / {test[bank]['mrr']:.1f} ({test[bank]['listed_r1']:.1f})"
-            if against and name != against:
-                won, lost = paired(home, out / against, bank)
-                cell += f" +{won} -{lost} p {sign_test(won, lost):.2g}"
-            cells.append(cell)
-        cells += [f"{dev[bank]['listed_r1']:.1f}" for bank in DEV_BANKS]
+        for part in ("test", "dev"):
+            for bank in BANKS:
+                r1 = test[bank]
+                cell = (
+                    f"{r1['r1']:.1f} / {r1['mrr']:.1f} ({r1['listed_r1']:.1f})"
+                    if part == "test"
+                    else f"{dev[bank]:.1f}"
+                )
+                if against and name != against:
+                    won, lost = paired(home, out / against, bank, part)
+                    cell += f" +{won} -{lost} p {sign_test(won, lost):.2g}"
+                cells.append(cell)
+        cells.append(f"{sum(dev.values()) / len(dev):.1f}")
         train = f"{walls['train'] / 60:.1f}" if "train" in walls else "-"
         print(f"| {name} | {steps(home)} | {train} | " + " | ".join(cells) + " |")
     if against:
-        print(f"\n+W -L p: test questions right at rank 1 where {against} is wrong, the other way, one-sided sign test")
+        print(f"\n+W -L p: questions right at rank 1 where {against} is wrong, the other way, one-sided sign test")
 
 
 def main() -> None:
