@@ -4,8 +4,9 @@ The rule (:class:`retriever.decisions.encoder_rule.EncoderRule`, which `--encode
 candidates (an encoder on a backend) whose median time to encode one long consumer question (more than 60 words) is at
 most 200 ms and whose cold ``medfaq search`` (a new process searching a small index once) takes at most 1.5 s of wall
 time on 2 CPU cores, the default is the one with the best development quality; quality is the mean Recall@1 of dense
-search over the development queries (RQE's validation CHQs, Quebec's development half), never a test set. Candidates
-within 0.5 R@1 of the best count as equal, and the fastest of them (long-question p50) wins.
+search over the development halves of the real FAQ banks (covid-q, quebec, medquad-rqe), never a test half and
+never a summary-matching set. Candidates within 0.5 R@1 of the best count as equal, and the fastest of them
+(long-question p50) wins.
 
 The times are medians over `--rounds` rounds (each round times every candidate in turn, `--gap-s` apart), since a
 shared 2-core machine measured the same graph at 98 and at 271 ms on two runs of one day: a single round lets the
@@ -15,7 +16,7 @@ hour decide. Quality is measured once (it does not vary).
 the numbers it is given:
 
     python experiments/encoder_choice.py --candidate minilm:onnx --candidate mpnet:onnx --candidate mpnet:onnx-int8 \\
-        --dev /tmp/bench-rqe-valid --dev /tmp/bench-quebec --rounds 5 --out encoder_choice.json
+        --dev bench/covid-q --dev bench/quebec --dev bench/medquad-rqe --rounds 5 --out encoder_choice.json
 
 Results: docs/experiments/biencoder.md, "The strongest encoder we can ship (issue 52, first part): stock encoders,
 covid-q, and one distilled student", its "The default encoder's rule, run: fine-tuned MPNet on ONNX Runtime fp32
