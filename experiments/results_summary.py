@@ -103,13 +103,17 @@ def results_summary_plot(summary_file: Path, out_png: Path) -> Path:
             "The encoder",
         ),
         (summarizer_ax, ["summarizer: search with the summary", "summarizer: question + summary (RRF)"], "Summarizer"),
-        (rerank_ax, ["reranker (3-seed mean)", "likelihood stage (gated)"], "Reranker and likelihood stage"),
+        (
+            rerank_ax,
+            ["reranker (3-seed mean)", "reranker correcting fine-tuned MPNet", "likelihood stage (gated)"],
+            "Reranker and likelihood stage",
+        ),
     ]
     for ax, stage_names, title in panels:
         _bars(ax, names, {stage: [stages[stage]["delta"][name] for name in names] for stage in stage_names}, "+.1f")
         ax.set_title(f"{title}: R@1 change, points", fontsize=9, pad=12)
         if len(stage_names) > 1:
-            ax.legend(fontsize=7, loc="upper left" if ax is encoder_ax else "lower left")
+            ax.legend(fontsize=7, loc="upper right" if ax is encoder_ax else "lower left")
     for ax in axes.flat:
         _mark_kinds(ax, groups)
     fig.suptitle("; ".join(kind_heading(kind) for kind, _ in groups), fontsize=8)
