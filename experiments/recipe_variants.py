@@ -120,14 +120,11 @@ def first_hits(path: Path) -> dict[str, str]:
     return {qid: max(ranked, key=ranked.get) for qid, ranked in read_trec_run(str(path)).items() if ranked}
 
 
-def paired(home: Path, against: Path, bank: str, part: str) -> tuple[int, int]:
-    """Questions of `part` (test or dev) the variant answers at rank 1 where `against` does not, and the other way."""
-    benchmark = Benchmark.load(home / "bench" / bank)
-    judged = {qid: golds for qid, golds in benchmark.qrels.items() if (qid in benchmark.dev_ids) == (part == "dev")}
-    runs = "dev-runs" if part == "dev" else "runs"
-    mine, theirs = first_hits(home / runs / f"{bank}.trec"), first_hits(against / runs / f"{bank}.trec")
-    won = sum(mine.get(q) in golds and theirs.get(q) not in golds for q, golds in judged.items())
-    lost = sum(theirs.get(q) in golds and mine.get(q) not in golds for q, golds in judged.items())
+def paired(mine: Path, theirs: Path, judged: dict[str, dict[str, int]]) -> tuple[int, int]:
+    """Judged questions run `mine` answers at rank 1 where run `theirs` does not, and the other way."""
+    first, other = first_hits(mine), first_hits(theirs)
+    won = sum(first.get(q) in golds and other.get(q) not in golds for q, golds in judged.items())
+    lost = sum(other.get(q) in golds and first.get(q) not in golds for q, golds in judged.items())
     return won, lost
 
 
@@ -147,24 +144,23 @@ def table(names: list[str], out: Path, against: str | None) -> None:
     header = "| variant | steps | train min | " + " | ".join(f"{b} R@1 / MRR@10 (clean R@1)" for b in BANKS)
     header += " | " + " | ".join(f"dev {b} R@1" for b in BANKS) + " | mean dev R@1 |"
     print(header + "\n|" + "---|" * (4 + 2 * len(BANKS)))
+    benchmarks = {bank: Benchmark.load(out / (against or names[0]) / "bench" / bank) for bank in BANKS}
+    parts = [  # in the cells' order: (runs directory, bank, its judged questions), the test halves, then the dev ones
+        (runs, bank, {q: golds for q, golds in b.qrels.items() if (q in b.dev_ids) == (runs == "dev-runs")})
+        for runs in ("runs", "dev-runs")
+        for bank, b in benchmarks.items()
+    ]
     for name in names:
         home = out / name
         test = {bank: scores(home / f"test-{bank}.json")[bank] for bank in BANKS}
         dev = {bank: scores(home / f"dev-{bank}.json")[bank]["listed_r1"] for bank in BANKS}
         walls = json.loads((home / "walls.json").read_text()) if (home / "walls.json").is_file() else {}
-        cells = []
-        for part in ("test", "dev"):
-            for bank in BANKS:
-                r1 = test[bank]
-                cell = (
-                    f"{r1['r1']:.1f} / {r1['mrr']:.1f} ({r1['listed_r1']:.1f})"
-                    if part == "test"
-                    else f"{dev[bank]:.1f}"
-                )
-                if against and name != against:
-                    won, lost = paired(home, out / against, bank, part)
-                    cell += f" +{won} -{lost} p {sign_test(won, lost):.2g}"
-                cells.append(cell)
+        cells = [f"{test[b]['r1']:.1f} / {test[b]['mrr']:.1f} ({test[b]['listed_r1']:.1f})" for b in BANKS]
+        cells += [f"{dev[b]:.1f}" for b in BANKS]
+        if against and name != against:
+            for number, (runs, bank, judged) in enumerate(parts):
+                won, lost = paired(home / runs / f"{bank}.trec", out / against / runs / f"{bank}.trec", judged)
+                cells[number] += f" +{won} -{lost} p {sign_test(won, lost):.2g}"
         cells.append(f"{sum(dev.values()) / len(dev):.1f}")
         train = f"{walls['train'] / 60:.1f}" if "train" in walls else "-"
         print(f"| {name} | {steps(home)} | {train} | " + " | ".join(cells) + " |")
